@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# README command (2): install dependencies, build, and run every test.
+#   1. release build + all Criterion tests through ctest
+#   2. ASan+UBSan build + all tests
+#   3. TSan build + the ring/lcore stress tests (label "stress")
+#   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
+#   5. the verbs conformance suite and perftest comparison inside the Soft-RoCE VM (tests/rxe/run-vm.sh)
+# Env: KVX_JOBS (build parallelism, default nproc), KVX_SKIP_SANITIZERS=1, KVX_SKIP_FUZZ=1,
+#      KVX_SKIP_VM=1 to leave out stages when iterating locally (CI runs everything).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS="${KVX_JOBS:-$(nproc)}"
+bash scripts/install-deps.sh --vm
+
+stage() { printf '\n===== %s =====\n' "$*"; }
+build() { # build DIR [cmake args...]
+  local dir="$1"; shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}
+
+stage "release build + tests"
+build build
+(cd build && ctest --output-on-failure)
+
+if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
+  stage "ASan+UBSan build + tests"
+  build build-asan -DKVX_SANITIZE=address
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure)
+
+  stage "TSan build + stress tests"
+  build build-tsan -DKVX_SANITIZE=thread -DKVX_BUILD_BENCH=OFF
+  (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     ctest --output-on-failure -L stress)
+fi
+
+if [ "${KVX_SKIP_FUZZ:-0}" != 1 ] && [ -x tests/fuzz/run.sh ]; then
+  stage "fuzz targets"
+  bash tests/fuzz/run.sh
+fi
+
+if [ "${KVX_SKIP_VM:-0}" != 1 ] && [ -x tests/rxe/run-vm.sh ]; then
+  stage "verbs on Soft-RoCE (QEMU VM)"
+  bash tests/rxe/run-vm.sh
+fi
+stage "all test stages passed"
