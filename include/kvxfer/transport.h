@@ -1,0 +1,553 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_TRANSPORT_H
+#define KVX_TRANSPORT_H
+/**
+ * @file
+ * Data-path providers: one-sided READ and WRITE of byte ranges between registered regions of
+ * two engines (DESIGN.md §3). One ops table, three providers: `verbs` (RDMA RC QPs), `tcp`
+ * (one-sided semantics emulated over TCP, serviced by the target's polling lcore) and `shm`
+ * (process_vm_readv/writev between two processes of one host and one user).
+ *
+ * Objects (all opaque):
+ * - context (struct kvx_xport_ctx): one per engine per provider; owns the registered regions
+ *   and, for tcp, the data listener and the target-side service of incoming requests.
+ * - region (struct kvx_xport_mr): local memory registered with access flags and a key.
+ *   Its descriptor (address, length, key, access, memory type) is exported as
+ *   KVX_XPORT_RDESC_BYTES fixed, versioned bytes and imported by the peer per endpoint as a
+ *   remote region (struct kvx_xport_rmr).
+ * - endpoint (struct kvx_xport_ep): a connection to one peer, with N parallel channels
+ *   (verbs QPs, tcp sockets). The side that called kvx_xport_ep_create() is the initiator and
+ *   posts READ/WRITE ops; the side that called kvx_xport_ep_accept() is the target (passive):
+ *   it posts nothing (post returns -ENOTSUP there) and its memory is read/written by the
+ *   initiator. An engine that needs both directions creates one endpoint per direction.
+ *
+ * Connection setup is exactly one request/reply through the control plane, which carries the
+ * opaque blobs (plain bytes, versioned, bounds-checked by the receiver):
+ * ```
+ *   initiator: kvx_xport_ep_create()  -> blob A  --control-->  target: kvx_xport_ep_accept(A)
+ *   initiator: kvx_xport_ep_connect(B) <--control-- blob B <-  (creates the target side)
+ * ```
+ * tcp: B carries the data address, port and a token; shm: pid, uid, boot id and a probe
+ * address; verbs: QPN/PSN/GID/LID/MTU per QP.
+ *
+ * Completion model: one completion per posted batch (struct kvx_xport_cpl) carrying the
+ * cookie, the first error status, the number of failed ops and the bytes moved. Every posted
+ * op completes, with success or an error, within the context's op timeout, including when
+ * the peer dies: errors are completions, never hangs. After the first transport-level error
+ * (peer lost, op timeout) an endpoint is in error state, like an RC QP in ERR: every
+ * outstanding op completes with -ETIMEDOUT (ops past their deadline) or -ECONNRESET (the
+ * rest, flushed), and later posts are accepted and complete at once with -ECONNRESET.
+ * Status codes: 0, -ERANGE (offset/length outside the local or remote region), -EACCES
+ * (wrong key or access flag), -ECONNRESET (peer lost), -ETIMEDOUT (op deadline passed),
+ * -ENOTSUP (memory type not supported by the provider).
+ *
+ * Threading contract:
+ * - Control thread (the engine's control lcore, or any one thread at a time per context):
+ *   kvx_xport_open/close, kvx_xport_query_caps, kvx_xport_mr_register/unregister/export,
+ *   kvx_xport_ep_create/accept/connect/destroy, kvx_xport_rmr_import/release. These may
+ *   block briefly (connect, listen) and allocate; they are never called from a poller's fast
+ *   path.
+ * - Owning polling lcore: kvx_xport_post_bulk() and kvx_xport_poll_burst() on an initiator
+ *   endpoint are called by one thread at a time (the poller that owns the endpoint); after
+ *   kvx_xport_ep_connect() returns, hand the endpoint to that poller (a ring hand-off gives
+ *   the needed happens-before). kvx_xport_progress() on a context is called by one thread at
+ *   a time (the runtime registers it as a poller on one lcore; it may be the same lcore or
+ *   another one). Different endpoints may be driven by different pollers concurrently.
+ * - Counters may be read from any thread (relaxed 64-bit loads; totals may be momentarily
+ *   inconsistent with one another).
+ * - Hot-path functions never log and never allocate; their only syscalls are the provider's
+ *   socket I/O (tcp), process_vm_readv/writev (shm) or doorbell (verbs).
+ *
+ * Memory types: host memory everywhere; HIP device memory is registered through the same
+ * kvx_xport_mr_register() call with mem_type KVX_XPORT_MEM_HIP, and a provider that cannot
+ * reach device memory returns -ENOTSUP (tcp and shm today).
+ *
+ * Provider selection (`auto`, DESIGN.md §3): verbs when a usable RDMA device exists, else
+ * shm when the peer is on the same host and CMA is permitted, else tcp.
+ *
+ * Source: DESIGN.md §3, RUNTIME_GUIDE.md §3.2, §3.6-3.8, §3.10.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvxfer/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Size of an exported region descriptor, bytes (kvx_xport_mr_export()). */
+#define KVX_XPORT_RDESC_BYTES 40
+/** Largest connection blob (A or B) any provider produces, bytes. Size caller buffers with it. */
+#define KVX_XPORT_BLOB_MAX 1024
+/** Longest "unavailable" reason string written by kvx_xport_provider_probe(), bytes incl. NUL. */
+#define KVX_XPORT_REASON_MAX 256
+/** Default op timeout (ns) when kvx_xport_ctx_params.op_timeout_ns is 0: 10 s. */
+#define KVX_XPORT_DEFAULT_OP_TIMEOUT_NS 10000000000ull
+
+/** Operation of a posted batch. */
+enum kvx_xport_opcode {
+	KVX_XPORT_OP_READ = 0,  /**< Copy remote range -> local range (RDMA READ). */
+	KVX_XPORT_OP_WRITE = 1, /**< Copy local range -> remote range (RDMA WRITE). */
+};
+
+/**
+ * Region access flags (bit mask), checked for every op: a READ needs REMOTE_READ on the
+ * remote region and LOCAL_WRITE on the local one; a WRITE needs REMOTE_WRITE on the remote
+ * region. A violation completes the op with -EACCES.
+ */
+enum kvx_xport_access {
+	KVX_XPORT_ACCESS_LOCAL_WRITE = 1u << 0,  /**< Local region may be written by READ ops. */
+	KVX_XPORT_ACCESS_REMOTE_READ = 1u << 1,  /**< Peers may READ from this region. */
+	KVX_XPORT_ACCESS_REMOTE_WRITE = 1u << 2, /**< Peers may WRITE into this region. */
+	KVX_XPORT_ACCESS_ALL = 7u,               /**< All three. */
+};
+
+/** Memory type of a region (registration parameter and descriptor field). */
+enum kvx_xport_mem_type {
+	KVX_XPORT_MEM_HOST = 0, /**< Host memory (malloc, mmap, hugepages). */
+	KVX_XPORT_MEM_HIP = 1,  /**< HIP device memory (hipMalloc); providers may say -ENOTSUP. */
+};
+
+/** Parameters of kvx_xport_open(); initialise with kvx_xport_ctx_params_init(). */
+struct kvx_xport_ctx_params {
+	uint64_t op_timeout_ns;   /**< Deadline of every op from its post, ns; 0 = 10 s. */
+	uint32_t num_channels;    /**< Parallel channels per endpoint (QPs, tcp connections),
+	                               1..caps.max_channels; 0 = provider default (1). */
+	uint32_t queue_depth;     /**< Outstanding ops per endpoint, 1..65536 (rounded up to a
+	                               power of 2); 0 = 8192. Also bounds one batch. */
+	uint32_t max_regions;     /**< Registered regions per context, 1..65535; 0 = 1024. */
+	uint32_t chunk_bytes;     /**< tcp: ops are split into requests of at most this many
+	                               bytes, 4 KiB..16 MiB; 0 = 1 MiB. Ignored by others. */
+	const char *tcp_addr;     /**< tcp: IPv4/IPv6 literal the data listener binds and
+	                               advertises in blob B; NULL = "127.0.0.1". Copied. */
+	uint16_t tcp_port;        /**< tcp: data listener port; 0 = ephemeral. */
+	const char *device;       /**< verbs: RDMA device name; NULL = first usable. Copied. */
+	uint8_t ib_port;          /**< verbs: port number; 0 = 1. */
+	int gid_index;            /**< verbs: GID index; -1 = automatic. */
+};
+
+/** What a provider can do (kvx_xport_query_caps()). */
+struct kvx_xport_caps {
+	uint64_t max_op_bytes;  /**< Largest single op, bytes; longer ops get -EINVAL at post. */
+	uint32_t max_batch;     /**< Most ops in one kvx_xport_post_bulk() call. */
+	uint32_t inline_bytes;  /**< WRITEs up to this size are copied at post (buffer reusable
+	                             on return); 0 = none. */
+	uint32_t max_channels;  /**< Most parallel channels per endpoint. */
+	uint32_t num_channels;  /**< Channels per endpoint this context uses. */
+	uint32_t mem_types;     /**< Bit mask of (1u << enum kvx_xport_mem_type) accepted by
+	                             kvx_xport_mr_register(). */
+	bool needs_progress;    /**< true if the target must call kvx_xport_progress() for
+	                             peers' ops to make progress (tcp). */
+	bool same_host_only;    /**< true if both engines must be on one host (shm). */
+};
+
+/** Registration parameters (kvx_xport_mr_register()). */
+struct kvx_xport_mr_params {
+	void *addr;                        /**< Start of the region; not NULL. */
+	uint64_t len_bytes;                /**< Length, bytes, > 0. */
+	uint32_t access;                   /**< enum kvx_xport_access mask. */
+	enum kvx_xport_mem_type mem_type;  /**< Host or device memory. */
+	int device_id;                     /**< HIP device ordinal for KVX_XPORT_MEM_HIP. */
+};
+
+/** One op of a batch: a byte range of a local region and one of an imported remote region. */
+struct kvx_xport_op {
+	struct kvx_xport_mr *lmr;   /**< Local region (from kvx_xport_mr_register()). */
+	struct kvx_xport_rmr *rmr;  /**< Remote region imported on the same endpoint. */
+	uint64_t loff;              /**< Offset in the local region, bytes. */
+	uint64_t roff;              /**< Offset in the remote region, bytes. */
+	uint64_t len;               /**< Length, bytes, 1..caps.max_op_bytes. */
+};
+
+/** Completion of one posted batch (kvx_xport_poll_burst()). */
+struct kvx_xport_cpl {
+	uint64_t cookie;       /**< The cookie given to kvx_xport_post_bulk(). */
+	int32_t status;        /**< 0, or the first error of the batch (negative errno). */
+	uint32_t n_ops;        /**< Ops in the batch. */
+	uint32_t n_failed;     /**< Ops that failed, 0..n_ops. */
+	uint32_t first_failed; /**< Index of the lowest-numbered failed op; n_ops if none. */
+	uint64_t bytes;        /**< Bytes moved by the successful ops. */
+};
+
+/** Counters of an endpoint or a context (monotonic since creation). */
+struct kvx_xport_counters {
+	uint64_t ops_posted;      /**< Ops accepted by kvx_xport_post_bulk(). */
+	uint64_t ops_ok;          /**< Ops completed successfully. */
+	uint64_t ops_failed;      /**< Ops completed with an error. */
+	uint64_t batches_done;    /**< Completions delivered. */
+	uint64_t bytes_read;      /**< Bytes moved by successful READ ops. */
+	uint64_t bytes_written;   /**< Bytes moved by successful WRITE ops. */
+	uint64_t post_nobufs;     /**< Posts refused with -ENOBUFS. */
+	uint64_t timeouts;        /**< Ops completed with -ETIMEDOUT. */
+	uint64_t resets;          /**< Endpoints moved to error state. */
+	uint64_t reqs_served;     /**< Target side: requests serviced (tcp). */
+	uint64_t reqs_rejected;   /**< Target side: requests rejected (bounds, key, access). */
+	uint64_t bytes_served;    /**< Target side: bytes read or written by peers' requests. */
+	uint64_t proto_errors;    /**< Malformed or unexpected bytes from the network. */
+};
+
+struct kvx_xport_ctx;
+struct kvx_xport_mr;
+struct kvx_xport_rmr;
+struct kvx_xport_ep;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Provider registry                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * List the providers compiled into this build (available or not).
+ *
+ * @param[out] names  Array[cap] receiving static provider names ("tcp", "shm", "verbs"); may
+ *                    be NULL when cap is 0.
+ * @param cap         Capacity of @p names, elements.
+ * @return            Number of providers in the build (may exceed @p cap; only @p cap written).
+ * @par Thread safety  Safe from any thread.
+ */
+KVX_API size_t kvx_xport_provider_list(const char **names, size_t cap);
+
+/**
+ * Check whether a provider can be used on this host, with the reason when it cannot.
+ *
+ * @param name         Provider name: "tcp", "shm", "verbs"; not NULL.
+ * @param[out] reason  If non-NULL, receives a NUL-terminated reason when unavailable (e.g.
+ *                     "verbs: ibv_get_device_list: Function not implemented (no RDMA in the
+ *                     kernel)"), or "" when available.
+ * @param reason_cap   Capacity of @p reason, bytes (KVX_XPORT_REASON_MAX is enough).
+ * @retval 0           Available.
+ * @retval -ENOENT     Unknown provider name.
+ * @retval -ENOTSUP    Provider not compiled into this build.
+ * @retval -ENODEV     No usable device (verbs without RDMA).
+ * @retval -EPERM      Compiled but not permitted here (shm: CMA disabled by ptrace policy).
+ * @par Thread safety  Safe from any thread. @par Context  Control path (may open devices).
+ */
+KVX_API int kvx_xport_provider_probe(const char *name, char *reason, size_t reason_cap);
+
+/**
+ * Resolve a requested provider name, applying the `auto` rule of DESIGN.md §3.
+ *
+ * @param requested       "tcp", "shm", "verbs" or "auto"; not NULL.
+ * @param peer_same_host  Whether the peer engine runs on this host (lets `auto` pick shm).
+ * @param[out] out        Static provider name; not NULL.
+ * @retval 0        @p out set (for a named provider: the name, if it is available).
+ * @retval -ENOENT  Unknown name.
+ * @retval -ENODEV / -ENOTSUP / -EPERM  As kvx_xport_provider_probe() for a named provider.
+ * @par Thread safety  Safe from any thread. @par Context  Control path.
+ */
+KVX_API int kvx_xport_select(const char *requested, bool peer_same_host, const char **out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Context                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * Fill @p p with defaults (all zero / NULL, gid_index -1).
+ *
+ * @param[out] p  Parameters to initialise; not NULL.
+ */
+KVX_API void kvx_xport_ctx_params_init(struct kvx_xport_ctx_params *p);
+
+/**
+ * Open a provider context (one per engine per provider).
+ *
+ * tcp binds and listens on its data port here; the listener is served by kvx_xport_progress().
+ *
+ * @param provider  "tcp", "shm", "verbs" or "auto" (same-host peers not assumed); not NULL.
+ * @param p         Parameters, or NULL for defaults; copied.
+ * @param[out] out  New context; not NULL. Unchanged on error.
+ * @retval 0         Success.
+ * @retval -EINVAL   A parameter is out of range (logged with the field name).
+ * @retval -ENOENT   Unknown provider.
+ * @retval -ENOTSUP  Provider not built.
+ * @retval -ENODEV   Provider has no usable device.
+ * @retval -ENOMEM   Allocation failed.
+ * @retval -EADDRINUSE / other negative errno  tcp: bind/listen failed (logged).
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_open(const char *provider, const struct kvx_xport_ctx_params *p,
+			   struct kvx_xport_ctx **out);
+
+/**
+ * Close a context, destroying its remaining endpoints, imported and registered regions.
+ *
+ * No thread may be inside kvx_xport_progress(), kvx_xport_post_bulk() or
+ * kvx_xport_poll_burst() on this context or its endpoints. Outstanding ops are discarded.
+ *
+ * @param ctx  Context, or NULL (no-op).
+ * @par Context  Control path.
+ */
+KVX_API void kvx_xport_close(struct kvx_xport_ctx *ctx);
+
+/**
+ * Name of the context's provider.
+ *
+ * @param ctx  Context; not NULL.
+ * @return     Static string ("tcp", "shm", "verbs").
+ * @par Thread safety  Any thread.
+ */
+KVX_API const char *kvx_xport_name(const struct kvx_xport_ctx *ctx);
+
+/**
+ * Query the provider's capabilities for this context.
+ *
+ * @param ctx       Context; not NULL.
+ * @param[out] out  Capabilities; not NULL.
+ * @retval 0  Always succeeds for a valid context (returns int to share the ops-table shape).
+ * @retval -EINVAL  NULL argument.
+ * @par Thread safety  Any thread.
+ */
+KVX_API int kvx_xport_query_caps(const struct kvx_xport_ctx *ctx, struct kvx_xport_caps *out);
+
+/**
+ * Target-side progress: accept data connections, service peers' READ/WRITE requests (tcp).
+ *
+ * Each call does a bounded amount of non-blocking work and returns. Every request is checked
+ * against the region's bounds, key and access flags before any byte of target memory is read
+ * or written; a violation is answered with an error status and leaves memory untouched.
+ * shm and verbs need no target-side work and return 0.
+ *
+ * @param ctx  Context; not NULL.
+ * @return     Units of work done (requests, connections), 0 when idle; never negative.
+ * @par Thread safety  One thread at a time per context (the runtime's poller for it).
+ * @par Context  Hot path: no allocation, no logging; non-blocking socket I/O only.
+ */
+KVX_API int kvx_xport_progress(struct kvx_xport_ctx *ctx);
+
+/**
+ * Read the context's counters: its target-side service plus the sum over its endpoints.
+ *
+ * @param ctx       Context; not NULL.
+ * @param[out] out  Counters; not NULL.
+ * @par Thread safety  Any thread (call from the control thread: it walks the endpoint list).
+ */
+KVX_API void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx,
+				    struct kvx_xport_counters *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Regions                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * Register local memory: gives it a key and makes it reachable by peers per its access flags.
+ *
+ * @param ctx       Context; not NULL.
+ * @param p         Parameters (address, length, access, memory type); copied.
+ * @param[out] out  New region; not NULL.
+ * @retval 0         Success.
+ * @retval -EINVAL   NULL address, zero length, unknown access bits or memory type.
+ * @retval -ENOTSUP  The provider cannot use this memory type (tcp/shm with HIP memory).
+ * @retval -ENOBUFS  The context's region table is full (max_regions).
+ * @retval -ENOMEM   Allocation failed.
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_params *p,
+				  struct kvx_xport_mr **out);
+
+/**
+ * Unregister a region. New requests naming its key complete with -EACCES.
+ *
+ * The caller guarantees that no op it posted still uses the region locally.
+ *
+ * @param mr  Region, or NULL (returns 0).
+ * @retval 0       Unregistered and freed.
+ * @retval -EBUSY  A peer's request is being serviced from the region right now (tcp); the
+ *                 region stays registered but refuses new requests: call again.
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_mr_unregister(struct kvx_xport_mr *mr);
+
+/**
+ * Key of a registered region (verbs rkey; tcp/shm: slot and generation).
+ *
+ * @param mr  Region; not NULL.
+ * @return    32-bit key carried in the descriptor.
+ */
+KVX_API uint32_t kvx_xport_mr_key(const struct kvx_xport_mr *mr);
+
+/**
+ * Export a region descriptor as KVX_XPORT_RDESC_BYTES fixed, versioned bytes.
+ *
+ * Layout (little-endian, byte offsets): 0 magic "KXRD", 4 version u8 (= 1), 5 provider id
+ * u8, 6 memory type u8, 7 reserved u8 (0), 8 access u32, 12 key u32, 16 addr u64, 24 len
+ * u64, 32 reserved u64 (0). The importer rejects any other version or a non-zero reserved
+ * field.
+ *
+ * @param mr        Region; not NULL.
+ * @param[out] buf  Array[cap] of bytes; not NULL.
+ * @param cap       Capacity, bytes.
+ * @param[out] len  If non-NULL, bytes written (KVX_XPORT_RDESC_BYTES).
+ * @retval 0          Success.
+ * @retval -EMSGSIZE  @p cap < KVX_XPORT_RDESC_BYTES.
+ * @par Thread safety  Any thread.
+ */
+KVX_API int kvx_xport_mr_export(const struct kvx_xport_mr *mr, void *buf, size_t cap,
+				size_t *len);
+
+/**
+ * Import a peer's region descriptor for use in ops on one endpoint.
+ *
+ * @param ep        Initiator endpoint; not NULL.
+ * @param buf       Array[len] of bytes from the peer's kvx_xport_mr_export(); untrusted.
+ * @param len       Length, bytes; must be KVX_XPORT_RDESC_BYTES.
+ * @param[out] out  New remote region, freed by kvx_xport_rmr_release() or with the endpoint.
+ * @retval 0          Success.
+ * @retval -EPROTO    Bad magic, version, provider id, access bits or length (logged with the
+ *                    field).
+ * @retval -EMSGSIZE  @p len is not KVX_XPORT_RDESC_BYTES.
+ * @retval -ENOTSUP   The provider cannot reach that memory type.
+ * @retval -ENOMEM    Allocation failed.
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_rmr_import(struct kvx_xport_ep *ep, const void *buf, size_t len,
+				 struct kvx_xport_rmr **out);
+
+/**
+ * Release an imported remote region. No posted op may still reference it.
+ *
+ * @param rmr  Remote region, or NULL (no-op).
+ * @par Context  Control path.
+ */
+KVX_API void kvx_xport_rmr_release(struct kvx_xport_rmr *rmr);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Endpoints (connection setup: one request/reply through the control plane)                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * Create an initiator endpoint and its connection request (blob A).
+ *
+ * @param ctx            Context; not NULL.
+ * @param[out] out       New endpoint (not yet connected); not NULL.
+ * @param[out] blob      Array[cap] receiving blob A; not NULL.
+ * @param cap            Capacity, bytes (KVX_XPORT_BLOB_MAX is enough).
+ * @param[out] blob_len  Bytes written; not NULL.
+ * @retval 0          Success.
+ * @retval -EMSGSIZE  @p cap too small.
+ * @retval -ENOMEM    Allocation failed.
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, void *blob,
+				size_t cap, size_t *blob_len);
+
+/**
+ * Accept a peer's connection request (blob A): create the target side and the reply (blob B).
+ *
+ * tcp: the endpoint's data connections are accepted and served by kvx_xport_progress().
+ *
+ * @param ctx            Context; not NULL.
+ * @param blob_a         Array[len_a] bytes from the peer; untrusted.
+ * @param len_a          Length, bytes.
+ * @param[out] out       New target endpoint; not NULL.
+ * @param[out] blob_b    Array[cap] receiving blob B; not NULL.
+ * @param cap            Capacity, bytes.
+ * @param[out] len_b     Bytes written; not NULL.
+ * @retval 0          Success.
+ * @retval -EPROTO    Malformed blob (bad magic, version, provider, field out of range; logged).
+ * @retval -EMSGSIZE  @p cap too small or @p len_a wrong.
+ * @retval -ENOTSUP   shm: the peer is on another host or runs as another user.
+ * @retval -ENOMEM    Allocation failed.
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_ep_accept(struct kvx_xport_ctx *ctx, const void *blob_a, size_t len_a,
+				struct kvx_xport_ep **out, void *blob_b, size_t cap, size_t *len_b);
+
+/**
+ * Complete an initiator endpoint with the peer's reply (blob B). May block up to a few
+ * seconds (tcp connect). After success, hand the endpoint to its polling lcore.
+ *
+ * @param ep      Endpoint from kvx_xport_ep_create(); not NULL.
+ * @param blob_b  Array[len_b] bytes from the peer; untrusted.
+ * @param len_b   Length, bytes.
+ * @retval 0             Connected.
+ * @retval -EPROTO       Malformed blob (logged with the field).
+ * @retval -EMSGSIZE     Wrong length.
+ * @retval -EISCONN      Already connected.
+ * @retval -EPERM        shm: CMA not permitted (message names kernel.yama.ptrace_scope).
+ * @retval -ENOTSUP      shm: the peer is on another host.
+ * @retval -ECONNRESET   shm: the peer process is gone.
+ * @retval -ETIMEDOUT / -ECONNREFUSED / other negative errno  tcp connect failed (logged).
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_ep_connect(struct kvx_xport_ep *ep, const void *blob_b, size_t len_b);
+
+/**
+ * Destroy an endpoint and the remote regions imported on it. Outstanding ops are discarded
+ * without completions: drain with kvx_xport_poll_burst() first. The owning poller must no
+ * longer drive the endpoint. For a target endpoint, the context's progress thread stops
+ * serving it at its next call (the memory is released then, or at kvx_xport_close()).
+ *
+ * @param ep  Endpoint, or NULL (no-op).
+ * @par Context  Control path.
+ */
+KVX_API void kvx_xport_ep_destroy(struct kvx_xport_ep *ep);
+
+/**
+ * Error state of an endpoint.
+ *
+ * @param ep  Endpoint; not NULL.
+ * @return    0 while healthy, else the status that moved it to error (-ECONNRESET,
+ *            -ETIMEDOUT).
+ * @par Thread safety  Any thread (relaxed load).
+ */
+KVX_API int kvx_xport_ep_status(const struct kvx_xport_ep *ep);
+
+/**
+ * Read an endpoint's counters.
+ *
+ * @param ep        Endpoint; not NULL.
+ * @param[out] out  Counters; not NULL.
+ * @par Thread safety  Any thread.
+ */
+KVX_API void kvx_xport_ep_counters(const struct kvx_xport_ep *ep, struct kvx_xport_counters *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hot path                                                                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * Post a batch of READ or WRITE ops (all-or-nothing) with one completion cookie.
+ *
+ * Exactly one struct kvx_xport_cpl with @p cookie is delivered later by
+ * kvx_xport_poll_burst(), within the op timeout. Per-op errors (local or remote bounds,
+ * key, access) are reported there, never here. The local memory of a WRITE larger than
+ * caps.inline_bytes must stay unchanged, and that of a READ unread, until the completion.
+ *
+ * @param ep      Initiator endpoint, connected; not NULL.
+ * @param opcode  KVX_XPORT_OP_READ or KVX_XPORT_OP_WRITE for every op.
+ * @param ops     Array[n] of ops; copied, not retained.
+ * @param n       Count, 1..caps.max_batch.
+ * @param cookie  Opaque value returned in the completion.
+ * @retval 0          Accepted; one completion will follow.
+ * @retval -ENOBUFS   Not enough free slots now (queue_depth or completion slots): poll and
+ *                    retry; nothing was posted. Counted in post_nobufs.
+ * @retval -EINVAL    NULL ops, n out of range, bad opcode, an op with len 0 or over
+ *                    max_op_bytes, or NULL lmr/rmr.
+ * @retval -ENOTSUP   Target (accepted) endpoint.
+ * @retval -ENOTCONN  Endpoint not connected yet.
+ * @par Thread safety  One thread at a time per endpoint (its owning poller).
+ * @par Context  Hot path: no allocation, no logging; may perform the provider's I/O.
+ */
+KVX_API int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+				const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
+
+/**
+ * Drive an endpoint and return up to @p max batch completions (best effort).
+ *
+ * Also performs the endpoint's non-blocking I/O and enforces op deadlines; call it
+ * regularly while ops are outstanding.
+ *
+ * @param ep        Initiator endpoint; not NULL.
+ * @param[out] cpl  Array[max] receiving completions.
+ * @param max       Capacity, elements; 0 just drives I/O.
+ * @return          Completions written, 0..max; never negative.
+ * @par Thread safety  One thread at a time per endpoint (same thread as post).
+ * @par Context  Hot path: no allocation, no logging.
+ */
+KVX_API int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVX_TRANSPORT_H */
