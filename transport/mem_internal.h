@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_MEM_INTERNAL_H
+#define KVX_MEM_INTERNAL_H
+/*
+ * Private to transport/: the memory-ops table behind include/kvxfer/mem.h. One table per
+ * implementation: host (mem_host.c, always) and HIP (hip/mem_hip.c, only with KVX_HAVE_HIP).
+ * Every op returns 0/1 or a negative errno; HIP error codes are converted in mem_hip.c only.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvxfer/mem.h"
+
+struct kvx_mem_ops {
+	const char *name;
+	/* Slow path. */
+	int (*probe)(int device, char *why, size_t why_len);
+	int (*alloc)(struct kvx_mem *m, size_t len, void **out);
+	void (*free)(struct kvx_mem *m, void *p);
+	int (*host_alloc)(struct kvx_mem *m, size_t len, void **out);
+	void (*host_free)(struct kvx_mem *m, void *p);
+	int (*copy_sync)(struct kvx_mem *m, void *dst, const void *src, size_t len,
+			 enum kvx_mem_copy_dir dir);
+	int (*ptr_query)(struct kvx_mem *m, const void *ptr, size_t len,
+			 struct kvx_mem_ptr_info *info);
+	int (*stream_create)(struct kvx_mem_stream *s);
+	void (*stream_destroy)(struct kvx_mem_stream *s); /* waits for copies in flight */
+	int (*ipc_get)(struct kvx_mem *m, void *base, uint8_t bytes[KVX_MEM_IPC_HIP_BYTES]);
+	int (*ipc_open)(struct kvx_mem *m, const uint8_t bytes[KVX_MEM_IPC_HIP_BYTES],
+			void **base_out);
+	int (*ipc_close)(struct kvx_mem *m, void *base);
+	/* Hot path: issue a copy and its completion marker in slot `slot` (seq % depth). */
+	int (*stream_copy)(struct kvx_mem_stream *s, uint32_t slot, void *dst, const void *src,
+			   size_t len, enum kvx_mem_copy_dir dir);
+	/* Hot path: 1 if copy `seq` (slot `slot`) finished, 0 if not, -EIO on error. */
+	int (*stream_query)(struct kvx_mem_stream *s, uint64_t seq, uint32_t slot);
+};
+
+struct kvx_mem {
+	struct kvx_mem_type type;
+	const struct kvx_mem_ops *ops;
+};
+
+struct kvx_mem_stream {
+	struct kvx_mem *m;
+	const struct kvx_mem_ops *ops;
+	uint32_t depth;
+	size_t host_step_bytes;
+	uint64_t issued; /* copies started (next sequence number) */
+	uint64_t done;   /* every copy with seq < done is known finished */
+	void *impl;      /* implementation state (host op queue, HIP stream + events) */
+};
+
+extern const struct kvx_mem_ops kvx_mem_host_ops;
+#ifdef KVX_HAVE_HIP
+extern const struct kvx_mem_ops kvx_mem_hip_ops;
+/* hipEventQuery on a producer's event: 1 ready, 0 not ready, -EIO error. */
+int kvx_mem_hip_event_query(void *hip_event);
+#endif
+
+/* Write a reason into why (if non-NULL), printf-style. */
+void kvx_mem_why(char *why, size_t why_len, const char *fmt, ...) KVX_PRINTF(3, 4);
+
+/*
+ * The verbs registration decision for device memory, given what the machine offers (pure; the
+ * probes are in kvx_mem_reg_plan()). Returns the method or -ENOTSUP with why naming what is
+ * missing.
+ */
+int kvx_mem_reg_decide(enum kvx_mem_kind kind, bool dmabuf_export, bool peer_memory,
+		       const char *dmabuf_why, char *why, size_t why_len);
+
+/* Whether a peer-memory client is registered (a directory entry under `dir`). */
+bool kvx_mem_peer_memory_present(const char *dir);
+
+/* Where rdma peer-memory clients appear (MLNX_OFED peer_mem, amdgpu "peer direct"). */
+#define KVX_MEM_PEER_MEMORY_DIR "/sys/kernel/mm/memory_peers"
+
+#endif /* KVX_MEM_INTERNAL_H */
