@@ -1,0 +1,455 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* KV layout geometry, per-block offsets, range merging and the per-geometry plan cache
+ * (PROTOCOL.md §4.1–§4.4). */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvxfer/layout.h"
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) KVX_PRINTF(3, 4);
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	if (!err || !errlen)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+static void shape_str(const struct kvx_layout_tensor *t, char *buf, size_t len)
+{
+	size_t off = 0;
+	off += (size_t)snprintf(buf + off, len - off, "[");
+	for (uint32_t i = 0; i < t->ndim && i < KVX_LAYOUT_MAX_DIMS && off < len; i++)
+		off += (size_t)snprintf(buf + off, len - off, "%s%llu", i ? "," : "",
+					(unsigned long long)t->shape[i]);
+	if (off < len)
+		snprintf(buf + off, len - off, "]");
+}
+
+static bool dim_matches(uint64_t dim, uint32_t want)
+{
+	return want == 0 || dim == want;
+}
+
+/* Kernel-block detection for a 5-D layer whose middle dims are (a, b): which of them is the
+ * kernel block size kbs with BS % kbs == 0 and the other dim equal to the head count.
+ * Returns 0 = a is kbs, 1 = b is kbs, -1 = none, -2 = ambiguous. */
+static int find_kernel_axis(const struct kvx_layout_spec *spec, uint64_t a, uint64_t b, uint64_t hd)
+{
+	bool hd_ok = dim_matches(hd, spec->head_size);
+	bool a_ok = a > 0 && spec->block_size % a == 0 && dim_matches(b, spec->num_kv_heads) && hd_ok;
+	bool b_ok = b > 0 && spec->block_size % b == 0 && dim_matches(a, spec->num_kv_heads) && hd_ok;
+	if (a_ok && b_ok)
+		return a == b ? 0 : -2;
+	if (a_ok)
+		return 0;
+	if (b_ok)
+		return 1;
+	return -1;
+}
+
+KVX_API int kvx_layout_geometry(const struct kvx_layout_spec *spec, const struct kvx_layout_tensor *t,
+				uint64_t remote_num_blocks, struct kvx_layout_geom *out, char *err, size_t errlen)
+{
+	char shp[128];
+	if (!spec || !t || !out) {
+		set_err(err, errlen, "layout: NULL spec, tensor or output");
+		return -EINVAL;
+	}
+	if (t->elem_size == 0) {
+		set_err(err, errlen, "layout: elem_size must be > 0");
+		return -EINVAL;
+	}
+	if (spec->block_size == 0 && !spec->is_mla) {
+		set_err(err, errlen, "layout: spec.block_size must be > 0");
+		return -EINVAL;
+	}
+	if (t->ndim == 0 || t->ndim > KVX_LAYOUT_MAX_DIMS) {
+		set_err(err, errlen, "layout: tensor ndim %u outside 1..%d", t->ndim, KVX_LAYOUT_MAX_DIMS);
+		return -EINVAL;
+	}
+	shape_str(t, shp, sizeof(shp));
+	for (uint32_t i = 0; i < t->ndim; i++) {
+		if (t->shape[i] == 0) {
+			set_err(err, errlen, "layout: shape %s has a zero dim %u", shp, i);
+			return -EINVAL;
+		}
+	}
+	struct kvx_layout_geom g;
+	memset(&g, 0, sizeof(g));
+	g.elem_size = t->elem_size;
+	g.kernel_blocks_per_block = 1;
+	const uint64_t es = t->elem_size;
+
+	if (spec->is_mla) {
+		if (t->ndim != 3) {
+			set_err(err, errlen, "Unsupported MLA cache shape %s: expected 3-D [num_blocks, block_size, dim]",
+				shp);
+			return -EINVAL;
+		}
+		/* The tensor's block size wins over the config's (FlashMLA, §4.2 item 5). */
+		g.kind = KVX_LAYOUT_KIND_MLA;
+		g.num_blocks = t->shape[0];
+		g.block_size = (uint32_t)t->shape[1];
+		g.slot_size = t->shape[2] * es;
+		g.block_len = g.block_size * g.slot_size;
+		g.block_stride = t->stride[0];
+		g.transfers_per_block = 1;
+		g.regions_per_block = 1;
+		g.remote_num_blocks = remote_num_blocks;
+		*out = g;
+		return 0;
+	}
+	if (t->ndim != 5) {
+		set_err(err, errlen, "Unsupported K/V cache shape %s: expected 5-D [2,NB,a,b,HD] or [NB,2,a,b,HD]",
+			shp);
+		return -EINVAL;
+	}
+	const uint64_t bs = spec->block_size;
+	if (t->shape[0] == 2) {
+		uint64_t a = t->shape[2], b = t->shape[3], hd = t->shape[4], heads, kbpb = 1;
+		if (a == bs) {
+			heads = b;
+		} else if (b == bs) {
+			heads = a;
+		} else {
+			int ax = find_kernel_axis(spec, a, b, hd);
+			if (ax == -2) {
+				set_err(err, errlen, "Ambiguous kernel-block K/V cache shape %s for block_size %u", shp,
+					spec->block_size);
+				return -EINVAL;
+			}
+			if (ax < 0) {
+				set_err(err, errlen, "Unsupported K/V cache shape %s: no dim equals block_size %u", shp,
+					spec->block_size);
+				return -EINVAL;
+			}
+			uint64_t kbs = ax == 0 ? a : b;
+			heads = ax == 0 ? b : a;
+			kbpb = bs / kbs;
+			if (t->shape[1] % kbpb) {
+				set_err(err, errlen, "K/V cache shape %s: %llu kernel blocks not a multiple of %llu per block",
+					shp, (unsigned long long)t->shape[1], (unsigned long long)kbpb);
+				return -EINVAL;
+			}
+		}
+		g.kind = KVX_LAYOUT_KIND_SPLIT;
+		g.kernel_blocks_per_block = (uint32_t)kbpb;
+		g.num_blocks = t->shape[1] / kbpb;
+		g.block_size = spec->block_size;
+		g.slot_size = heads * hd * es;
+		g.block_len = bs * g.slot_size;
+		g.block_stride = t->stride[1] * kbpb;
+		g.local_kv_stride = t->stride[0];
+		g.transfers_per_block = 2;
+		g.regions_per_block = 2;
+		g.split_kv_regions = true;
+		g.has_kv_stride = true;
+		kvx_layout_set_remote_blocks(&g, remote_num_blocks);
+		*out = g;
+		return 0;
+	}
+	if (t->shape[1] == 2) {
+		uint64_t a = t->shape[2], b = t->shape[3], hd = t->shape[4];
+		g.kind = KVX_LAYOUT_KIND_INTERLEAVED;
+		g.block_size = spec->block_size;
+		if (a == bs || b == bs) {
+			uint64_t heads = a == bs ? b : a;
+			g.num_blocks = t->shape[0];
+			g.block_stride = t->stride[0];
+			g.local_kv_stride = g.remote_kv_stride = t->stride[1];
+			g.has_kv_stride = true;
+			g.transfers_per_block = 2;
+			g.regions_per_block = 2;
+			g.slot_size = heads * hd * es;
+			g.block_len = bs * g.slot_size;
+		} else {
+			int ax = find_kernel_axis(spec, a, b, hd);
+			if (ax == -2) {
+				set_err(err, errlen, "Ambiguous kernel-block K/V cache shape %s for block_size %u", shp,
+					spec->block_size);
+				return -EINVAL;
+			}
+			if (ax < 0) {
+				set_err(err, errlen, "Unsupported K/V cache shape %s: no dim equals block_size %u", shp,
+					spec->block_size);
+				return -EINVAL;
+			}
+			uint64_t kbpb = bs / (ax == 0 ? a : b);
+			if (t->shape[0] % kbpb) {
+				set_err(err, errlen, "K/V cache shape %s: %llu kernel blocks not a multiple of %llu per block",
+					shp, (unsigned long long)t->shape[0], (unsigned long long)kbpb);
+				return -EINVAL;
+			}
+			g.kernel_blocks_per_block = (uint32_t)kbpb;
+			g.num_blocks = t->shape[0] / kbpb;
+			g.block_stride = t->stride[0] * kbpb;
+			g.block_len = g.block_stride * es;
+			g.slot_size = g.block_len / bs;
+			g.transfers_per_block = 1;
+			g.regions_per_block = 1;
+		}
+		g.remote_num_blocks = remote_num_blocks;
+		*out = g;
+		return 0;
+	}
+	set_err(err, errlen, "Unsupported K/V cache shape %s: neither dim 0 nor dim 1 is 2", shp);
+	return -EINVAL;
+}
+
+KVX_API void kvx_layout_set_remote_blocks(struct kvx_layout_geom *g, uint64_t remote_num_blocks)
+{
+	g->remote_num_blocks = remote_num_blocks;
+	if (g->kind == KVX_LAYOUT_KIND_SPLIT)
+		g->remote_kv_stride = g->block_stride * (remote_num_blocks ? remote_num_blocks : g->num_blocks);
+}
+
+KVX_API int kvx_layout_regions(const struct kvx_layout_geom *g, const struct kvx_layout_tensor *t, uint64_t base,
+			       struct kvx_layout_region out[2])
+{
+	uint64_t plane = g->num_blocks * g->block_stride * g->elem_size;
+	out[0].addr = base;
+	out[0].len = plane;
+	if (g->kind != KVX_LAYOUT_KIND_SPLIT)
+		return 1;
+	out[1].addr = base + t->stride[0] * g->elem_size;
+	out[1].len = plane;
+	return 2;
+}
+
+KVX_API int kvx_plan_offsets(const struct kvx_layout_geom *g, const uint32_t *local_ids, size_t n_local,
+			     const uint32_t *remote_ids, size_t n_remote, uint64_t *loc, uint64_t *rem, uint64_t *size,
+			     size_t cap)
+{
+	if (n_local != n_remote)
+		return -EINVAL; /* "local and remote block lists must have the same length" */
+	size_t tpb = g->transfers_per_block == 2 ? 2 : 1;
+	if (n_local > cap / tpb)
+		return -ENOBUFS;
+	const uint64_t es = g->elem_size, bsl = g->block_stride, len = g->block_len;
+	size_t k = 0;
+	for (size_t i = 0; i < n_local; i++) {
+		uint64_t lb = local_ids[i], rb = remote_ids[i];
+		if (KVX_UNLIKELY(lb >= g->num_blocks))
+			return -EINVAL;
+		loc[k] = es * lb * bsl;
+		rem[k] = es * rb * bsl;
+		size[k] = len;
+		k++;
+		if (tpb == 2) {
+			loc[k] = es * (g->local_kv_stride + lb * bsl);
+			rem[k] = es * (g->remote_kv_stride + rb * bsl);
+			size[k] = len;
+			k++;
+		}
+	}
+	return (int)k;
+}
+
+/* Stable bottom-up merge sort of idx[0..n) by key[idx[]], with tmp[0..n) as buffer. */
+static void sort_idx(uint32_t *idx, uint32_t *tmp, size_t n, const uint64_t *key)
+{
+	uint32_t *src = idx, *dst = tmp;
+	for (size_t w = 1; w < n; w *= 2) {
+		for (size_t lo = 0; lo < n; lo += 2 * w) {
+			size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+			size_t i = lo, j = mid, k = lo;
+			while (i < mid && j < hi)
+				dst[k++] = key[src[j]] < key[src[i]] ? src[j++] : src[i++];
+			while (i < mid)
+				dst[k++] = src[i++];
+			while (j < hi)
+				dst[k++] = src[j++];
+		}
+		uint32_t *t = src;
+		src = dst;
+		dst = t;
+	}
+	if (src != idx)
+		memcpy(idx, src, n * sizeof(*idx));
+}
+
+/* Apply new[i] = old[idx[i]] to the three arrays in place by following cycles; idx is consumed. */
+static void permute3(uint64_t *a, uint64_t *b, uint64_t *c, uint32_t *idx, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (idx[i] == i)
+			continue;
+		uint64_t ta = a[i], tb = b[i], tc = c[i];
+		size_t j = i;
+		for (;;) {
+			size_t k = idx[j];
+			idx[j] = (uint32_t)j;
+			if (k == i) {
+				a[j] = ta;
+				b[j] = tb;
+				c[j] = tc;
+				break;
+			}
+			a[j] = a[k];
+			b[j] = b[k];
+			c[j] = c[k];
+			j = k;
+		}
+	}
+}
+
+KVX_API int kvx_plan_merge(uint64_t *loc, uint64_t *rem, uint64_t *size, size_t n, uint32_t *scratch)
+{
+	if (n == 0)
+		return 0;
+	bool sorted = true;
+	for (size_t i = 1; i < n; i++) {
+		if (loc[i] < loc[i - 1]) {
+			sorted = false;
+			break;
+		}
+	}
+	if (!sorted) {
+		if (!scratch || n > UINT32_MAX)
+			return -EINVAL;
+		for (size_t i = 0; i < n; i++)
+			scratch[i] = (uint32_t)i;
+		sort_idx(scratch, scratch + n, n, loc);
+		permute3(loc, rem, size, scratch, n);
+	}
+	size_t out = 0;
+	for (size_t i = 1; i < n; i++) {
+		/* Contiguous on both sides with the last entry of the current run. */
+		uint64_t end_l = loc[out] + size[out], end_r = rem[out] + size[out];
+		if (loc[i] == end_l && rem[i] == end_r && size[out] > 0) {
+			size[out] += size[i];
+		} else {
+			out++;
+			loc[out] = loc[i];
+			rem[out] = rem[i];
+			size[out] = size[i];
+		}
+	}
+	return (int)(out + 1);
+}
+
+KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t cached_blocks,
+					 size_t *remote_start)
+{
+	if (remote_start)
+		*remote_start = cached_blocks;
+	if (cached_blocks >= n_remote)
+		return 0;
+	size_t avail = n_remote - cached_blocks;
+	return n_local < avail ? n_local : avail;
+}
+
+struct plan_slot {
+	struct kvx_layout_geom key;
+	uint64_t *loc, *rem, *size;
+	size_t n;
+	uint64_t bytes;
+};
+
+struct kvx_plan_cache {
+	size_t max_blocks;
+	size_t used;
+	uint64_t misses;
+	uint32_t *scratch; /* Array[2 * 2 * max_blocks] */
+	struct plan_slot slot[KVX_PLAN_CACHE_MAX];
+};
+
+KVX_API int kvx_plan_cache_create(size_t max_blocks, struct kvx_plan_cache **out)
+{
+	if (!out || max_blocks == 0 || max_blocks > UINT32_MAX / 4)
+		return -EINVAL;
+	struct kvx_plan_cache *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->max_blocks = max_blocks;
+	size_t n = 2 * max_blocks;
+	c->scratch = malloc(2 * n * sizeof(uint32_t));
+	bool ok = c->scratch != NULL;
+	for (size_t i = 0; ok && i < KVX_PLAN_CACHE_MAX; i++) {
+		c->slot[i].loc = malloc(n * sizeof(uint64_t));
+		c->slot[i].rem = malloc(n * sizeof(uint64_t));
+		c->slot[i].size = malloc(n * sizeof(uint64_t));
+		ok = c->slot[i].loc && c->slot[i].rem && c->slot[i].size;
+	}
+	if (!ok) {
+		kvx_plan_cache_destroy(c);
+		return -ENOMEM;
+	}
+	*out = c;
+	return 0;
+}
+
+KVX_API void kvx_plan_cache_destroy(struct kvx_plan_cache *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < KVX_PLAN_CACHE_MAX; i++) {
+		free(c->slot[i].loc);
+		free(c->slot[i].rem);
+		free(c->slot[i].size);
+	}
+	free(c->scratch);
+	free(c);
+}
+
+KVX_API void kvx_plan_cache_reset(struct kvx_plan_cache *c)
+{
+	c->used = 0;
+}
+
+/* Two layers share a plan iff every field the offsets depend on is equal. */
+static bool same_geometry(const struct kvx_layout_geom *a, const struct kvx_layout_geom *b)
+{
+	return a->kind == b->kind && a->num_blocks == b->num_blocks && a->elem_size == b->elem_size &&
+	       a->block_len == b->block_len && a->block_stride == b->block_stride &&
+	       a->local_kv_stride == b->local_kv_stride && a->remote_kv_stride == b->remote_kv_stride &&
+	       a->transfers_per_block == b->transfers_per_block;
+}
+
+KVX_API int kvx_plan_cache_get(struct kvx_plan_cache *c, const struct kvx_layout_geom *g, const uint32_t *local_ids,
+			       const uint32_t *remote_ids, size_t n, struct kvx_plan *plan)
+{
+	for (size_t i = 0; i < c->used; i++) {
+		struct plan_slot *s = &c->slot[i];
+		if (same_geometry(&s->key, g)) {
+			*plan = (struct kvx_plan){s->loc, s->rem, s->size, s->n, s->bytes};
+			return 0;
+		}
+	}
+	if (n > c->max_blocks || c->used == KVX_PLAN_CACHE_MAX)
+		return -ENOBUFS;
+	struct plan_slot *s = &c->slot[c->used];
+	int k = kvx_plan_offsets(g, local_ids, n, remote_ids, n, s->loc, s->rem, s->size, 2 * c->max_blocks);
+	if (k < 0)
+		return k;
+	uint64_t bytes = 0;
+	for (int i = 0; i < k; i++)
+		bytes += s->size[i];
+	k = kvx_plan_merge(s->loc, s->rem, s->size, (size_t)k, c->scratch);
+	if (k < 0)
+		return k;
+	s->key = *g;
+	s->n = (size_t)k;
+	s->bytes = bytes;
+	c->used++;
+	c->misses++;
+	*plan = (struct kvx_plan){s->loc, s->rem, s->size, s->n, s->bytes};
+	return 1;
+}
+
+KVX_API uint64_t kvx_plan_cache_misses(const struct kvx_plan_cache *c)
+{
+	return c->misses;
+}
+
+KVX_API size_t kvx_plan_cache_size(const struct kvx_plan_cache *c)
+{
+	return c->used;
+}

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_RUNTIME_INTERNAL_H
+#define KVX_RUNTIME_INTERNAL_H
+/*
+ * Module-private: the per-transfer state machines the engine drives on its polling lcores
+ * (PROTOCOL.md §1.3 steps 8–11, §1.4 steps 8–12, §5.5, §5.6), kept free of I/O so the unit
+ * tests drive them directly with an injected clock. One owner thread per table.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvxfer/common.h"
+
+/** Transfer id capacity including the NUL (ids are "tx-" + uuid4 in practice). */
+#define KVX_XFER_ID_MAX 128
+/** Layers per transfer tracked by the write-state bitmap. */
+#define KVX_XFER_MAX_LAYERS 512
+/** Default size of the terminal-id LRU (PROTOCOL.md Appendix A item 4). */
+#define KVX_XFER_TERMINAL_LRU 4096
+
+enum kvx_xfer_state {
+	KVX_XFER_S_FREE = 0,
+	KVX_XFER_S_LIVE = 1,
+	KVX_XFER_S_TERMINAL = 2,
+};
+
+/* Outcome of a READ batch (PROTOCOL.md §6 item 9, L3 TransferBatchState). */
+enum kvx_xfer_batch {
+	KVX_XFER_BATCH_PENDING = 0,
+	KVX_XFER_BATCH_DONE = 1,
+	KVX_XFER_BATCH_FAILED = 2,
+	KVX_XFER_BATCH_TIMED_OUT = 3,
+};
+
+/* What the caller must do after a state change. */
+enum kvx_xfer_action {
+	KVX_XFER_ACT_NONE = 0,
+	KVX_XFER_ACT_NOTIFY_WRITE_DONE = 1, /* P WRITE: all sealed writes terminal, send write_done once */
+	KVX_XFER_ACT_RELEASE = 2,           /* D READ: send release{transfer_id, consumer_tp_size} */
+	KVX_XFER_ACT_FAIL_NO_RELEASE = 3,   /* D READ timed out: report failure, quarantine, no release */
+};
+
+struct kvx_xfer {
+	char tid[KVX_XFER_ID_MAX];
+	uint32_t hash;
+	uint32_t state;          /* enum kvx_xfer_state */
+	uint32_t next;           /* hash chain, index+1 (0 = end) */
+	uint32_t lru_next;       /* terminal FIFO, index+1 */
+	/* WRITE producer (PROTOCOL.md §1.3 steps 8–11). */
+	uint64_t layers_sched[KVX_XFER_MAX_LAYERS / 64];
+	uint32_t writes_scheduled; /* distinct layers scheduled */
+	uint32_t writes_done;      /* layer writes whose ops are terminal */
+	uint32_t writes_expected;  /* sealed count (valid when sealed) */
+	bool sealed;
+	bool notified;
+	bool failed;
+	bool has_alloc;            /* remote_blocks received */
+	uint32_t *remote_blocks;   /* Array[n_remote_blocks], owned (control path allocation) */
+	uint32_t n_remote_blocks;
+	int32_t decode_dp_rank;
+	/* READ consumer batch (PROTOCOL.md §1.4 steps 8–10). */
+	uint32_t ops_posted;
+	uint32_t ops_done;
+	uint32_t ops_failed;
+	uint64_t start_ns;
+	/* ACK fan-in on the producer (PROTOCOL.md §5.6). */
+	uint32_t ack_count;
+	bool ack_completed;
+};
+
+struct kvx_xfer_table;
+
+/* Table of transfers keyed by transfer id, fixed capacity, terminal ids kept in a FIFO LRU of
+ * lru_cap entries so late or duplicate notifications for finished transfers are ignored. */
+int kvx_xfer_table_create(size_t capacity, size_t lru_cap, struct kvx_xfer_table **out);
+void kvx_xfer_table_destroy(struct kvx_xfer_table *t);
+/* Live or terminal entry for tid, or NULL. */
+struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid);
+/* Create a live entry. -EEXIST if tid is live or terminal (one-shot), -EINVAL for an empty or
+ * too long id, -ENOBUFS if full. */
+int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **out);
+/* Find or create a live entry; NULL if terminal or no space. */
+struct kvx_xfer *kvx_xfer_get_live(struct kvx_xfer_table *t, const char *tid);
+bool kvx_xfer_is_terminal(struct kvx_xfer_table *t, const char *tid);
+/* Mark terminal: frees per-transfer storage, keeps the id in the LRU. */
+void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x);
+size_t kvx_xfer_live_count(const struct kvx_xfer_table *t);
+
+/* WRITE producer state machine (vectors T16–T20). */
+/* true if (tid, layer) is newly scheduled; false for a duplicate, a terminal transfer or a
+ * layer index >= KVX_XFER_MAX_LAYERS. */
+bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer);
+/* Seal writes_expected = distinct layers scheduled. Returns the count, -ENOENT if unknown or
+ * terminal. The action out-param says whether write_done is due now. */
+int kvx_xfer_seal(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act);
+/* One layer's writes are terminal on the wire (ok = every op succeeded). */
+enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok);
+/* Store D's allocation (remote_blocks). 1 stored, 0 ignored (terminal), -EEXIST duplicate,
+ * -EPROTO empty list, -ENOMEM. */
+int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
+			   int32_t decode_dp_rank);
+
+/* READ consumer batch state (vectors T28, T30, T31): strict '>' timeout boundary. */
+enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns);
+enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b);
+
+/* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when tid completes now, 0 if more
+ * ACKs are needed or the ACK is ignored (unknown, not live, duplicate), negative errno for a
+ * bad tp combination. A completed transfer becomes terminal. */
+int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp);
+
+/* Routing helpers (PROTOCOL.md §2.1, §4.5). */
+int kvx_xfer_remote_tp_rank(uint32_t local_rank, uint32_t local_size, uint32_t remote_size, uint32_t *out);
+int kvx_xfer_expected_acks(uint32_t producer_tp, uint32_t consumer_tp, uint32_t *out);
+int kvx_xfer_port_offset(uint32_t dp_rank, uint32_t tp_rank, uint32_t tp_size, uint32_t *out);
+uint32_t kvx_xfer_fold(uint32_t dp_rank, uint32_t dp_local);
+uint32_t kvx_xfer_pod(uint32_t dp_rank, uint32_t dp_local);
+
+/* FIFO of requests waiting for a peer handshake, drained whole (PROTOCOL.md §6 item 2, T47). */
+struct kvx_xfer_readyq {
+	uint32_t head, tail, cap;
+	char (*ids)[KVX_XFER_ID_MAX];
+};
+int kvx_xfer_readyq_init(struct kvx_xfer_readyq *q, uint32_t cap);
+void kvx_xfer_readyq_fini(struct kvx_xfer_readyq *q);
+int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid);
+/* Pop everything queued, in order, into out (Array[cap]); returns the count. */
+size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap);
+
+#endif /* KVX_RUNTIME_INTERNAL_H */

@@ -1,0 +1,386 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Per-transfer state machines: transfer table with terminal LRU, WRITE producer sealing and
+ * write_done-once, READ batch outcome, ACK fan-in, routing helpers (PROTOCOL.md §1.3, §1.4,
+ * §2.1, §4.5, §5.6). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime_internal.h"
+
+struct kvx_xfer_table {
+	struct kvx_xfer *e;
+	uint32_t *bucket; /* index+1 */
+	uint32_t nbucket; /* power of two */
+	uint32_t cap;
+	uint32_t free_head; /* index+1, chained through next */
+	uint32_t live;
+	uint32_t lru_head, lru_tail, lru_count, lru_cap;
+};
+
+static uint32_t hash_tid(const char *s)
+{
+	uint32_t h = 2166136261u; /* FNV-1a */
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 16777619u;
+	return h;
+}
+
+int kvx_xfer_table_create(size_t capacity, size_t lru_cap, struct kvx_xfer_table **out)
+{
+	if (!out || capacity == 0 || capacity > (1u << 24) || lru_cap >= capacity)
+		return -EINVAL;
+	struct kvx_xfer_table *t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->cap = (uint32_t)capacity;
+	t->lru_cap = (uint32_t)lru_cap;
+	t->nbucket = 1;
+	while (t->nbucket < 2 * t->cap)
+		t->nbucket <<= 1;
+	t->e = calloc(capacity, sizeof(*t->e));
+	t->bucket = calloc(t->nbucket, sizeof(*t->bucket));
+	if (!t->e || !t->bucket) {
+		kvx_xfer_table_destroy(t);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < t->cap; i++)
+		t->e[i].next = i + 2 <= t->cap ? i + 2 : 0;
+	t->free_head = 1;
+	*out = t;
+	return 0;
+}
+
+void kvx_xfer_table_destroy(struct kvx_xfer_table *t)
+{
+	if (!t)
+		return;
+	if (t->e)
+		for (uint32_t i = 0; i < t->cap; i++)
+			free(t->e[i].remote_blocks);
+	free(t->e);
+	free(t->bucket);
+	free(t);
+}
+
+struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid)
+{
+	uint32_t h = hash_tid(tid);
+	for (uint32_t i = t->bucket[h & (t->nbucket - 1)]; i; i = t->e[i - 1].next) {
+		struct kvx_xfer *x = &t->e[i - 1];
+		if (x->hash == h && !strcmp(x->tid, tid))
+			return x;
+	}
+	return NULL;
+}
+
+static void unlink_hash(struct kvx_xfer_table *t, struct kvx_xfer *x)
+{
+	uint32_t idx = (uint32_t)(x - t->e) + 1;
+	uint32_t *p = &t->bucket[x->hash & (t->nbucket - 1)];
+	while (*p && *p != idx)
+		p = &t->e[*p - 1].next;
+	if (*p)
+		*p = x->next;
+}
+
+static void release_entry(struct kvx_xfer_table *t, struct kvx_xfer *x)
+{
+	unlink_hash(t, x);
+	free(x->remote_blocks);
+	memset(x, 0, sizeof(*x));
+	x->next = t->free_head;
+	t->free_head = (uint32_t)(x - t->e) + 1;
+}
+
+static void evict_oldest_terminal(struct kvx_xfer_table *t)
+{
+	struct kvx_xfer *x = &t->e[t->lru_head - 1];
+	t->lru_head = x->lru_next;
+	if (!t->lru_head)
+		t->lru_tail = 0;
+	t->lru_count--;
+	release_entry(t, x);
+}
+
+int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **out)
+{
+	size_t len = tid ? strnlen(tid, KVX_XFER_ID_MAX) : 0;
+	if (len == 0 || len >= KVX_XFER_ID_MAX)
+		return -EINVAL;
+	if (kvx_xfer_find(t, tid))
+		return -EEXIST;
+	if (!t->free_head && t->lru_count)
+		evict_oldest_terminal(t);
+	if (!t->free_head)
+		return -ENOBUFS;
+	struct kvx_xfer *x = &t->e[t->free_head - 1];
+	t->free_head = x->next;
+	memset(x, 0, sizeof(*x));
+	memcpy(x->tid, tid, len + 1);
+	x->hash = hash_tid(tid);
+	x->state = KVX_XFER_S_LIVE;
+	x->decode_dp_rank = -1;
+	uint32_t *b = &t->bucket[x->hash & (t->nbucket - 1)];
+	x->next = *b;
+	*b = (uint32_t)(x - t->e) + 1;
+	t->live++;
+	*out = x;
+	return 0;
+}
+
+struct kvx_xfer *kvx_xfer_get_live(struct kvx_xfer_table *t, const char *tid)
+{
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	if (x)
+		return x->state == KVX_XFER_S_LIVE ? x : NULL;
+	return kvx_xfer_open(t, tid, &x) == 0 ? x : NULL;
+}
+
+bool kvx_xfer_is_terminal(struct kvx_xfer_table *t, const char *tid)
+{
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	return x && x->state == KVX_XFER_S_TERMINAL;
+}
+
+void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x)
+{
+	if (x->state != KVX_XFER_S_LIVE)
+		return;
+	free(x->remote_blocks);
+	x->remote_blocks = NULL;
+	x->n_remote_blocks = 0;
+	x->has_alloc = false;
+	memset(x->layers_sched, 0, sizeof(x->layers_sched));
+	x->writes_scheduled = 0;
+	x->sealed = false;
+	x->state = KVX_XFER_S_TERMINAL;
+	t->live--;
+	if (t->lru_cap == 0) {
+		release_entry(t, x);
+		return;
+	}
+	uint32_t idx = (uint32_t)(x - t->e) + 1;
+	x->lru_next = 0;
+	if (t->lru_tail)
+		t->e[t->lru_tail - 1].lru_next = idx;
+	else
+		t->lru_head = idx;
+	t->lru_tail = idx;
+	if (++t->lru_count > t->lru_cap)
+		evict_oldest_terminal(t);
+}
+
+size_t kvx_xfer_live_count(const struct kvx_xfer_table *t)
+{
+	return t->live;
+}
+
+bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer)
+{
+	if (layer >= KVX_XFER_MAX_LAYERS)
+		return false;
+	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
+	if (!x)
+		return false;
+	uint64_t bit = 1ull << (layer % 64);
+	if (x->layers_sched[layer / 64] & bit)
+		return false;
+	x->layers_sched[layer / 64] |= bit;
+	x->writes_scheduled++;
+	return true;
+}
+
+static enum kvx_xfer_action write_check(struct kvx_xfer_table *t, struct kvx_xfer *x)
+{
+	if (!x->sealed || x->notified || x->writes_done < x->writes_expected)
+		return KVX_XFER_ACT_NONE;
+	x->notified = true;
+	kvx_xfer_make_terminal(t, x);
+	return KVX_XFER_ACT_NOTIFY_WRITE_DONE;
+}
+
+int kvx_xfer_seal(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act)
+{
+	*act = KVX_XFER_ACT_NONE;
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	if (!x || x->state != KVX_XFER_S_LIVE)
+		return -ENOENT;
+	x->writes_expected = x->writes_scheduled;
+	x->sealed = true;
+	int n = (int)x->writes_expected;
+	*act = write_check(t, x);
+	return n;
+}
+
+enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok)
+{
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	if (!x || x->state != KVX_XFER_S_LIVE)
+		return KVX_XFER_ACT_NONE;
+	if (!ok) {
+		/* A failed write ends the transfer: the producer frees its blocks (PROTOCOL.md §5.5). */
+		x->failed = true;
+		kvx_xfer_make_terminal(t, x);
+		return KVX_XFER_ACT_NONE;
+	}
+	x->writes_done++;
+	return write_check(t, x);
+}
+
+int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
+			   int32_t decode_dp_rank)
+{
+	if (n == 0)
+		return -EPROTO;
+	if (kvx_xfer_is_terminal(t, tid))
+		return 0;
+	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
+	if (!x)
+		return -ENOBUFS;
+	if (x->has_alloc)
+		return -EEXIST;
+	uint32_t *copy = malloc(n * sizeof(*copy));
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, ids, n * sizeof(*copy));
+	x->remote_blocks = copy;
+	x->n_remote_blocks = (uint32_t)n;
+	x->decode_dp_rank = decode_dp_rank;
+	x->has_alloc = true;
+	return 1;
+}
+
+enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns)
+{
+	if (x->ops_failed)
+		return x->ops_done + x->ops_failed >= x->ops_posted ? KVX_XFER_BATCH_FAILED : KVX_XFER_BATCH_PENDING;
+	if (x->ops_done >= x->ops_posted)
+		return KVX_XFER_BATCH_DONE;
+	/* Strict '>': pending exactly at the timeout is not yet timed out (PROTOCOL.md §5.5). */
+	if (now_ns > x->start_ns && now_ns - x->start_ns > timeout_ns)
+		return KVX_XFER_BATCH_TIMED_OUT;
+	return KVX_XFER_BATCH_PENDING;
+}
+
+enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b)
+{
+	switch (b) {
+	case KVX_XFER_BATCH_DONE:
+	case KVX_XFER_BATCH_FAILED:
+		return KVX_XFER_ACT_RELEASE;
+	case KVX_XFER_BATCH_TIMED_OUT:
+		return KVX_XFER_ACT_FAIL_NO_RELEASE;
+	default:
+		return KVX_XFER_ACT_NONE;
+	}
+}
+
+int kvx_xfer_remote_tp_rank(uint32_t local_rank, uint32_t local_size, uint32_t remote_size, uint32_t *out)
+{
+	if (local_size == 0 || local_rank >= local_size)
+		return -EINVAL;
+	if (remote_size == 0)
+		remote_size = local_size; /* L3: 0 means "same as local" */
+	if (remote_size == local_size) {
+		*out = local_rank;
+	} else if (remote_size > local_size) {
+		if (remote_size % local_size)
+			return -EINVAL; /* "must be a multiple" */
+		*out = local_rank * (remote_size / local_size);
+	} else {
+		if (local_size % remote_size)
+			return -EINVAL;
+		*out = local_rank / (local_size / remote_size);
+	}
+	return 0;
+}
+
+int kvx_xfer_expected_acks(uint32_t producer_tp, uint32_t consumer_tp, uint32_t *out)
+{
+	if (producer_tp == 0 || consumer_tp == 0)
+		return -EINVAL;
+	if (consumer_tp <= producer_tp) {
+		*out = 1;
+		return 0;
+	}
+	if (consumer_tp % producer_tp)
+		return -EINVAL;
+	*out = consumer_tp / producer_tp;
+	return 0;
+}
+
+int kvx_xfer_port_offset(uint32_t dp_rank, uint32_t tp_rank, uint32_t tp_size, uint32_t *out)
+{
+	if (tp_size == 0)
+		return -EINVAL; /* "tp_size must be positive" */
+	*out = dp_rank * tp_size + tp_rank;
+	return 0;
+}
+
+uint32_t kvx_xfer_fold(uint32_t dp_rank, uint32_t dp_local)
+{
+	return dp_local ? dp_rank % dp_local : dp_rank;
+}
+
+uint32_t kvx_xfer_pod(uint32_t dp_rank, uint32_t dp_local)
+{
+	return dp_local ? dp_rank / dp_local : 0;
+}
+
+int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp)
+{
+	uint32_t need;
+	int rc = kvx_xfer_expected_acks(producer_tp, consumer_tp ? consumer_tp : 1, &need);
+	if (rc)
+		return rc;
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	if (!x || x->state != KVX_XFER_S_LIVE || x->ack_completed)
+		return 0;
+	if (++x->ack_count < need)
+		return 0;
+	x->ack_count = 0;
+	x->ack_completed = true;
+	kvx_xfer_make_terminal(t, x);
+	return 1;
+}
+
+int kvx_xfer_readyq_init(struct kvx_xfer_readyq *q, uint32_t cap)
+{
+	memset(q, 0, sizeof(*q));
+	if (cap == 0)
+		return -EINVAL;
+	q->ids = calloc(cap, sizeof(*q->ids));
+	if (!q->ids)
+		return -ENOMEM;
+	q->cap = cap;
+	return 0;
+}
+
+void kvx_xfer_readyq_fini(struct kvx_xfer_readyq *q)
+{
+	free(q->ids);
+	q->ids = NULL;
+}
+
+int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid)
+{
+	size_t len = strnlen(tid, KVX_XFER_ID_MAX);
+	if (len == 0 || len >= KVX_XFER_ID_MAX)
+		return -EINVAL;
+	if (q->tail - q->head == q->cap)
+		return -ENOBUFS;
+	memcpy(q->ids[q->tail % q->cap], tid, len + 1);
+	q->tail++;
+	return 0;
+}
+
+size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap)
+{
+	size_t n = 0;
+	while (q->head != q->tail && n < cap) {
+		memcpy(out[n++], q->ids[q->head % q->cap], KVX_XFER_ID_MAX);
+		q->head++;
+	}
+	return n;
+}

@@ -1,0 +1,599 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* PROTOCOL.md §7 vectors owned by the runtime: layout (T1–T6, T9, T11–T15, T51), WRITE state
+ * machine (T16–T19), fan-in and routing (T23–T27), READ batch (T28, T30, T31), scheduler
+ * (T44, T45, T47, T53). Layout cases: bf16, block_size 4, 2 KV heads, head size 3, local
+ * blocks [1,3], remote [4,5], remote num_blocks 16. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+
+#include "kvxfer/layout.h"
+#include "kvxfer/sched.h"
+#include "runtime/runtime_internal.h"
+
+TestSuite(runtime_vectors, .timeout = 30.0);
+
+static const struct kvx_layout_spec g_spec = {.block_size = 4, .num_kv_heads = 2, .head_size = 3};
+static const uint32_t g_local[2] = {1, 3};
+static const uint32_t g_remote[2] = {4, 5};
+
+/* Contiguous tensor of the given shape (row-major strides). */
+static struct kvx_layout_tensor tensor(uint32_t ndim, const uint64_t *shape)
+{
+	struct kvx_layout_tensor t = {.ndim = ndim, .elem_size = 2};
+	uint64_t st = 1;
+	for (int i = (int)ndim - 1; i >= 0; i--) {
+		t.shape[i] = shape[i];
+		t.stride[i] = st;
+		st *= shape[i];
+	}
+	return t;
+}
+
+struct triples {
+	uint64_t loc[16], rem[16], size[16];
+	int n;
+};
+
+static struct triples plan(const struct kvx_layout_spec *spec, uint32_t ndim, const uint64_t *shape,
+			   struct kvx_layout_geom *g)
+{
+	struct kvx_layout_tensor t = tensor(ndim, shape);
+	char err[128] = "";
+	int rc = kvx_layout_geometry(spec, &t, 16, g, err, sizeof(err));
+	cr_assert_eq(rc, 0, "geometry: %s", err);
+	struct triples r;
+	r.n = kvx_plan_offsets(g, g_local, 2, g_remote, 2, r.loc, r.rem, r.size, 16);
+	cr_assert_geq(r.n, 0);
+	uint32_t scratch[32];
+	r.n = kvx_plan_merge(r.loc, r.rem, r.size, (size_t)r.n, scratch);
+	return r;
+}
+
+static void expect_triples(const struct triples *r, int n, const uint64_t *loc, const uint64_t *rem,
+			   const uint64_t *size)
+{
+	cr_assert_eq(r->n, n, "entries %d != %d", r->n, n);
+	for (int i = 0; i < n; i++) {
+		cr_expect_eq(r->loc[i], loc[i], "loc[%d] %llu != %llu", i, (unsigned long long)r->loc[i],
+			     (unsigned long long)loc[i]);
+		cr_expect_eq(r->rem[i], rem[i], "rem[%d] %llu != %llu", i, (unsigned long long)r->rem[i],
+			     (unsigned long long)rem[i]);
+		cr_expect_eq(r->size[i], size[i], "size[%d]", i);
+	}
+}
+
+static const uint64_t t1_loc[] = {48, 144, 432, 528}, t1_rem[] = {192, 240, 960, 1008}, t1_sz[] = {48, 48, 48, 48};
+static const uint64_t t2_loc[] = {96, 288}, t2_rem[] = {384, 480}, t2_sz[] = {96, 96};
+
+Test(runtime_vectors, t01_split_offsets)
+{
+	struct kvx_layout_geom g;
+	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 8, 4, 2, 3}, &g);
+	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_SPLIT);
+	cr_assert_eq(g.block_stride, 24);
+	cr_assert_eq(g.local_kv_stride, 192);
+	cr_assert_eq(g.remote_kv_stride, 384);
+	cr_assert(g.split_kv_regions);
+	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
+}
+
+Test(runtime_vectors, t02_interleaved_offsets)
+{
+	struct kvx_layout_geom g;
+	struct triples r = plan(&g_spec, 5, (uint64_t[]){8, 2, 4, 2, 3}, &g);
+	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_INTERLEAVED);
+	cr_assert_eq(g.block_stride, 48);
+	cr_assert_eq(g.local_kv_stride, 24);
+	cr_assert_eq(g.remote_kv_stride, 24);
+	cr_assert_not(g.split_kv_regions);
+	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
+}
+
+Test(runtime_vectors, t03_hnd_split_same_as_t01)
+{
+	struct kvx_layout_geom g;
+	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 8, 2, 4, 3}, &g);
+	cr_assert_eq(g.block_size, 4);
+	cr_assert_eq(g.block_stride, 24);
+	cr_assert_eq(g.local_kv_stride, 192);
+	cr_assert_eq(g.remote_kv_stride, 384);
+	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
+}
+
+Test(runtime_vectors, t04_hnd_interleaved_same_as_t02)
+{
+	struct kvx_layout_geom g;
+	struct triples r = plan(&g_spec, 5, (uint64_t[]){8, 2, 2, 4, 3}, &g);
+	cr_assert_eq(g.block_stride, 48);
+	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
+}
+
+Test(runtime_vectors, t05_split_kernel_blocks)
+{
+	struct kvx_layout_geom g;
+	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 16, 2, 2, 3}, &g);
+	cr_assert_eq(g.num_blocks, 8);
+	cr_assert_eq(g.block_size, 4);
+	cr_assert_eq(g.block_stride, 24);
+	cr_assert_eq(g.local_kv_stride, 192);
+	cr_assert_eq(g.remote_kv_stride, 384);
+	cr_assert_eq(g.kernel_blocks_per_block, 2);
+	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
+}
+
+Test(runtime_vectors, t06_interleaved_kernel_blocks)
+{
+	struct kvx_layout_geom g;
+	struct triples r = plan(&g_spec, 5, (uint64_t[]){16, 2, 2, 2, 3}, &g);
+	cr_assert_eq(g.num_blocks, 8);
+	cr_assert_eq(g.block_stride, 48);
+	cr_assert_not(g.has_kv_stride);
+	cr_assert_eq(g.transfers_per_block, 1);
+	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
+}
+
+Test(runtime_vectors, t09_mla_offsets)
+{
+	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	struct kvx_layout_geom g;
+	struct triples r = plan(&mla, 3, (uint64_t[]){8, 4, 3}, &g);
+	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_MLA);
+	cr_assert_eq(g.block_stride, 12);
+	cr_assert_eq(g.transfers_per_block, 1);
+	cr_assert_not(g.has_kv_stride);
+	expect_triples(&r, 2, (uint64_t[]){24, 72}, (uint64_t[]){96, 120}, (uint64_t[]){24, 24});
+}
+
+Test(runtime_vectors, t11_4d_shape_rejected)
+{
+	struct kvx_layout_tensor t = tensor(4, (uint64_t[]){8, 4, 2, 3});
+	struct kvx_layout_geom g;
+	char err[160] = "";
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 16, &g, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "Unsupported K/V cache shape [8,4,2,3]"), "message: %s", err);
+}
+
+Test(runtime_vectors, t12_length_mismatch_rejected)
+{
+	struct kvx_layout_geom g;
+	struct kvx_layout_tensor t = tensor(5, (uint64_t[]){2, 8, 4, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 16, &g, NULL, 0), 0);
+	uint64_t l[8], r[8], s[8];
+	cr_assert_eq(kvx_plan_offsets(&g, g_local, 2, (uint32_t[]){4}, 1, l, r, s, 8), -EINVAL);
+}
+
+Test(runtime_vectors, t13_registration_regions)
+{
+	struct kvx_layout_geom g;
+	struct kvx_layout_region reg[2];
+	struct kvx_layout_tensor t = tensor(5, (uint64_t[]){2, 8, 4, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_regions(&g, &t, 0x10000, reg), 2);
+	cr_assert_eq(reg[0].addr, 0x10000);
+	cr_assert_eq(reg[1].addr, 0x10000 + 8 * 48); /* cache[1] */
+	cr_assert_eq(reg[0].len, 8 * 48);
+	cr_assert_eq(reg[1].len, 8 * 48);
+
+	t = tensor(5, (uint64_t[]){8, 2, 4, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_regions(&g, &t, 0x10000, reg), 1);
+	cr_assert_eq(reg[0].len, 8 * 2 * 48);
+
+	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	t = tensor(3, (uint64_t[]){8, 4, 3});
+	cr_assert_eq(kvx_layout_geometry(&mla, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_regions(&g, &t, 0x10000, reg), 1);
+	cr_assert_eq(reg[0].len, 8 * 24);
+
+	t = tensor(5, (uint64_t[]){4, 2, 4, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_regions(&g, &t, 0x10000, reg), 1);
+	cr_assert_eq(reg[0].len, 4 * 2 * 48);
+}
+
+Test(runtime_vectors, t14_three_layouts_three_triples)
+{
+	struct kvx_layout_geom g;
+	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	struct triples a = plan(&g_spec, 5, (uint64_t[]){2, 8, 4, 2, 3}, &g);
+	struct triples b = plan(&g_spec, 5, (uint64_t[]){8, 2, 4, 2, 3}, &g);
+	struct triples c = plan(&mla, 3, (uint64_t[]){8, 4, 3}, &g);
+	cr_assert_neq(a.n, b.n);
+	cr_assert(b.loc[0] != c.loc[0] || b.size[0] != c.size[0]);
+	cr_assert(a.loc[0] != b.loc[0]);
+}
+
+Test(runtime_vectors, t15_plan_cached_per_geometry)
+{
+	struct kvx_plan_cache *c;
+	cr_assert_eq(kvx_plan_cache_create(64, &c), 0);
+	struct kvx_layout_geom dense, indexer;
+	struct kvx_layout_tensor td = tensor(5, (uint64_t[]){2, 8, 4, 2, 3});
+	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	struct kvx_layout_tensor ti = tensor(3, (uint64_t[]){8, 4, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &td, 16, &dense, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_geometry(&mla, &ti, 16, &indexer, NULL, 0), 0);
+	struct kvx_plan p0, p1, p2;
+	/* dense0, dense1 (same geometry), indexer */
+	cr_assert_eq(kvx_plan_cache_get(c, &dense, g_local, g_remote, 2, &p0), 1);
+	cr_assert_eq(kvx_plan_cache_get(c, &dense, g_local, g_remote, 2, &p1), 0);
+	cr_assert_eq(kvx_plan_cache_get(c, &indexer, g_local, g_remote, 2, &p2), 1);
+	cr_assert_eq(kvx_plan_cache_misses(c), 2);
+	cr_assert_eq(kvx_plan_cache_size(c), 2);
+	cr_assert_eq(p0.loc, p1.loc);
+	cr_assert_eq(p0.n, 4);
+	cr_assert_eq(p0.bytes, 4 * 48);
+	cr_assert_eq(p2.n, 2);
+	kvx_plan_cache_destroy(c);
+}
+
+static struct kvx_xfer_table *table(void)
+{
+	struct kvx_xfer_table *t;
+	cr_assert_eq(kvx_xfer_table_create(64, 16, &t), 0);
+	return t;
+}
+
+Test(runtime_vectors, t16_write_schedule_dedup_and_seal)
+{
+	struct kvx_xfer_table *t = table();
+	cr_assert(kvx_xfer_schedule_write(t, "xfer", 0));      /* dense0 */
+	cr_assert_not(kvx_xfer_schedule_write(t, "xfer", 0));  /* dense0 again */
+	cr_assert(kvx_xfer_schedule_write(t, "xfer", 2));      /* indexer */
+	struct kvx_xfer *x = kvx_xfer_find(t, "xfer");
+	cr_assert_eq(x->writes_scheduled, 2);
+	enum kvx_xfer_action act;
+	cr_assert_eq(kvx_xfer_seal(t, "xfer", &act), 2);
+	cr_assert_eq(x->writes_expected, 2);
+	cr_assert(x->sealed);
+	cr_assert_eq(act, KVX_XFER_ACT_NONE);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_vectors, t17_write_done_notified_once)
+{
+	struct kvx_xfer_table *t = table();
+	cr_assert_eq(kvx_xfer_remote_blocks(t, "xfer", g_remote, 2, 0), 1);
+	kvx_xfer_schedule_write(t, "xfer", 0);
+	kvx_xfer_schedule_write(t, "xfer", 1);
+	enum kvx_xfer_action act;
+	cr_assert_eq(kvx_xfer_seal(t, "xfer", &act), 2);
+	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NONE);
+	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
+	/* write_done target: D dp 0, P tp_rank 2, notify base 7000 -> 7002 */
+	uint32_t rtp, off;
+	cr_assert_eq(kvx_xfer_remote_tp_rank(2, 4, 4, &rtp), 0);
+	cr_assert_eq(kvx_xfer_port_offset(kvx_xfer_fold(0, 0), rtp, 4, &off), 0);
+	cr_assert_eq(7000 + off, 7002);
+	cr_assert(kvx_xfer_is_terminal(t, "xfer"));
+	cr_assert_eq(kvx_xfer_find(t, "xfer")->remote_blocks, NULL); /* alloc dropped */
+	/* A late duplicate completion never notifies twice. */
+	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NONE);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_vectors, t18_completion_scoped_per_transfer)
+{
+	struct kvx_xfer_table *t = table();
+	enum kvx_xfer_action act;
+	kvx_xfer_schedule_write(t, "a", 0);
+	kvx_xfer_schedule_write(t, "b", 0);
+	kvx_xfer_seal(t, "a", &act);
+	kvx_xfer_seal(t, "b", &act);
+	cr_assert_eq(kvx_xfer_mark_write_done(t, "b", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
+	struct kvx_xfer *a = kvx_xfer_find(t, "a");
+	cr_assert_eq(a->state, KVX_XFER_S_LIVE);
+	cr_assert_eq(a->writes_done, 0);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_vectors, t19_failed_write_terminal_and_cleared)
+{
+	struct kvx_xfer_table *t = table();
+	enum kvx_xfer_action act;
+	kvx_xfer_schedule_write(t, "xfer", 0);
+	kvx_xfer_schedule_write(t, "xfer", 1);
+	kvx_xfer_seal(t, "xfer", &act);
+	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", false), KVX_XFER_ACT_NONE);
+	struct kvx_xfer *x = kvx_xfer_find(t, "xfer");
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
+	cr_assert(x->failed);
+	cr_assert_eq(x->writes_scheduled, 0);
+	cr_assert_not(x->sealed);
+	cr_assert_eq(x->layers_sched[0], 0);
+	cr_assert_not(kvx_xfer_schedule_write(t, "xfer", 3));
+	cr_assert_eq(kvx_xfer_live_count(t), 0);
+	/* T20: remote_blocks for a terminal transfer is ignored. */
+	cr_assert_eq(kvx_xfer_remote_blocks(t, "xfer", g_remote, 2, 0), 0);
+	cr_assert_not(x->has_alloc);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_vectors, t23_remote_tp_rank)
+{
+	uint32_t r;
+	for (uint32_t i = 0; i < 4; i++) {
+		cr_assert_eq(kvx_xfer_remote_tp_rank(i, 4, 4, &r), 0);
+		cr_assert_eq(r, i);
+	}
+	const uint32_t e8[8] = {0, 0, 1, 1, 2, 2, 3, 3};
+	for (uint32_t i = 0; i < 8; i++) {
+		cr_assert_eq(kvx_xfer_remote_tp_rank(i, 8, 4, &r), 0);
+		cr_assert_eq(r, e8[i]);
+	}
+	for (uint32_t i = 0; i < 4; i++) {
+		cr_assert_eq(kvx_xfer_remote_tp_rank(i, 4, 8, &r), 0);
+		cr_assert_eq(r, 2 * i);
+	}
+	cr_assert_eq(kvx_xfer_remote_tp_rank(0, 6, 4, &r), -EINVAL);
+	cr_assert_eq(kvx_xfer_remote_tp_rank(0, 4, 6, &r), -EINVAL);
+}
+
+/* T24 head guard: replicated KV heads are rejected for non-MLA unless min(tp) >= heads. */
+static int head_guard(uint32_t tp_local, uint32_t tp_remote, uint32_t heads, bool mla)
+{
+	if (mla || tp_local == tp_remote)
+		return 0;
+	uint32_t m = tp_local < tp_remote ? tp_local : tp_remote;
+	return m >= heads ? 0 : -ENOTSUP;
+}
+
+Test(runtime_vectors, t24_head_guard)
+{
+	cr_assert_eq(head_guard(4, 8, 4, false), 0);
+	cr_assert_eq(head_guard(8, 4, 4, false), 0);
+	cr_assert_eq(head_guard(4, 8, 4, false), 0);
+	cr_assert_eq(head_guard(4, 2, 4, false), -ENOTSUP);
+	cr_assert_eq(head_guard(2, 4, 4, false), -ENOTSUP);
+	cr_assert_eq(head_guard(2, 4, 4, true), 0);
+}
+
+Test(runtime_vectors, t25_expected_acks)
+{
+	uint32_t n;
+	cr_assert_eq(kvx_xfer_expected_acks(4, 4, &n), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(kvx_xfer_expected_acks(8, 4, &n), 0);
+	cr_assert_eq(n, 1);
+	cr_assert_eq(kvx_xfer_expected_acks(4, 8, &n), 0);
+	cr_assert_eq(n, 2);
+	cr_assert_eq(kvx_xfer_expected_acks(4, 6, &n), -EINVAL);
+}
+
+Test(runtime_vectors, t26_resolve_ack_fan_in)
+{
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-plain", &x), 0);
+	cr_assert_eq(kvx_xfer_open(t, "tx-fanin", &x), 0);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-plain", 0, 4), 1); /* plain string = Ack(tid, 1) */
+	cr_assert(kvx_xfer_is_terminal(t, "tx-plain"));
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 0);
+	cr_assert_eq(x->ack_count, 1);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 1);
+	cr_assert_eq(x->ack_count, 0);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 0); /* duplicate */
+	size_t live = kvx_xfer_live_count(t);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-unknown", 8, 4), 0);
+	cr_assert_eq(kvx_xfer_find(t, "tx-unknown"), NULL);
+	cr_assert_eq(kvx_xfer_live_count(t), live);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_vectors, t27_fan_in_two_ticks)
+{
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-fanin", &x), 0);
+	int done_tick1 = kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4);
+	int done_tick2 = kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4);
+	cr_assert_eq(done_tick1, 0);
+	cr_assert_eq(done_tick2, 1);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_vectors, t28_read_batch_done_releases)
+{
+	struct kvx_xfer x = {.ops_posted = 3, .ops_done = 3, .start_ns = 0};
+	enum kvx_xfer_batch b = kvx_xfer_read_state(&x, 1000, 120000000000ull);
+	cr_assert_eq(b, KVX_XFER_BATCH_DONE);
+	cr_assert_eq(kvx_xfer_read_action(b), KVX_XFER_ACT_RELEASE);
+	/* release target: 127.0.0.1, notify base 7000 + port_offset(0, remote_tp_rank(0,8,1)) */
+	uint32_t rtp, off;
+	cr_assert_eq(kvx_xfer_remote_tp_rank(0, 8, 1, &rtp), 0);
+	cr_assert_eq(kvx_xfer_port_offset(0, rtp, 1, &off), 0);
+	cr_assert_eq(7000 + off, 7000);
+}
+
+Test(runtime_vectors, t30_read_batch_pending_sends_nothing)
+{
+	struct kvx_xfer x = {.ops_posted = 2, .ops_done = 1, .start_ns = 0};
+	enum kvx_xfer_batch b = kvx_xfer_read_state(&x, 1000, 120000000000ull);
+	cr_assert_eq(b, KVX_XFER_BATCH_PENDING);
+	cr_assert_eq(kvx_xfer_read_action(b), KVX_XFER_ACT_NONE);
+	x.ops_failed = 1; /* any failed + all terminal -> FAILED, still releases */
+	cr_assert_eq(kvx_xfer_read_state(&x, 1000, 120000000000ull), KVX_XFER_BATCH_FAILED);
+}
+
+Test(runtime_vectors, t31_timeout_boundary_strict)
+{
+	const uint64_t s = 1000000000ull;
+	struct kvx_xfer x = {.ops_posted = 2, .ops_done = 1, .start_ns = 5 * s};
+	cr_assert_eq(kvx_xfer_read_state(&x, 5 * s + 121 * s, 120 * s), KVX_XFER_BATCH_TIMED_OUT);
+	cr_assert_eq(kvx_xfer_read_action(KVX_XFER_BATCH_TIMED_OUT), KVX_XFER_ACT_FAIL_NO_RELEASE);
+	cr_assert_eq(kvx_xfer_read_state(&x, 5 * s + 120 * s, 120 * s), KVX_XFER_BATCH_PENDING);
+}
+
+static struct kvx_sched *sched(enum kvx_sched_role role, enum kvx_sched_mode mode)
+{
+	struct kvx_sched_params p = {.role = role, .mode = mode, .block_size = 16, .defer_timeout_ns = 60,
+				     .transfer_timeout_ns = 30, .max_requests = 64};
+	struct kvx_sched *s;
+	cr_assert_eq(kvx_sched_create(&p, &s), 0);
+	return s;
+}
+
+Test(runtime_vectors, t44_matched_tokens)
+{
+	uint64_t n;
+	bool async;
+	struct kvx_sched_req r = {.num_prompt_tokens = 8, .has_params = true, .do_remote_prefill = true};
+	struct kvx_sched *p = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	kvx_sched_matched_tokens(p, NULL, &r, &n, &async);
+	cr_assert(n == 0 && !async);
+	kvx_sched_destroy(p);
+	p = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	kvx_sched_matched_tokens(p, NULL, &r, &n, &async);
+	cr_assert(n == 0 && !async);
+	kvx_sched_destroy(p);
+
+	struct kvx_sched *dw = sched(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	kvx_sched_matched_tokens(dw, NULL, &r, &n, &async);
+	cr_assert(n == 8 && async);
+	kvx_sched_destroy(dw);
+
+	struct kvx_sched *dr = sched(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	kvx_sched_matched_tokens(dr, NULL, &r, &n, &async);
+	cr_assert(n == 7 && async); /* #54301 async variant */
+	r.num_prompt_tokens = 1;
+	kvx_sched_matched_tokens(dr, NULL, &r, &n, &async);
+	cr_assert(n == 0 && !async);
+	struct kvx_sched_req none = {.num_prompt_tokens = 32};
+	kvx_sched_matched_tokens(dr, NULL, &none, &n, &async);
+	cr_assert(n == 0 && !async);
+	struct kvx_sched_req empty = {.num_prompt_tokens = 32, .has_params = true};
+	kvx_sched_matched_tokens(dr, NULL, &empty, &n, &async);
+	cr_assert(n == 0 && !async);
+	struct kvx_sched_req on = {.num_prompt_tokens = 32, .has_params = true, .do_remote_prefill = true};
+	kvx_sched_matched_tokens(dr, NULL, &on, &n, &async);
+	cr_assert_eq(n, 31);
+	kvx_sched_destroy(dr);
+}
+
+Test(runtime_vectors, t45_metadata_chunked_prefill)
+{
+	struct kvx_sched *p = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	struct kvx_sched_alloc_result res;
+	const uint32_t b40[3] = {10, 11, 12};
+	struct kvx_sched_alloc a = {.transfer_id = "tx-40", .block_ids = b40, .n_blocks = 3, .num_prompt_tokens = 40};
+	cr_assert_eq(kvx_sched_alloc(p, &a, 0, &res), 0);
+	const uint32_t *blocks;
+	size_t nb;
+	cr_assert_eq(kvx_sched_step(p, "tx-40", NULL, 0, 40, &blocks, &nb), 1);
+	cr_assert_eq(nb, 3);
+	cr_assert_arr_eq(blocks, b40, sizeof(b40));
+
+	/* budget 64, prompt 160: saves per step (0, 0, 1) */
+	uint32_t c1[4] = {0, 1, 2, 3}, c2[4] = {4, 5, 6, 7}, c3[2] = {8, 9};
+	struct kvx_sched_alloc ac = {.transfer_id = "tx-160", .block_ids = c1, .n_blocks = 4, .num_prompt_tokens = 160};
+	cr_assert_eq(kvx_sched_alloc(p, &ac, 0, &res), 0);
+	cr_assert_eq(kvx_sched_step(p, "tx-160", NULL, 0, 64, &blocks, &nb), 0);
+	cr_assert_eq(kvx_sched_step(p, "tx-160", c2, 4, 128, &blocks, &nb), 0);
+	cr_assert_eq(kvx_sched_step(p, "tx-160", c3, 2, 160, &blocks, &nb), 1);
+	cr_assert_eq(nb, 10);
+	for (uint32_t i = 0; i < 10; i++)
+		cr_assert_eq(blocks[i], i);
+	kvx_sched_destroy(p);
+
+	/* READ D with remote ids = its blocks -> one read of all pairs */
+	struct kvx_sched *d = sched(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	struct kvx_sched_alloc ad = {.transfer_id = "tx-r", .block_ids = c1, .n_blocks = 4, .n_remote_blocks = 4};
+	cr_assert_eq(kvx_sched_alloc(d, &ad, 0, &res), 0);
+	cr_assert_eq(res.action, KVX_SCHED_ACT_START_READ);
+	cr_assert_eq(res.n_pairs, 4);
+	cr_assert_eq(res.remote_start, 0);
+	kvx_sched_destroy(d);
+}
+
+Test(runtime_vectors, t47_ready_queue_drained_whole)
+{
+	struct kvx_xfer_readyq q;
+	cr_assert_eq(kvx_xfer_readyq_init(&q, 8), 0);
+	cr_assert_eq(kvx_xfer_readyq_push(&q, "direct"), 0);
+	cr_assert_eq(kvx_xfer_readyq_push(&q, "ready-1"), 0);
+	cr_assert_eq(kvx_xfer_readyq_push(&q, "ready-2"), 0);
+	char out[8][KVX_XFER_ID_MAX];
+	cr_assert_eq(kvx_xfer_readyq_drain(&q, out, 8), 3);
+	cr_assert_str_eq(out[0], "direct");
+	cr_assert_str_eq(out[1], "ready-1");
+	cr_assert_str_eq(out[2], "ready-2");
+	cr_assert_eq(kvx_xfer_readyq_drain(&q, out, 8), 0);
+	kvx_xfer_readyq_fini(&q);
+}
+
+Test(runtime_vectors, t51_merge)
+{
+	uint32_t scratch[16];
+	cr_assert_eq(kvx_plan_merge(NULL, NULL, NULL, 0, NULL), 0);
+	uint64_t l1[] = {8, 0, 4}, r1[] = {108, 100, 104}, s1[] = {4, 4, 4};
+	cr_assert_eq(kvx_plan_merge(l1, r1, s1, 3, scratch), 1);
+	cr_assert(l1[0] == 0 && r1[0] == 100 && s1[0] == 12);
+	uint64_t l2[] = {0, 4, 12}, r2[] = {0, 4, 8}, s2[] = {4, 4, 4};
+	cr_assert_eq(kvx_plan_merge(l2, r2, s2, 3, scratch), 2);
+	cr_assert(l2[0] == 0 && r2[0] == 0 && s2[0] == 8);
+	cr_assert(l2[1] == 12 && r2[1] == 8 && s2[1] == 4);
+	uint64_t l3[] = {0, 4}, r3[] = {0, 100}, s3[] = {4, 4};
+	cr_assert_eq(kvx_plan_merge(l3, r3, s3, 2, scratch), 2);
+	cr_assert(l3[1] == 4 && r3[1] == 100);
+	uint64_t l4[] = {0, 0}, r4[] = {0, 4}, s4[] = {4, 4}; /* duplicates never merge */
+	cr_assert_eq(kvx_plan_merge(l4, r4, s4, 2, scratch), 2);
+	/* Unsorted input without scratch is rejected. */
+	uint64_t l5[] = {4, 0}, r5[] = {4, 0}, s5[] = {4, 4};
+	cr_assert_eq(kvx_plan_merge(l5, r5, s5, 2, NULL), -EINVAL);
+}
+
+static size_t upd(struct kvx_sched *s, uint64_t now, struct kvx_sched_event *ev)
+{
+	return kvx_sched_update(s, now, ev, 8);
+}
+
+static void p_alloc(struct kvx_sched *s, const char *tid)
+{
+	struct kvx_sched_alloc_result res;
+	struct kvx_sched_alloc a = {.transfer_id = tid, .request_id = tid, .block_ids = (uint32_t[]){1},
+				    .n_blocks = 1, .num_prompt_tokens = 16};
+	cr_assert_eq(kvx_sched_alloc(s, &a, 0, &res), 0);
+}
+
+Test(runtime_vectors, t53_reconciliation)
+{
+	struct kvx_sched_event ev[8];
+	struct kvx_sched *s = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ); /* D = 60 */
+	/* (a) ACK while deferred */
+	p_alloc(s, "Ra");
+	cr_assert_eq(kvx_sched_finished(s, "Ra", true, 0), 1);
+	cr_assert_eq(kvx_sched_ack(s, "Ra", 5), 0);
+	cr_assert_eq(upd(s, 5, ev), 1);
+	cr_assert_str_eq(ev[0].transfer_id, "Ra");
+	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_SENDING);
+	cr_assert_not(ev[0].reaped);
+	/* (b) ACK at t0=100 before request_finished; finished at 130 < 160 */
+	p_alloc(s, "Rb");
+	cr_assert_eq(kvx_sched_ack(s, "Rb", 100), 0);
+	cr_assert_eq(upd(s, 100, ev), 0);
+	cr_assert_eq(kvx_sched_finished(s, "Rb", true, 130), 1);
+	cr_assert_eq(upd(s, 131, ev), 1);
+	cr_assert_str_eq(ev[0].transfer_id, "Rb");
+	/* (c) deferred, no ACK: surfaced at t_finish + D, not before */
+	p_alloc(s, "Rc");
+	cr_assert_eq(kvx_sched_finished(s, "Rc", true, 200), 1);
+	cr_assert_eq(upd(s, 259, ev), 0);
+	cr_assert_eq(upd(s, 260, ev), 1);
+	cr_assert(ev[0].reaped);
+	/* (d) ACK that never matches: dropped at t0 + D */
+	cr_assert_eq(kvx_sched_ack(s, "Rd", 300), 1);
+	cr_assert_eq(upd(s, 359, ev), 0);
+	struct kvx_sched_stats st;
+	kvx_sched_get_stats(s, &st);
+	cr_assert_eq(st.stale_dropped, 0);
+	cr_assert_eq(upd(s, 360, ev), 0);
+	kvx_sched_get_stats(s, &st);
+	cr_assert_eq(st.stale_dropped, 1);
+	cr_assert_eq(st.reaped, 1);
+	/* Exactly one free per transfer: a late ACK after the free is dropped. */
+	cr_assert_eq(kvx_sched_ack(s, "Ra", 400), 2);
+	cr_assert_eq(upd(s, 400, ev), 0);
+	cr_assert_eq(kvx_sched_live(s), 0);
+	kvx_sched_destroy(s);
+}
