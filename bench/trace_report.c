@@ -1,0 +1,394 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Summary, JSON/CSV writers, gnuplot plot and progress line of `kvxfer-perf trace`. */
+#include "trace_report.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+extern char **environ;
+
+#define NS_PER_MS 1e6
+
+double perf_percentile(const double *sorted, size_t n, double p)
+{
+	if (n == 0)
+		return 0;
+	double r = ceil(p / 100.0 * (double)n);
+	size_t i = r < 1 ? 0 : (size_t)r - 1;
+	if (i >= n)
+		i = n - 1;
+	return sorted[i];
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+void perf_lat_stats_compute(double *v, size_t n, struct perf_lat_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	if (n == 0)
+		return;
+	qsort(v, n, sizeof(*v), cmp_double);
+	double sum = 0;
+	for (size_t i = 0; i < n; i++)
+		sum += v[i];
+	st->n = n;
+	st->p50 = perf_percentile(v, n, 50);
+	st->p90 = perf_percentile(v, n, 90);
+	st->p99 = perf_percentile(v, n, 99);
+	st->max = v[n - 1];
+	st->mean = sum / (double)n;
+}
+
+int perf_trace_summarize(const struct perf_trace_rec *recs, size_t n, struct perf_trace_summary *s)
+{
+	memset(s, 0, sizeof(*s));
+	double *lat = malloc((n ? n : 1) * sizeof(*lat));
+	double *ttfl = malloc((n ? n : 1) * sizeof(*ttfl));
+	if (!lat || !ttfl) {
+		free(lat);
+		free(ttfl);
+		return -ENOMEM;
+	}
+	size_t nl = 0, nt = 0;
+	uint64_t t0 = UINT64_MAX, t1 = 0;
+	for (size_t i = 0; i < n; i++) {
+		const struct perf_trace_rec *r = &recs[i];
+		s->requests++;
+		s->prompt_tokens += r->input_tokens;
+		s->blocks += r->blocks;
+		s->hit_blocks += r->hit_blocks;
+		s->xfer_blocks += r->xfer_blocks;
+		if (r->start_ns < t0)
+			t0 = r->start_ns;
+		if (r->status != 0 || r->end_ns == 0) {
+			s->failures++;
+			continue;
+		}
+		s->completed++;
+		s->bytes += r->bytes;
+		if (r->end_ns > t1)
+			t1 = r->end_ns;
+		lat[nl++] = (double)(r->end_ns - r->start_ns) / NS_PER_MS;
+		if (r->first_layer_ns)
+			ttfl[nt++] = (double)(r->first_layer_ns - r->start_ns) / NS_PER_MS;
+	}
+	if (t1 > t0 && t0 != UINT64_MAX) {
+		s->wall_s = (double)(t1 - t0) / 1e9;
+		s->gbps = (double)s->bytes / s->wall_s / 1e9;
+	}
+	perf_lat_stats_compute(lat, nl, &s->lat);
+	perf_lat_stats_compute(ttfl, nt, &s->ttfl);
+	free(lat);
+	free(ttfl);
+	return 0;
+}
+
+static void print_lat(FILE *f, const char *name, const struct perf_lat_stats *st)
+{
+	fprintf(f, "  %-22s p50 %.3f  p90 %.3f  p99 %.3f  max %.3f  (mean %.3f, n=%zu)\n", name,
+		st->p50, st->p90, st->p99, st->max, st->mean, st->n);
+}
+
+void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
+			      const struct perf_trace_summary *s, const struct perf_trace_counters *c,
+			      const struct perf_trace_rec *recs, size_t n)
+{
+	fprintf(f, "== kvxfer-perf trace: %s mode, transport %s ==\n", info->mode, info->transport);
+	fprintf(f, "  %-22s %s (%s, bf16, %" PRIu64 " bytes/block of %u tokens)\n", "model", info->model,
+		info->layout, info->block_bytes, info->block_tokens);
+	fprintf(f, "  %-22s %s\n", "trace", info->trace);
+	fprintf(f, "  %-22s %" PRIu64 " blocks per side; concurrency %u; speed %g%s; prefix cache %s\n",
+		"pool", info->pool_blocks, info->concurrency, info->speed,
+		info->speed == 0 ? " (back to back)" : "", info->prefix_cache ? "on" : "off");
+	fprintf(f, "  %-22s %" PRIu64 " (%" PRIu64 " completed)\n", "requests", s->requests, s->completed);
+	fprintf(f, "  %-22s %" PRIu64 "\n", "prompt tokens", s->prompt_tokens);
+	fprintf(f, "  %-22s %" PRIu64 " (prefix hits %" PRIu64 ", transferred %" PRIu64 ")\n", "blocks",
+		s->blocks, s->hit_blocks, s->xfer_blocks);
+	fprintf(f, "  %-22s %" PRIu64 " (%.3f GB)\n", "bytes", s->bytes, (double)s->bytes / 1e9);
+	fprintf(f, "  %-22s %.3f s\n", "wall time", s->wall_s);
+	fprintf(f, "  %-22s %.3f GB/s\n", "throughput", s->gbps);
+	print_lat(f, "latency ms", &s->lat);
+	if (s->ttfl.n)
+		print_lat(f, "first layer ms", &s->ttfl);
+	else
+		fprintf(f, "  %-22s n/a (%s mode)\n", "first layer ms", info->mode);
+	fprintf(f, "  %-22s", "lcore util");
+	const char *side[2] = {"producer", "consumer"};
+	for (int i = 0; i < 2; i++) {
+		if (c->lcore_util[i] < 0)
+			fprintf(f, " %s n/a", side[i]);
+		else
+			fprintf(f, " %s %.1f%%", side[i], 100.0 * c->lcore_util[i]);
+	}
+	fputc('\n', f);
+	fprintf(f, "  %-22s sent %" PRIu64 "  received %" PRIu64 "  dropped %" PRIu64 "\n",
+		"control messages", c->ctl_sent, c->ctl_recv, c->ctl_dropped);
+	fprintf(f, "  %-22s %" PRIu64 "\n", "failures", s->failures);
+	if (s->failures) {
+		fprintf(f, "  %-22s", "failed transfers");
+		size_t shown = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (recs[i].status == 0 && recs[i].end_ns)
+				continue;
+			if (shown++ == 32) {
+				fprintf(f, " ...");
+				break;
+			}
+			fprintf(f, " tx-%06" PRIu64 " (%s)", recs[i].idx,
+				recs[i].status ? strerror(-recs[i].status) : "not completed");
+		}
+		fputc('\n', f);
+	}
+	if (!c->verify_enabled)
+		fprintf(f, "  %-22s off\n", "verification");
+	else if (c->verify_bad == 0 && s->failures == 0)
+		fprintf(f, "  %-22s OK (every transferred byte checked)\n", "verification");
+	else
+		fprintf(f, "  %-22s FAILED (%" PRIu64 " corrupt block planes)\n", "verification",
+			c->verify_bad);
+}
+
+static json_t *lat_json(const struct perf_lat_stats *st)
+{
+	return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f}", "n", (json_int_t)st->n, "p50", st->p50,
+			 "p90", st->p90, "p99", st->p99, "max", st->max, "mean", st->mean);
+}
+
+int perf_trace_write_json(const char *path, const struct perf_trace_run_info *info,
+			  const struct perf_trace_summary *s, const struct perf_trace_counters *c,
+			  const struct perf_trace_rec *recs, size_t n)
+{
+	json_t *reqs = json_array();
+	if (!reqs)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const struct perf_trace_rec *r = &recs[i];
+		json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i}",
+				      "idx", (json_int_t)r->idx, "line", (json_int_t)r->line,
+				      "input_tokens", (json_int_t)r->input_tokens, "blocks",
+				      (json_int_t)r->blocks, "hit_blocks", (json_int_t)r->hit_blocks,
+				      "xfer_blocks", (json_int_t)r->xfer_blocks, "bytes",
+				      (json_int_t)r->bytes, "arrival_ms", (double)r->arrival_ns / NS_PER_MS,
+				      "start_ms", (double)r->start_ns / NS_PER_MS, "first_layer_ms",
+				      r->first_layer_ns ? (double)r->first_layer_ns / NS_PER_MS : -1.0,
+				      "end_ms", r->end_ns ? (double)r->end_ns / NS_PER_MS : -1.0,
+				      "status", r->status);
+		if (!o || json_array_append_new(reqs, o)) {
+			json_decref(reqs);
+			return -ENOMEM;
+		}
+	}
+	json_t *root = json_pack(
+		"{s:{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:f, s:b}, "
+		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:o, "
+		"s:[f,f], s:{s:I, s:I, s:I}, s:s, s:I}, s:o}",
+		"run", "model", info->model, "layout", info->layout, "trace", info->trace, "mode",
+		info->mode, "transport", info->transport, "block_tokens", (int)info->block_tokens,
+		"block_bytes", (json_int_t)info->block_bytes, "pool_blocks",
+		(json_int_t)info->pool_blocks, "concurrency", (int)info->concurrency, "speed",
+		info->speed, "prefix_cache", info->prefix_cache,
+		"summary", "requests", (json_int_t)s->requests, "completed", (json_int_t)s->completed,
+		"failures", (json_int_t)s->failures, "prompt_tokens", (json_int_t)s->prompt_tokens,
+		"blocks", (json_int_t)s->blocks, "hit_blocks", (json_int_t)s->hit_blocks,
+		"xfer_blocks", (json_int_t)s->xfer_blocks, "bytes", (json_int_t)s->bytes, "wall_s",
+		s->wall_s, "throughput_gbps", s->gbps, "latency_ms", lat_json(&s->lat),
+		"first_layer_ms", lat_json(&s->ttfl), "lcore_util", c->lcore_util[0], c->lcore_util[1],
+		"control_messages", "sent", (json_int_t)c->ctl_sent, "received",
+		(json_int_t)c->ctl_recv, "dropped", (json_int_t)c->ctl_dropped, "verification",
+		!c->verify_enabled ? "off" : (c->verify_bad == 0 && s->failures == 0 ? "OK" : "FAILED"),
+		"verify_bad_planes", (json_int_t)c->verify_bad,
+		"requests", reqs);
+	if (!root)
+		return -ENOMEM;
+	int rc = json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+	json_decref(root);
+	if (rc) {
+		fprintf(stderr, "kvxfer-perf trace: cannot write --json file %s\n", path);
+		return -EIO;
+	}
+	return 0;
+}
+
+int perf_trace_write_csv(const char *path, const struct perf_trace_rec *recs, size_t n)
+{
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		fprintf(stderr, "kvxfer-perf trace: cannot write --csv file %s: %s\n", path, strerror(errno));
+		return -EIO;
+	}
+	fprintf(f, "idx,line,input_tokens,blocks,hit_blocks,xfer_blocks,bytes,arrival_ms,start_ms,"
+		   "first_layer_ms,end_ms,latency_ms,status\n");
+	for (size_t i = 0; i < n; i++) {
+		const struct perf_trace_rec *r = &recs[i];
+		fprintf(f, "%" PRIu64 ",%u,%u,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f,%.3f,",
+			r->idx, r->line, r->input_tokens, r->blocks, r->hit_blocks, r->xfer_blocks,
+			r->bytes, (double)r->arrival_ns / NS_PER_MS, (double)r->start_ns / NS_PER_MS);
+		if (r->first_layer_ns)
+			fprintf(f, "%.3f", (double)r->first_layer_ns / NS_PER_MS);
+		fputc(',', f);
+		if (r->end_ns)
+			fprintf(f, "%.3f,%.3f", (double)r->end_ns / NS_PER_MS,
+				(double)(r->end_ns - r->start_ns) / NS_PER_MS);
+		else
+			fputc(',', f);
+		fprintf(f, ",%d\n", r->status);
+	}
+	if (fclose(f)) {
+		fprintf(stderr, "kvxfer-perf trace: cannot write --csv file %s\n", path);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Bin count for the throughput-over-time panel. */
+#define PLOT_BINS 60
+
+int perf_trace_plot(const char *png_path, const struct perf_trace_run_info *info,
+		    const struct perf_trace_rec *recs, size_t n)
+{
+	size_t plen = strlen(png_path) + 8;
+	char *dat = malloc(plen), *gp = malloc(plen);
+	double *lat = malloc((n ? n : 1) * sizeof(double));
+	double bins[PLOT_BINS] = {0};
+	int rc = -EIO;
+	FILE *f = NULL;
+	if (!dat || !gp || !lat) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	snprintf(dat, plen, "%s.dat", png_path);
+	snprintf(gp, plen, "%s.gp", png_path);
+	size_t nl = 0;
+	uint64_t t1 = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (recs[i].status || !recs[i].end_ns)
+			continue;
+		lat[nl++] = (double)(recs[i].end_ns - recs[i].start_ns) / NS_PER_MS;
+		if (recs[i].end_ns > t1)
+			t1 = recs[i].end_ns;
+	}
+	qsort(lat, nl, sizeof(*lat), cmp_double);
+	/* Throughput over time: each request's bytes spread evenly over [start, end]. */
+	double bin_ns = t1 ? (double)t1 / PLOT_BINS : 1;
+	for (size_t i = 0; i < n; i++) {
+		const struct perf_trace_rec *r = &recs[i];
+		if (r->status || !r->end_ns || r->end_ns <= r->start_ns)
+			continue;
+		double a = (double)r->start_ns, b = (double)r->end_ns, rate = (double)r->bytes / (b - a);
+		for (int k = (int)(a / bin_ns); k < PLOT_BINS && k * bin_ns < b; k++) {
+			double lo = fmax(a, k * bin_ns), hi = fmin(b, (k + 1) * bin_ns);
+			if (hi > lo)
+				bins[k] += rate * (hi - lo);
+		}
+	}
+	f = fopen(dat, "w");
+	if (!f)
+		goto io;
+	fprintf(f, "# latency CDF: latency_ms fraction\n");
+	for (size_t i = 0; i < nl; i++)
+		fprintf(f, "%.4f %.6f\n", lat[i], (double)(i + 1) / (double)nl);
+	fprintf(f, "\n\n# throughput: time_s GB/s\n");
+	for (int k = 0; k < PLOT_BINS; k++)
+		fprintf(f, "%.4f %.4f\n", (k + 0.5) * bin_ns / 1e9, bins[k] / (bin_ns / 1e9) / 1e9);
+	if (fclose(f)) {
+		f = NULL;
+		goto io;
+	}
+	f = fopen(gp, "w");
+	if (!f)
+		goto io;
+	fprintf(f,
+		"set terminal pngcairo size 1400,500 noenhanced\n"
+		"set output '%s'\n"
+		"set multiplot layout 1,2 title '%s %s, %s, %s'\n"
+		"set grid\nset key off\n"
+		"set title 'per-request transfer latency CDF'\nset xlabel 'latency (ms)'\n"
+		"set ylabel 'fraction of requests'\nset yrange [0:1]\n"
+		"plot '%s' index 0 using 1:2 with steps lw 2\n"
+		"set title 'throughput over time'\nset xlabel 'time since start (s)'\n"
+		"set ylabel 'GB/s'\nset yrange [0:*]\n"
+		"plot '%s' index 1 using 1:2 with linespoints lw 2\n"
+		"unset multiplot\n",
+		png_path, info->model, info->mode, info->transport, info->trace, dat, dat);
+	if (fclose(f)) {
+		f = NULL;
+		goto io;
+	}
+	f = NULL;
+	char *argv[] = {"gnuplot", gp, NULL};
+	pid_t pid;
+	int err = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ);
+	if (err) {
+		fprintf(stderr, "kvxfer-perf trace: cannot run gnuplot (%s); install gnuplot-nox\n",
+			strerror(err));
+		rc = err == ENOENT ? -ENOENT : -EIO;
+		goto out;
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0) {
+		if (errno != EINTR)
+			goto io;
+	}
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "kvxfer-perf trace: gnuplot failed on %s\n", gp);
+		goto out;
+	}
+	rc = 0;
+	goto out;
+io:
+	fprintf(stderr, "kvxfer-perf trace: cannot write plot files next to %s: %s\n", png_path,
+		strerror(errno));
+out:
+	if (f)
+		fclose(f);
+	free(dat);
+	free(gp);
+	free(lat);
+	return rc;
+}
+
+void perf_progress_init(struct perf_progress *p, FILE *f, uint64_t start_ns)
+{
+	memset(p, 0, sizeof(*p));
+	p->f = f;
+	p->start_ns = start_ns;
+	p->tty = isatty(fileno(f));
+	p->period_ns = p->tty ? 250000000u : 2000000000u;
+}
+
+void perf_progress_update(struct perf_progress *p, uint64_t now_ns, uint64_t done, uint64_t total,
+			  uint64_t bytes)
+{
+	if (now_ns - p->start_ns < 2000000000u)
+		return;
+	uint64_t since = p->last_ns ? p->last_ns : p->start_ns;
+	if (now_ns - since < p->period_ns)
+		return;
+	double dt = (double)(now_ns - since) / 1e9;
+	double cur = (double)(bytes - p->last_bytes) / dt / 1e9;
+	fprintf(p->f, "%s  progress: %" PRIu64 "/%" PRIu64 " requests, %.2f GB moved, %.2f GB/s now%s",
+		p->tty ? "\r" : "", done, total, (double)bytes / 1e9, cur, p->tty ? "   " : "\n");
+	fflush(p->f);
+	p->last_ns = now_ns;
+	p->last_bytes = bytes;
+	p->printed = true;
+}
+
+void perf_progress_finish(struct perf_progress *p)
+{
+	if (p->printed && p->tty)
+		fputc('\n', p->f);
+	p->printed = false;
+}

@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_BENCH_TRACE_REPORT_H
+#define KVX_BENCH_TRACE_REPORT_H
+/**
+ * @file
+ * Results of a `kvxfer-perf trace` replay: per-request records, the end-of-run summary
+ * (printed, `--json`, `--csv`) and the gnuplot `--plot` (latency CDF + throughput over time).
+ *
+ * Times are ns relative to the start of the replay (the first request's dispatch). Latency of
+ * a request = end_ns - start_ns: from the moment the driver hands it to the producer and
+ * consumer until the consumer has verified the last byte (and, for WRITE, write_done arrived;
+ * for READ, every layer landed). Time to first layer (WRITE only) = first_layer_ns - start_ns.
+ * Percentiles use the nearest-rank method on the sorted samples.
+ *
+ * Not thread-safe; one owner thread (the replay driver).
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/** Outcome and timing of one replayed request. */
+struct perf_trace_rec {
+	uint64_t idx;            /**< Request index in the replay (the transfer id's number). */
+	uint32_t line;           /**< Line in the trace file. */
+	uint32_t input_tokens;   /**< Prompt tokens. */
+	uint64_t blocks;         /**< KV blocks of the prompt. */
+	uint64_t hit_blocks;     /**< Blocks already resident on the consumer (prefix hit). */
+	uint64_t xfer_blocks;    /**< Blocks transferred (blocks - hit_blocks). */
+	uint64_t bytes;          /**< Bytes transferred (all layers and planes). */
+	uint64_t arrival_ns;     /**< Scheduled arrival (trace time / speed), ns. */
+	uint64_t start_ns;       /**< Dispatched to the engines, ns. */
+	uint64_t first_layer_ns; /**< WRITE: first layer landed on the consumer; 0 = not measured. */
+	uint64_t end_ns;         /**< Transfer complete and verified, ns; 0 = never completed. */
+	int status;              /**< 0 = done; negative errno (-ETIMEDOUT, -EIO corrupt, ...). */
+};
+
+/** Whole-run counters that come from the engines, not from the records. */
+struct perf_trace_counters {
+	double lcore_util[2];    /**< Polling-lcore busy fraction 0..1: [0] producer, [1] consumer; < 0 = unknown. */
+	uint64_t ctl_sent;       /**< Control messages sent (both sides). */
+	uint64_t ctl_recv;       /**< Control messages received (both sides). */
+	uint64_t ctl_dropped;    /**< Control messages dropped as malformed/late (both sides). */
+	uint64_t verify_bad;     /**< Block planes that failed byte verification. */
+	bool verify_enabled;     /**< --verify was on. */
+};
+
+/** Run description printed in the summary header. */
+struct perf_trace_run_info {
+	const char *model;       /**< Model name. */
+	const char *layout;      /**< "split K/V" or "MLA latent". */
+	const char *trace;       /**< Trace path. */
+	const char *mode;        /**< "WRITE" or "READ". */
+	const char *transport;   /**< Transport actually used ("tcp", "shm", "verbs"). */
+	uint32_t block_tokens;   /**< Tokens per KV block. */
+	uint64_t block_bytes;    /**< Bytes per block over all layers and planes. */
+	uint64_t pool_blocks;    /**< Blocks per pool (each side). */
+	uint32_t concurrency;    /**< Max transfers in flight. */
+	double speed;            /**< Arrival time scale (0 = back to back). */
+	bool prefix_cache;       /**< --prefix-cache. */
+};
+
+/** Latency distribution, ms. */
+struct perf_lat_stats {
+	size_t n;    /**< Samples. */
+	double p50;  /**< Median, ms. */
+	double p90;  /**< 90th percentile, ms. */
+	double p99;  /**< 99th percentile, ms. */
+	double max;  /**< Maximum, ms. */
+	double mean; /**< Mean, ms. */
+};
+
+/** The end-of-run summary (computed by perf_trace_summarize()). */
+struct perf_trace_summary {
+	uint64_t requests;         /**< Records. */
+	uint64_t completed;        /**< Records with status 0. */
+	uint64_t failures;         /**< Records with status != 0. */
+	uint64_t prompt_tokens;    /**< Sum of input tokens. */
+	uint64_t blocks;           /**< Sum of prompt blocks. */
+	uint64_t hit_blocks;       /**< Sum of prefix-hit blocks. */
+	uint64_t xfer_blocks;      /**< Sum of transferred blocks. */
+	uint64_t bytes;            /**< Sum of transferred bytes (completed requests). */
+	double wall_s;             /**< First dispatch to last completion, s. */
+	double gbps;               /**< bytes / wall_s / 1e9 (GB/s, decimal). */
+	struct perf_lat_stats lat; /**< Per-request transfer latency. */
+	struct perf_lat_stats ttfl;/**< Time to first layer (WRITE); n = 0 if not measured. */
+};
+
+/**
+ * Nearest-rank percentile of sorted samples.
+ *
+ * @param sorted  Array[n] ascending.
+ * @param n       Count; 0 gives 0.
+ * @param p       Percentile, 0..100 (0 gives the minimum, 100 the maximum).
+ * @return        sorted[ceil(p/100 * n) - 1] (clamped to [0, n-1]).
+ */
+double perf_percentile(const double *sorted, size_t n, double p);
+
+/**
+ * Fill @p st from unsorted samples (sorted in place).
+ *
+ * @param v   Array[n] samples, ms; reordered.
+ * @param n   Count.
+ * @param st  Output; all zero when n == 0.
+ */
+void perf_lat_stats_compute(double *v, size_t n, struct perf_lat_stats *st);
+
+/**
+ * Summarise records.
+ *
+ * @param recs   Array[n] records.
+ * @param n      Count.
+ * @param[out] s Summary.
+ * @retval 0       Success.
+ * @retval -ENOMEM Allocation failed.
+ */
+int perf_trace_summarize(const struct perf_trace_rec *recs, size_t n, struct perf_trace_summary *s);
+
+/**
+ * Print the human-readable summary (one field per line, as documented in the README).
+ *
+ * @param f     Stream.
+ * @param info  Run description.
+ * @param s     Summary.
+ * @param c     Engine counters.
+ * @param recs  Array[n] records (failed ones are listed by transfer id).
+ * @param n     Count.
+ */
+void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
+			      const struct perf_trace_summary *s, const struct perf_trace_counters *c,
+			      const struct perf_trace_rec *recs, size_t n);
+
+/**
+ * Write the summary and every record as one JSON document (jansson).
+ *
+ * @retval 0     Success.
+ * @retval -EIO  Cannot write @p path (message on stderr).
+ * @retval -ENOMEM Allocation failed.
+ */
+int perf_trace_write_json(const char *path, const struct perf_trace_run_info *info,
+			  const struct perf_trace_summary *s, const struct perf_trace_counters *c,
+			  const struct perf_trace_rec *recs, size_t n);
+
+/**
+ * Write one CSV row per request (header: idx,line,input_tokens,blocks,hit_blocks,
+ * xfer_blocks,bytes,arrival_ms,start_ms,first_layer_ms,end_ms,latency_ms,status).
+ *
+ * @retval 0     Success.
+ * @retval -EIO  Cannot write @p path (message on stderr).
+ */
+int perf_trace_write_csv(const char *path, const struct perf_trace_rec *recs, size_t n);
+
+/**
+ * Draw a PNG with gnuplot: per-request latency CDF (left) and throughput over time (right).
+ *
+ * Writes the data and script next to @p png_path (`<png>.dat`, `<png>.gp`) and runs
+ * `gnuplot` from PATH (Debian package gnuplot-nox).
+ *
+ * @retval 0        Success.
+ * @retval -ENOENT  gnuplot is not installed.
+ * @retval -EIO     Writing files failed or gnuplot exited non-zero (message on stderr).
+ */
+int perf_trace_plot(const char *png_path, const struct perf_trace_run_info *info,
+		    const struct perf_trace_rec *recs, size_t n);
+
+/**
+ * Progress line state: prints "requests done/total, GB moved, current GB/s" at most every
+ * @p period_ns once the run is older than 2 s; rewrites one line on a terminal, appends lines
+ * otherwise.
+ */
+struct perf_progress {
+	FILE *f;              /**< Stream (stderr). */
+	uint64_t start_ns;    /**< Run start, kvx_now_ns(). */
+	uint64_t last_ns;     /**< Last print, ns; 0 = never. */
+	uint64_t last_bytes;  /**< Bytes at the last print. */
+	uint64_t period_ns;   /**< Minimum time between prints, ns. */
+	bool tty;             /**< f is a terminal. */
+	bool printed;         /**< Something was printed (finish with a newline). */
+};
+
+/** Initialise progress reporting to @p f starting at @p start_ns. */
+void perf_progress_init(struct perf_progress *p, FILE *f, uint64_t start_ns);
+
+/** Report progress at @p now_ns (prints only when due). */
+void perf_progress_update(struct perf_progress *p, uint64_t now_ns, uint64_t done, uint64_t total,
+			  uint64_t bytes);
+
+/** End the progress line (newline on a terminal) if anything was printed. */
+void perf_progress_finish(struct perf_progress *p);
+
+#endif /* KVX_BENCH_TRACE_REPORT_H */

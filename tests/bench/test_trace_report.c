@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#include "trace_report.h"
+
+TestSuite(bench_trace_report, .timeout = 60.0);
+
+Test(bench_trace_report, percentile_nearest_rank_exact)
+{
+	double v[10];
+	for (int i = 0; i < 10; i++)
+		v[i] = i + 1; /* 1..10 */
+	cr_assert_eq(perf_percentile(v, 10, 50), 5.0);
+	cr_assert_eq(perf_percentile(v, 10, 90), 9.0);
+	cr_assert_eq(perf_percentile(v, 10, 99), 10.0);
+	cr_assert_eq(perf_percentile(v, 10, 100), 10.0);
+	cr_assert_eq(perf_percentile(v, 10, 0), 1.0);
+	cr_assert_eq(perf_percentile(v, 10, 10), 1.0);
+	cr_assert_eq(perf_percentile(v, 10, 11), 2.0);
+	cr_assert_eq(perf_percentile(v, 0, 50), 0.0);
+	double one = 4.5;
+	cr_assert_eq(perf_percentile(&one, 1, 99), 4.5);
+}
+
+Test(bench_trace_report, lat_stats_sort_unsorted_input)
+{
+	double v[200];
+	for (int i = 0; i < 200; i++)
+		v[i] = (double)((i * 37) % 200); /* permutation of 0..199 */
+	struct perf_lat_stats st;
+	perf_lat_stats_compute(v, 200, &st);
+	cr_assert_eq(st.n, 200);
+	cr_assert_eq(st.p50, 99.0);
+	cr_assert_eq(st.p90, 179.0);
+	cr_assert_eq(st.p99, 197.0);
+	cr_assert_eq(st.max, 199.0);
+	cr_assert_float_eq(st.mean, 99.5, 1e-9);
+}
+
+static struct perf_trace_rec mk(uint64_t idx, uint64_t start_ms, uint64_t end_ms, uint64_t bytes, int status)
+{
+	struct perf_trace_rec r = {.idx = idx, .line = (uint32_t)idx + 1, .input_tokens = 100,
+				   .blocks = 7, .hit_blocks = 2, .xfer_blocks = 5, .bytes = bytes,
+				   .start_ns = start_ms * 1000000u, .end_ns = end_ms * 1000000u,
+				   .first_layer_ns = end_ms ? (start_ms + 1) * 1000000u : 0, .status = status};
+	return r;
+}
+
+Test(bench_trace_report, summarize_counts_failures_and_throughput)
+{
+	struct perf_trace_rec r[4] = {mk(0, 0, 10, 1000000000, 0), mk(1, 5, 20, 1000000000, 0),
+				      mk(2, 6, 0, 1000000000, -ETIMEDOUT), mk(3, 10, 1000, 2000000000, 0)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 4, &s), 0);
+	cr_assert_eq(s.requests, 4);
+	cr_assert_eq(s.completed, 3);
+	cr_assert_eq(s.failures, 1);
+	cr_assert_eq(s.prompt_tokens, 400);
+	cr_assert_eq(s.blocks, 28);
+	cr_assert_eq(s.hit_blocks, 8);
+	cr_assert_eq(s.xfer_blocks, 20);
+	cr_assert_eq(s.bytes, 4000000000ull, "failed request's bytes are not counted");
+	cr_assert_float_eq(s.wall_s, 1.0, 1e-12);
+	cr_assert_float_eq(s.gbps, 4.0, 1e-9);
+	cr_assert_eq(s.lat.n, 3);
+	cr_assert_float_eq(s.lat.p50, 15.0, 1e-9);
+	cr_assert_float_eq(s.lat.max, 990.0, 1e-9);
+	cr_assert_eq(s.ttfl.n, 3);
+	cr_assert_float_eq(s.ttfl.p99, 1.0, 1e-9);
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	static char buf[65536];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+Test(bench_trace_report, summary_names_failed_transfer_ids_and_verification)
+{
+	struct perf_trace_rec r[2] = {mk(0, 0, 10, 100, 0), mk(41, 1, 0, 100, -ETIMEDOUT)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 2, &s), 0);
+	struct perf_trace_run_info info = {.model = "Llama-3.1-8B", .layout = "split K/V", .trace = "t",
+					   .mode = "WRITE", .transport = "tcp", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {0.5, -1}, .verify_enabled = true};
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	perf_trace_print_summary(f, &info, &s, &c, r, 2);
+	fclose(f);
+	char *txt = slurp(path);
+	unlink(path);
+	cr_assert(strstr(txt, "failures               1\n"), "%s", txt);
+	cr_assert(strstr(txt, "tx-000041 (Connection timed out)"), "%s", txt);
+	cr_assert(strstr(txt, "verification           FAILED"), "%s", txt);
+	cr_assert(strstr(txt, "producer 50.0% consumer n/a"), "%s", txt);
+}
+
+Test(bench_trace_report, summary_ok_when_no_failures)
+{
+	struct perf_trace_rec r[1] = {mk(0, 0, 10, 100, 0)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 1, &s), 0);
+	struct perf_trace_run_info info = {.model = "m", .layout = "MLA latent", .trace = "t",
+					   .mode = "READ", .transport = "shm", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {0.25, 0.75}, .ctl_sent = 3, .ctl_recv = 3,
+					.verify_enabled = true};
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	perf_trace_print_summary(f, &info, &s, &c, r, 1);
+	fclose(f);
+	char *txt = slurp(path);
+	unlink(path);
+	cr_assert(strstr(txt, "failures               0\n"), "%s", txt);
+	cr_assert(strstr(txt, "verification           OK"), "%s", txt);
+	cr_assert(strstr(txt, "sent 3  received 3  dropped 0"), "%s", txt);
+}
+
+Test(bench_trace_report, json_round_trips_summary_and_records)
+{
+	struct perf_trace_rec r[2] = {mk(0, 0, 10, 100, 0), mk(1, 2, 0, 50, -EIO)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 2, &s), 0);
+	struct perf_trace_run_info info = {.model = "DeepSeek-V3", .layout = "MLA latent", .trace = "x.jsonl",
+					   .mode = "WRITE", .transport = "tcp", .block_tokens = 16,
+					   .block_bytes = 1124352, .pool_blocks = 64, .concurrency = 2};
+	struct perf_trace_counters c = {.lcore_util = {0.1, 0.2}, .ctl_sent = 5, .verify_enabled = true};
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	close(mkstemp(path));
+	cr_assert_eq(perf_trace_write_json(path, &info, &s, &c, r, 2), 0);
+	json_error_t je;
+	json_t *root = json_load_file(path, 0, &je);
+	unlink(path);
+	cr_assert_not_null(root, "%s", je.text);
+	cr_assert_str_eq(json_string_value(json_object_get(json_object_get(root, "run"), "model")), "DeepSeek-V3");
+	json_t *sum = json_object_get(root, "summary");
+	cr_assert_eq(json_integer_value(json_object_get(sum, "failures")), 1);
+	cr_assert_eq(json_integer_value(json_object_get(sum, "bytes")), 100);
+	cr_assert_str_eq(json_string_value(json_object_get(sum, "verification")), "FAILED");
+	json_t *reqs = json_object_get(root, "requests");
+	cr_assert_eq(json_array_size(reqs), 2);
+	cr_assert_eq(json_integer_value(json_object_get(json_array_get(reqs, 1), "status")), -EIO);
+	json_decref(root);
+}
+
+Test(bench_trace_report, csv_has_header_and_one_row_per_request)
+{
+	struct perf_trace_rec r[2] = {mk(0, 0, 10, 100, 0), mk(1, 2, 0, 50, -ETIMEDOUT)};
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	close(mkstemp(path));
+	cr_assert_eq(perf_trace_write_csv(path, r, 2), 0);
+	char *txt = slurp(path);
+	unlink(path);
+	cr_assert_str_eq(txt,
+			 "idx,line,input_tokens,blocks,hit_blocks,xfer_blocks,bytes,arrival_ms,start_ms,"
+			 "first_layer_ms,end_ms,latency_ms,status\n"
+			 "0,1,100,7,2,5,100,0.000,0.000,1.000,10.000,10.000,0\n"
+			 "1,2,100,7,2,5,50,0.000,2.000,,,,-110\n");
+}
+
+Test(bench_trace_report, plot_writes_a_png_with_gnuplot)
+{
+	if (access("/usr/bin/gnuplot", X_OK))
+		cr_skip_test("gnuplot is not installed (Debian package gnuplot-nox)");
+	struct perf_trace_rec r[3] = {mk(0, 0, 10, 1000000, 0), mk(1, 5, 30, 2000000, 0), mk(2, 6, 50, 500000, 0)};
+	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t", .mode = "READ",
+					   .transport = "tcp"};
+	char dir[] = "/tmp/kvx_plot_XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char png[96], dat[100], gp[100];
+	snprintf(png, sizeof(png), "%s/p.png", dir);
+	snprintf(dat, sizeof(dat), "%s.dat", png);
+	snprintf(gp, sizeof(gp), "%s.gp", png);
+	cr_assert_eq(perf_trace_plot(png, &info, r, 3), 0);
+	struct stat st;
+	cr_assert_eq(stat(png, &st), 0);
+	cr_assert_gt(st.st_size, 1000);
+	FILE *f = fopen(png, "rb");
+	unsigned char sig[8];
+	cr_assert_eq(fread(sig, 1, 8, f), 8);
+	fclose(f);
+	cr_assert_eq(memcmp(sig, "\x89PNG\r\n\x1a\n", 8), 0);
+	unlink(png);
+	unlink(dat);
+	unlink(gp);
+	rmdir(dir);
+}
