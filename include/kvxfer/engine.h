@@ -1,0 +1,367 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_ENGINE_H
+#define KVX_ENGINE_H
+/**
+ * @file
+ * The engine: what an inference engine programs against (PROTOCOL.md §1, §4, §5, with the
+ * fixes of §6; DESIGN.md §1 and §5).
+ *
+ * An engine is one worker (one (dp_rank, tp_rank)) of a producer (prefill, P) or consumer
+ * (decode, D) instance, in READ or WRITE mode. It owns pinned polling lcores (transfer
+ * planning, posting, completion polling), one control lcore (handshakes, notifications,
+ * heartbeat, timers) and a transport provider. The application registers its KV layers,
+ * starts the engine, then submits transfers by **transfer id** and polls completions.
+ *
+ * Lifecycle: kvx_engine_params_init() → kvx_engine_create() → kvx_engine_register_layer()
+ * (once per layer, before start) → kvx_engine_start() → transfers … → kvx_engine_stop() →
+ * kvx_engine_destroy().
+ *
+ * Per role and mode:
+ * | role / mode  | READ                                        | WRITE                                         |
+ * |--------------|---------------------------------------------|-----------------------------------------------|
+ * | consumer (D) | kvx_xfer_read(); kvx_xfer_layer_wait/poll()  | kvx_xfer_announce() (sends `remote_blocks`)  |
+ * | producer (P) | kvx_xfer_serve(); freed on `release`        | kvx_xfer_write_begin(); kvx_xfer_layer_ready(); kvx_xfer_seal() |
+ * Both: kvx_engine_poll_completions(), kvx_xfer_abort(), kvx_engine_get_stats().
+ *
+ * Every transfer reaches exactly one terminal KVX_CPL_TRANSFER completion (done, failed,
+ * aborted, timed out) within its timeout, on both sides. A producer additionally gets exactly
+ * one KVX_CPL_BLOCKS_RELEASED completion per transfer when its blocks may be reused (after
+ * `release` / `write_done` / defer timeout, and only once no op may still touch them); a
+ * consumer gets KVX_CPL_BLOCKS_RELEASED for the destination blocks of a failed/aborted
+ * transfer once they are out of quarantine.
+ *
+ * Thread model: one application thread (the engine's worker thread) owns the engine and makes
+ * every call in this header; the calls never block except kvx_xfer_layer_wait() and
+ * kvx_engine_stop(). Internally each call is a descriptor pushed onto an SPSC ring to a polling
+ * lcore or to the control lcore (DESIGN.md §1); completions come back on SPSC rings.
+ *
+ * Errors: 0 / counts or a negative errno (include/kvxfer/common.h table).
+ */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvxfer/common.h"
+#include "kvxfer/layout.h"
+#include "kvxfer/sched.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Transfer id capacity including the NUL ("tx-" + uuid4 is 39 bytes). */
+#define KVX_ENGINE_ID_MAX 128
+/** Layer name capacity including the NUL. */
+#define KVX_ENGINE_NAME_MAX 64
+/** Host string capacity including the NUL (IPv4/IPv6 literal or name). */
+#define KVX_ENGINE_HOST_MAX 64
+/** Most KV layers per engine. */
+#define KVX_ENGINE_MAX_LAYERS 512
+/** Most polling lcores reported by kvx_engine_get_stats(). */
+#define KVX_ENGINE_MAX_POLLERS 16
+/** Most peers reported by kvx_engine_get_stats(). */
+#define KVX_ENGINE_MAX_PEERS 64
+
+/** Idle policy of the polling lcores (DESIGN.md §1). */
+enum kvx_engine_idle {
+	KVX_ENGINE_IDLE_BUSY = 0,     /**< Spin with a pause hint: lowest latency, burns the core. */
+	KVX_ENGINE_IDLE_ADAPTIVE = 1, /**< Spin, back off, then sleep on an eventfd; default. */
+};
+
+/** Memory type of a registered layer. */
+enum kvx_engine_mem {
+	KVX_ENGINE_MEM_HOST = 0, /**< Host memory. */
+	KVX_ENGINE_MEM_HIP = 1,  /**< HIP device memory (needs a HIP build and device). */
+};
+
+/** Engine parameters; initialise with kvx_engine_params_init(), then set fields. */
+struct kvx_engine_params {
+	enum kvx_sched_role role;      /**< Producer (prefill) or consumer (decode). */
+	enum kvx_sched_mode mode;      /**< READ or WRITE (PROTOCOL.md §1.2). Default WRITE. */
+	const char *transport;         /**< "auto" (default), "verbs", "tcp" or "shm". */
+	const char *lcores;            /**< Polling lcore list, DPDK `-l` syntax ("2,3" or "2-3"); NULL = one
+	                                    poller on any CPU. */
+	uint32_t control_lcore;        /**< CPU of the control lcore; KVX_LCORE_ID_ANY (UINT32_MAX) = any. */
+	enum kvx_engine_idle idle;     /**< Poller idle policy. */
+	const char *host;              /**< Advertised IP of this engine; not NULL ("127.0.0.1" for tests). */
+	uint16_t handshake_port;       /**< Handshake base port (default 6301); 0 = ephemeral (tests). */
+	uint16_t notify_port;          /**< Notify base port (default 61005); 0 = ephemeral (tests). */
+	uint32_t dp_rank;              /**< Global DP rank of this worker, < dp_size. */
+	uint32_t dp_size;              /**< DP size, > 0. */
+	uint32_t dp_size_local;        /**< DP ranks per pod; 0 = single pod (PROTOCOL.md §2.1). */
+	uint32_t tp_rank;              /**< TP rank, < tp_size. */
+	uint32_t tp_size;              /**< TP size, > 0. */
+	uint32_t handshake_timeout_ms; /**< Handshake deadline from its start, ms (default 10000). */
+	uint32_t transfer_timeout_ms;  /**< Per-transfer deadline on both sides, ms (default 30000). */
+	uint32_t defer_timeout_ms;     /**< P: free deadline without ACK, ms (default 60000). */
+	const char *proxy_addr;        /**< "ip:port" of the proxy heartbeat ROUTER, or NULL for none. */
+	const char *http_addr;         /**< "ip:port" advertised in the heartbeat; NULL if no proxy. */
+	bool vllm_port_compat;         /**< Use vLLM's `dp + tp` port offset instead of `dp*tp_size + tp`. */
+	uint32_t max_transfers;        /**< Concurrent transfers (default 1024). */
+	uint32_t max_blocks;           /**< Most blocks in one transfer (default 8192). */
+};
+
+/** A KV layer to register (PROTOCOL.md §4.1). */
+struct kvx_engine_layer {
+	const char *name;               /**< Layer name, unique, 1..KVX_ENGINE_NAME_MAX-1 bytes; peers must agree. */
+	void *base;                     /**< Address of element 0; not NULL. */
+	struct kvx_layout_tensor tensor; /**< Shape/strides in elements, element size. */
+	struct kvx_layout_spec spec;    /**< KV-cache spec (block size, heads, head size, MLA). */
+	enum kvx_engine_mem mem;        /**< Memory type. */
+	int device_id;                  /**< HIP device for KVX_ENGINE_MEM_HIP. */
+};
+
+/** Where a peer worker listens (one DP rank of the peer instance). */
+struct kvx_engine_peer {
+	const char *host;          /**< Peer host (for multi-pod: resolved per pod by the caller). */
+	uint16_t handshake_port;   /**< Peer handshake base port. */
+	uint16_t notify_port;      /**< Peer notify base port. */
+	uint32_t dp_rank;          /**< Peer DP rank the transfer targets (global). */
+	uint32_t dp_size_local;    /**< Peer DP ranks per pod (0 = single pod). */
+	uint32_t tp_size;          /**< Peer TP size (0 = same as local). */
+};
+
+/** D READ: read a request's blocks from P (PROTOCOL.md §1.4 steps 7–10). */
+struct kvx_engine_read {
+	const char *transfer_id;        /**< Transfer id; not NULL. */
+	struct kvx_engine_peer peer;    /**< The producer worker. */
+	const uint32_t *local_blocks;   /**< Array[n] destination block ids (position-paired, see kvx_plan_pair_by_position()). */
+	const uint32_t *remote_blocks;  /**< Array[n] source block ids on P. */
+	size_t n;                       /**< Pairs; 0 = full prefix hit: `release` only, no RDMA. */
+};
+
+/** D WRITE: announce the blocks allocated for a transfer (PROTOCOL.md §1.3 step 5b). */
+struct kvx_engine_announce {
+	const char *transfer_id;       /**< Transfer id; not NULL. */
+	struct kvx_engine_peer peer;   /**< The producer instance (remote_blocks goes to its TP ranks). */
+	const uint32_t *local_blocks;  /**< Array[n] destination block ids. */
+	size_t n;                      /**< Blocks; 0 = full prefix hit: sends `release` instead. */
+};
+
+/** P WRITE: start a push transfer (PROTOCOL.md §1.3 steps 8–11). */
+struct kvx_engine_write {
+	const char *transfer_id;       /**< Transfer id; not NULL. */
+	struct kvx_engine_peer peer;   /**< The consumer instance (dp_rank = decode DP rank). */
+	const uint32_t *local_blocks;  /**< Array[n] source block ids (whole prompt). */
+	size_t n;                      /**< Blocks, > 0. */
+};
+
+/** P READ: make a transfer's blocks readable until `release` (PROTOCOL.md §1.4 steps 3, 11–12). */
+struct kvx_engine_serve {
+	const char *transfer_id;       /**< Transfer id; not NULL. */
+	const uint32_t *local_blocks;  /**< Array[n] block ids the consumer will read. */
+	size_t n;                      /**< Blocks, > 0. */
+	uint32_t consumer_tp_size;     /**< D TP size (fan-in: expected `release` count), 0 = same as local. */
+};
+
+/** Completion kinds. */
+enum kvx_cpl_kind {
+	KVX_CPL_TRANSFER = 1,        /**< The transfer is terminal (see status). */
+	KVX_CPL_BLOCKS_RELEASED = 2, /**< The transfer's local blocks may be reused now. */
+};
+
+/** Terminal status of a transfer. */
+enum kvx_cpl_status {
+	KVX_CPL_DONE = 0,      /**< Every byte landed (D) / every write landed and was notified (P). */
+	KVX_CPL_FAILED = 1,    /**< An op or the peer failed; see error. */
+	KVX_CPL_ABORTED = 2,   /**< kvx_xfer_abort() or the peer's abort. */
+	KVX_CPL_TIMED_OUT = 3, /**< transfer_timeout / handshake_timeout / defer_timeout passed. */
+};
+
+/** One completion (kvx_engine_poll_completions()). */
+struct kvx_completion {
+	char transfer_id[KVX_ENGINE_ID_MAX]; /**< Transfer id. */
+	enum kvx_cpl_kind kind;               /**< What completed. */
+	enum kvx_sched_role role;             /**< This engine's role. */
+	enum kvx_cpl_status status;           /**< Outcome (KVX_CPL_TRANSFER); DONE for BLOCKS_RELEASED. */
+	int error;                            /**< 0, or the negative errno behind FAILED/TIMED_OUT. */
+	uint64_t bytes;                       /**< Bytes moved by this engine for the transfer. */
+	uint64_t duration_ns;                 /**< Submission to terminal state, ns. */
+};
+
+/** Per polling lcore statistics. */
+struct kvx_engine_lcore_stats {
+	uint32_t lcore_id;       /**< CPU id. */
+	uint64_t bytes;          /**< Bytes moved by ops this lcore posted. */
+	uint64_t ops;            /**< Ops (merged ranges) posted. */
+	uint64_t transfers;      /**< Transfers finished on this lcore. */
+	uint64_t failures;       /**< Transfers that failed or timed out. */
+	double utilization;      /**< Busy polls / all polls since start, 0..1. */
+};
+
+/** Per peer statistics. */
+struct kvx_engine_peer_stats {
+	char host[KVX_ENGINE_HOST_MAX]; /**< Peer host. */
+	uint16_t port;                   /**< Peer notify port. */
+	uint32_t dp_rank;                /**< Peer DP rank. */
+	uint64_t bytes, ops, transfers, failures; /**< As in struct kvx_engine_lcore_stats. */
+};
+
+/** Engine statistics snapshot. */
+struct kvx_engine_stats {
+	uint32_t n_lcores;  /**< Valid entries in lcores[]. */
+	struct kvx_engine_lcore_stats lcores[KVX_ENGINE_MAX_POLLERS];
+	uint32_t n_peers;   /**< Valid entries in peers[]. */
+	struct kvx_engine_peer_stats peers[KVX_ENGINE_MAX_PEERS];
+	uint64_t transfers_done, transfers_failed, transfers_aborted, transfers_timed_out;
+	uint64_t duplicates_rejected;   /**< Transfer ids rejected with -EEXIST. */
+	uint64_t late_notifications;    /**< Notifications for terminal transfers, dropped. */
+	uint64_t quarantined;           /**< Block frees held back while ops could be in flight. */
+};
+
+struct kvx_engine;
+
+/**
+ * Fill @p p with defaults: WRITE consumer, transport "auto", adaptive idle, host 127.0.0.1,
+ * ports 6301/61005, dp/tp 0 of 1, timeouts 10 s / 30 s / 60 s, 1024 transfers, 8192 blocks.
+ * @param p  Parameters; not NULL.
+ */
+KVX_API void kvx_engine_params_init(struct kvx_engine_params *p);
+
+/**
+ * Create an engine (validates, allocates; starts no thread).
+ *
+ * @param p          Parameters; not NULL; strings are copied.
+ * @param[out] out   New engine; not NULL.
+ * @param[out] err   If non-NULL, receives a message naming the invalid field and why.
+ * @param errlen     Size of @p err, bytes.
+ * @return           0 on success.
+ * @retval -EINVAL   A field is invalid (role, mode, transport, lcores, ranks, sizes, timeouts
+ *                   0, host NULL, proxy_addr malformed); @p err names it.
+ * @retval -ENOTSUP  The transport was not built or is unavailable (e.g. verbs without RDMA).
+ * @retval -ENOMEM   Allocation failed.
+ * @par Thread safety  Any thread. @par Context Control path.
+ */
+KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engine **out, char *err,
+			      size_t errlen);
+
+/**
+ * Register one KV layer (before kvx_engine_start()). The layer order is the registration order
+ * and must match the peer's.
+ *
+ * @param e  Engine; not NULL. @param l Layer; not NULL; the name is copied.
+ * @return   The layer index (0..KVX_ENGINE_MAX_LAYERS-1) used by per-layer calls.
+ * @retval -EINVAL  Bad geometry (message logged, as kvx_layout_geometry()), NULL base, duplicate
+ *                  name, num_blocks different from the first layer's.
+ * @retval -EBUSY   The engine is started.
+ * @retval -ENOBUFS KVX_ENGINE_MAX_LAYERS reached.
+ * @retval -ENOTSUP Memory type not supported by the transport.
+ */
+KVX_API int kvx_engine_register_layer(struct kvx_engine *e, const struct kvx_engine_layer *l);
+
+/**
+ * Start the lcores, bind the handshake and notify listeners, start the heartbeat.
+ * @return 0, -EINVAL (no layer registered), -EADDRINUSE (port bound), -EBUSY (already started),
+ *         or the errno of the failing module.
+ */
+KVX_API int kvx_engine_start(struct kvx_engine *e);
+
+/**
+ * Stop: live transfers end as KVX_CPL_ABORTED completions, lcores are joined. Blocks.
+ * @param e Engine; not NULL. Idempotent.
+ */
+KVX_API void kvx_engine_stop(struct kvx_engine *e);
+
+/** Destroy (stops first if needed); NULL is a no-op. @param e Engine. */
+KVX_API void kvx_engine_destroy(struct kvx_engine *e);
+
+/**
+ * Bound handshake and notify ports (useful with ephemeral ports in tests).
+ * @return 0, or -EAGAIN before kvx_engine_start().
+ */
+KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_port, uint16_t *notify_port);
+
+/**
+ * D READ: read a request's blocks from a producer (PROTOCOL.md §1.4 steps 7–10, §6 items 8–10).
+ * The remote num_blocks comes from the handshake. Completion: one KVX_CPL_TRANSFER; `release`
+ * is sent to P when every op is terminal (done or failed), never after a timeout (the peer's
+ * endpoints are torn down instead, then the blocks leave quarantine).
+ *
+ * @return 0 accepted; -EEXIST duplicate transfer id (the first is unaffected); -EINVAL bad
+ *         request (n > max_blocks, block id out of range, NULL arrays); -ENOBUFS too many live
+ *         transfers; -EBUSY wrong role/mode or engine not started.
+ * @par Context  Non-blocking (ring enqueue).
+ */
+KVX_API int kvx_xfer_read(struct kvx_engine *e, const struct kvx_engine_read *r);
+
+/**
+ * D: is layer @p layer of a READ transfer complete (all its bytes landed)?
+ * @return 1 complete, 0 in flight, negative errno if the transfer failed (-EIO, -ETIMEDOUT,
+ *         -ECANCELED) or is unknown (-ENOENT).
+ * @par Context Non-blocking; may be called from any one thread at a time.
+ */
+KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, uint32_t layer);
+
+/**
+ * D: wait until layer @p layer of a READ transfer is complete (PROTOCOL.md §1.4 step 9), so
+ * compute on that layer can start while later layers are in flight.
+ * @param timeout_ms  Upper bound, ms.
+ * @return 0 complete (the layer's bytes are visible), -ETIMEDOUT, or as kvx_xfer_layer_poll().
+ */
+KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
+				uint32_t timeout_ms);
+
+/**
+ * D WRITE: announce the blocks allocated for a transfer: `remote_blocks` to every P TP rank of
+ * the target DP rank (PROTOCOL.md §1.3 step 5b, §5.8); an empty list sends `release` instead.
+ * Completion: KVX_CPL_TRANSFER when `write_done` arrives, or TIMED_OUT after transfer_timeout.
+ * @return As kvx_xfer_read().
+ */
+KVX_API int kvx_xfer_announce(struct kvx_engine *e, const struct kvx_engine_announce *a);
+
+/**
+ * P WRITE: begin a push transfer (blocks and destination). Writes are posted per layer once
+ * the layer is ready and D's `remote_blocks` has arrived (deferred up to defer_timeout).
+ * @return As kvx_xfer_read().
+ */
+KVX_API int kvx_xfer_write_begin(struct kvx_engine *e, const struct kvx_engine_write *w);
+
+/**
+ * P WRITE: layer @p layer of transfer @p transfer_id is computed. If @p ready is non-NULL
+ * the polling lcore posts the layer's writes only after it reads a non-zero value
+ * (acquire) — host memory readiness; HIP events come with the HIP issue. Duplicates are no-ops.
+ * @return 0, -ENOENT unknown transfer, -EINVAL layer out of range, -ENOBUFS ring full.
+ */
+KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
+				 const atomic_uint *ready);
+
+/**
+ * P WRITE: seal the write count at the end of prefill: the transfer completes once the
+ * @p n_layers distinct layers marked ready are written; then `write_done` is sent once.
+ * @return 0, -ENOENT unknown transfer, -EINVAL n_layers is 0 or > registered layers.
+ */
+KVX_API int kvx_xfer_seal(struct kvx_engine *e, const char *transfer_id, uint32_t n_layers);
+
+/**
+ * P READ: serve a transfer's blocks until the consumer's `release` (fan-in over the consumer
+ * TP ranks) or defer_timeout; then KVX_CPL_TRANSFER and KVX_CPL_BLOCKS_RELEASED.
+ * @return As kvx_xfer_read().
+ */
+KVX_API int kvx_xfer_serve(struct kvx_engine *e, const struct kvx_engine_serve *s);
+
+/**
+ * Abort a transfer (either role). D sends `release` to P in both modes, before or after
+ * allocation; in-flight ops finish or are fenced before the blocks are released.
+ * @return 0, -ENOENT unknown or already terminal transfer.
+ */
+KVX_API int kvx_xfer_abort(struct kvx_engine *e, const char *transfer_id);
+
+/**
+ * Collect completions (burst).
+ * @param out  Array[n] completions. @param n Capacity.
+ * @return Number written, 0..n.
+ * @par Context Non-blocking.
+ */
+KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_completion *out, size_t n);
+
+/**
+ * Read statistics (per lcore, per peer, totals).
+ * @param e Engine. @param[out] st Snapshot; not NULL.
+ */
+KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVX_ENGINE_H */
