@@ -1,0 +1,517 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Pinned lcore threads, launch/wait/stop (RUNTIME_GUIDE.md §1.3, §2), poll loop and idle policy. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "lcore_internal.h"
+
+static _Thread_local struct kvx_lcore *t_self;
+
+static void *lcore_thread(void *p)
+{
+	struct kvx_lcore *lc = p;
+	t_self = lc;
+	atomic_store_explicit(&lc->tid, (pid_t)syscall(SYS_gettid), memory_order_release);
+	pthread_mutex_lock(&lc->mu);
+	lc->thread_started = true;
+	pthread_cond_broadcast(&lc->cv);
+	for (;;) {
+		while (!lc->has_work && !lc->exit)
+			pthread_cond_wait(&lc->cv, &lc->mu);
+		if (!lc->has_work)
+			break;
+		kvx_lcore_fn fn = lc->fn;
+		void *arg = lc->fn_arg;
+		lc->has_work = false;
+		pthread_mutex_unlock(&lc->mu);
+		int ret = fn(arg);
+		pthread_mutex_lock(&lc->mu);
+		lc->ret = ret;
+		lc->done = true;
+		pthread_cond_broadcast(&lc->cv);
+	}
+	pthread_mutex_unlock(&lc->mu);
+	return NULL;
+}
+
+static void lcore_free(struct kvx_lcore *lc)
+{
+	kvx_waiter_fini(&lc->waiter);
+	pthread_cond_destroy(&lc->cv);
+	pthread_mutex_destroy(&lc->mu);
+	free(lc);
+}
+
+static int lcore_new(struct kvx_lcore_set *set, const struct kvx_lcore_map *m, enum kvx_lcore_role role,
+		     struct kvx_lcore **out)
+{
+	struct kvx_lcore *lc;
+	if (posix_memalign((void **)&lc, KVX_CACHE_LINE, sizeof(*lc)))
+		return -ENOMEM;
+	memset(lc, 0, sizeof(*lc));
+	lc->set = set;
+	lc->id = m->lcore_id;
+	lc->role = role;
+	lc->cpus = m->cpus;
+	lc->idle.policy = set->cfg.idle;
+	pthread_mutex_init(&lc->mu, NULL);
+	pthread_cond_init(&lc->cv, NULL);
+	int rc = kvx_waiter_init(&lc->waiter);
+	if (rc) {
+		pthread_cond_destroy(&lc->cv);
+		pthread_mutex_destroy(&lc->mu);
+		free(lc);
+		return rc;
+	}
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	/* Start on the right CPUs so first-touch memory lands on the right node (§2). */
+	rc = pthread_attr_setaffinity_np(&attr, sizeof(lc->cpus), &lc->cpus);
+	if (!rc)
+		rc = pthread_create(&lc->thread, &attr, lcore_thread, lc);
+	pthread_attr_destroy(&attr);
+	if (rc) {
+		lcore_free(lc);
+		return rc == EAGAIN ? -EAGAIN : -rc;
+	}
+	pthread_mutex_lock(&lc->mu);
+	while (!lc->thread_started)
+		pthread_cond_wait(&lc->cv, &lc->mu);
+	pthread_mutex_unlock(&lc->mu);
+	*out = lc;
+	return 0;
+}
+
+static void lcore_join(struct kvx_lcore *lc)
+{
+	pthread_mutex_lock(&lc->mu);
+	lc->exit = true;
+	pthread_cond_broadcast(&lc->cv);
+	pthread_mutex_unlock(&lc->mu);
+	pthread_join(lc->thread, NULL);
+	lcore_free(lc);
+}
+
+int kvx_lcore_set_create(const struct kvx_lcore_cfg *cfg, struct kvx_lcore_set **out)
+{
+	if (!cfg || !out || cfg->n_lcores == 0 || cfg->n_lcores > KVX_LCORE_MAX ||
+	    cfg->main_lcore == KVX_LCORE_ID_ANY || cfg->control_mode == KVX_LCORE_CONTROL_AUTO)
+		return -EINVAL;
+	bool has_control = cfg->control_mode == KVX_LCORE_CONTROL_EXPLICIT;
+	unsigned n = cfg->n_lcores + (has_control ? 1 : 0);
+	struct kvx_lcore_set *set = calloc(1, sizeof(*set) + n * sizeof(set->lcores[0]));
+	if (!set)
+		return -ENOMEM;
+	set->cfg = *cfg;
+	int rc = 0;
+	for (unsigned i = 0; i < n; i++) {
+		bool ctl = i == cfg->n_lcores;
+		rc = lcore_new(set, ctl ? &cfg->control : &cfg->lcores[i],
+			       ctl ? KVX_LCORE_ROLE_CONTROL : KVX_LCORE_ROLE_POLL, &set->lcores[i]);
+		if (rc)
+			break;
+		set->n = i + 1;
+		if (ctl)
+			set->control_lc = set->lcores[i];
+		else if (cfg->lcores[i].lcore_id == cfg->main_lcore)
+			set->main_lc = set->lcores[i];
+	}
+	if (!rc && !set->main_lc)
+		rc = -EINVAL;
+	if (rc) {
+		kvx_lcore_set_destroy(set);
+		return rc;
+	}
+	*out = set;
+	return 0;
+}
+
+void kvx_lcore_set_destroy(struct kvx_lcore_set *set)
+{
+	if (!set)
+		return;
+	kvx_lcore_set_stop_all(set);
+	kvx_lcore_set_wait_all(set);
+	for (unsigned i = 0; i < set->n; i++)
+		lcore_join(set->lcores[i]);
+	free(set);
+}
+
+unsigned kvx_lcore_set_count(const struct kvx_lcore_set *set)
+{
+	return set->n;
+}
+
+struct kvx_lcore *kvx_lcore_set_at(const struct kvx_lcore_set *set, unsigned idx)
+{
+	return idx < set->n ? set->lcores[idx] : NULL;
+}
+
+struct kvx_lcore *kvx_lcore_set_get(const struct kvx_lcore_set *set, uint32_t id)
+{
+	for (unsigned i = 0; i < set->n; i++)
+		if (set->lcores[i]->id == id)
+			return set->lcores[i];
+	return NULL;
+}
+
+struct kvx_lcore *kvx_lcore_set_main(const struct kvx_lcore_set *set)
+{
+	return set->main_lc;
+}
+
+struct kvx_lcore *kvx_lcore_set_control(const struct kvx_lcore_set *set)
+{
+	return set->control_lc;
+}
+
+int kvx_lcore_launch(struct kvx_lcore *lc, kvx_lcore_fn fn, void *arg)
+{
+	if (!fn || t_self == lc)
+		return -EINVAL;
+	pthread_mutex_lock(&lc->mu);
+	if (atomic_load_explicit(&lc->running, memory_order_relaxed)) {
+		pthread_mutex_unlock(&lc->mu);
+		return -EBUSY;
+	}
+	atomic_store_explicit(&lc->stop, false, memory_order_relaxed);
+	lc->fn = fn;
+	lc->fn_arg = arg;
+	lc->done = false;
+	lc->has_work = true;
+	atomic_store_explicit(&lc->running, true, memory_order_release);
+	pthread_cond_broadcast(&lc->cv);
+	pthread_mutex_unlock(&lc->mu);
+	return 0;
+}
+
+int kvx_lcore_wait(struct kvx_lcore *lc)
+{
+	if (t_self == lc)
+		return -EINVAL;
+	pthread_mutex_lock(&lc->mu);
+	if (atomic_load_explicit(&lc->running, memory_order_relaxed)) {
+		while (!lc->done)
+			pthread_cond_wait(&lc->cv, &lc->mu);
+		atomic_store_explicit(&lc->running, false, memory_order_release);
+	}
+	int ret = lc->ret;
+	pthread_mutex_unlock(&lc->mu);
+	return ret;
+}
+
+int kvx_lcore_set_launch_all(struct kvx_lcore_set *set, enum kvx_lcore_role role, kvx_lcore_fn fn,
+			     void *arg)
+{
+	if (!fn || (t_self && t_self->set == set))
+		return -EINVAL;
+	for (unsigned i = 0; i < set->n; i++)
+		if (set->lcores[i]->role == role && kvx_lcore_is_running(set->lcores[i]))
+			return -EBUSY;
+	for (unsigned i = 0; i < set->n; i++) {
+		if (set->lcores[i]->role != role)
+			continue;
+		int rc = kvx_lcore_launch(set->lcores[i], fn, arg);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+void kvx_lcore_set_wait_all(struct kvx_lcore_set *set)
+{
+	for (unsigned i = 0; i < set->n; i++)
+		(void)kvx_lcore_wait(set->lcores[i]);
+}
+
+void kvx_lcore_stop(struct kvx_lcore *lc)
+{
+	/* Release: pairs with the acquire load in the poll loop. The wake's seq_cst fence (W1)
+	 * orders this store before the sleeping check, like a ring publish. */
+	atomic_store_explicit(&lc->stop, true, memory_order_release);
+	kvx_waiter_wake(&lc->waiter);
+}
+
+void kvx_lcore_set_stop_all(struct kvx_lcore_set *set)
+{
+	for (unsigned i = 0; i < set->n; i++)
+		kvx_lcore_stop(set->lcores[i]);
+}
+
+bool kvx_lcore_is_stopping(const struct kvx_lcore *lc)
+{
+	return atomic_load_explicit(&lc->stop, memory_order_acquire);
+}
+
+bool kvx_lcore_is_running(const struct kvx_lcore *lc)
+{
+	return atomic_load_explicit(&lc->running, memory_order_acquire);
+}
+
+struct kvx_lcore *kvx_lcore_self(void)
+{
+	return t_self;
+}
+
+uint32_t kvx_lcore_self_id(void)
+{
+	return t_self ? t_self->id : KVX_LCORE_ID_ANY;
+}
+
+uint32_t kvx_lcore_id(const struct kvx_lcore *lc)
+{
+	return lc->id;
+}
+
+enum kvx_lcore_role kvx_lcore_role(const struct kvx_lcore *lc)
+{
+	return lc->role;
+}
+
+struct kvx_lcore_set *kvx_lcore_get_set(const struct kvx_lcore *lc)
+{
+	return lc->set;
+}
+
+void kvx_lcore_set_ctx(struct kvx_lcore *lc, void *ctx)
+{
+	lc->ctx = ctx;
+}
+
+void *kvx_lcore_ctx(const struct kvx_lcore *lc)
+{
+	return lc->ctx;
+}
+
+void kvx_lcore_cpus(const struct kvx_lcore *lc, cpu_set_t *out)
+{
+	*out = lc->cpus;
+}
+
+int kvx_lcore_get_affinity(const struct kvx_lcore *lc, cpu_set_t *out)
+{
+	CPU_ZERO(out);
+	int rc = pthread_getaffinity_np(lc->thread, sizeof(*out), out);
+	return rc ? -rc : 0;
+}
+
+pid_t kvx_lcore_tid(const struct kvx_lcore *lc)
+{
+	return atomic_load_explicit(&lc->tid, memory_order_acquire);
+}
+
+/* ---- pollers ------------------------------------------------------------------------------ */
+
+static bool may_modify(const struct kvx_lcore *lc)
+{
+	return t_self == lc || !kvx_lcore_is_running(lc);
+}
+
+int kvx_poller_register(struct kvx_lcore *lc, kvx_poller_fn fn, void *arg, const char *name,
+			struct kvx_poller **out)
+{
+	if (!fn)
+		return -EINVAL;
+	if (!may_modify(lc))
+		return -EBUSY;
+	if (lc->n_order >= KVX_LCORE_MAX_POLLERS)
+		return -ENOBUFS;
+	for (uint32_t i = 0; i < KVX_LCORE_MAX_POLLERS; i++) {
+		struct kvx_poller *p = &lc->pollers[i];
+		if (p->fn)
+			continue;
+		p->lc = lc;
+		p->fn = fn;
+		p->arg = arg;
+		p->active = true;
+		snprintf(p->name, sizeof(p->name), "%s", name ? name : "");
+		lc->order[lc->n_order++] = (uint8_t)i;
+		if (out)
+			*out = p;
+		return 0;
+	}
+	/* All slots hold unregistered pollers awaiting compaction. */
+	return -ENOBUFS;
+}
+
+int kvx_poller_unregister(struct kvx_poller *p)
+{
+	struct kvx_lcore *lc = p->lc;
+	if (!may_modify(lc))
+		return -EBUSY;
+	if (!p->active)
+		return -ENOENT;
+	p->active = false;
+	lc->need_compact = true; /* the loop may be iterating over order[]: compact after it */
+	return 0;
+}
+
+static void compact_pollers(struct kvx_lcore *lc)
+{
+	uint32_t w = 0;
+	for (uint32_t r = 0; r < lc->n_order; r++) {
+		struct kvx_poller *p = &lc->pollers[lc->order[r]];
+		if (p->active)
+			lc->order[w++] = lc->order[r];
+		else
+			p->fn = NULL;
+	}
+	lc->n_order = w;
+	lc->need_compact = false;
+}
+
+static inline int run_pollers(struct kvx_lcore *lc)
+{
+	int busy = KVX_POLL_IDLE;
+	for (uint32_t i = 0; i < lc->n_order; i++) {
+		struct kvx_poller *p = &lc->pollers[lc->order[i]];
+		if (KVX_LIKELY(p->active) && p->fn(p->arg) == KVX_POLL_BUSY)
+			busy = KVX_POLL_BUSY;
+	}
+	if (KVX_UNLIKELY(lc->need_compact))
+		compact_pollers(lc);
+	return busy;
+}
+
+int kvx_lcore_poll_once(struct kvx_lcore *lc)
+{
+	return run_pollers(lc);
+}
+
+int kvx_lcore_set_idle(struct kvx_lcore *lc, const struct kvx_lcore_idle_params *p)
+{
+	if (p->policy != KVX_LCORE_IDLE_BUSY && p->policy != KVX_LCORE_IDLE_ADAPTIVE)
+		return -EINVAL;
+	if (!may_modify(lc))
+		return -EBUSY;
+	lc->idle = *p;
+	return 0;
+}
+
+int kvx_lcore_attach_timers(struct kvx_lcore *lc, struct kvx_timer_heap *heap)
+{
+	if (!may_modify(lc))
+		return -EBUSY;
+	lc->timers = heap;
+	return 0;
+}
+
+void kvx_lcore_wake(struct kvx_lcore *lc)
+{
+	kvx_waiter_wake(&lc->waiter);
+}
+
+struct kvx_waiter *kvx_lcore_waiter(struct kvx_lcore *lc)
+{
+	return &lc->waiter;
+}
+
+/* ---- accounting --------------------------------------------------------------------------- */
+
+/* Single writer: a relaxed load + store is enough for readers to see whole values. */
+static inline void st_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + v,
+			      memory_order_relaxed);
+}
+
+void kvx_lcore_stats_get(const struct kvx_lcore *lc, struct kvx_lcore_stats *out)
+{
+	out->loops = atomic_load_explicit(&lc->st_loops, memory_order_relaxed);
+	out->busy_loops = atomic_load_explicit(&lc->st_busy_loops, memory_order_relaxed);
+	out->busy_ns = atomic_load_explicit(&lc->st_busy_ns, memory_order_relaxed);
+	out->idle_ns = atomic_load_explicit(&lc->st_idle_ns, memory_order_relaxed);
+	out->sleeps = atomic_load_explicit(&lc->st_sleeps, memory_order_relaxed);
+	out->wakeups = atomic_load_explicit(&lc->st_wakeups, memory_order_relaxed);
+	out->timers_run = atomic_load_explicit(&lc->st_timers_run, memory_order_relaxed);
+	uint64_t tot = out->busy_ns + out->idle_ns;
+	out->util_pct = tot ? 100.0 * (double)out->busy_ns / (double)tot : 0.0;
+}
+
+/* ---- poll loop ------------------------------------------------------------------------------ */
+
+static uint64_t sleep_timeout(const struct kvx_lcore *lc, uint64_t max_sleep_ns)
+{
+	uint64_t t = max_sleep_ns;
+	if (lc->timers) {
+		uint64_t next = kvx_timer_heap_next_ns(lc->timers);
+		if (next != UINT64_MAX) {
+			uint64_t now = kvx_now_ns();
+			uint64_t d = next > now ? next - now : 0;
+			if (d < t)
+				t = d;
+		}
+	}
+	return t;
+}
+
+int kvx_lcore_poll_loop(void *arg)
+{
+	(void)arg;
+	struct kvx_lcore *lc = t_self;
+	if (!lc)
+		return -EINVAL;
+	kvx_rcu_register();
+	uint32_t empty = 0;
+	uint64_t t_prev = kvx_now_ns();
+	while (!atomic_load_explicit(&lc->stop, memory_order_acquire)) {
+		int busy = run_pollers(lc);
+		uint64_t now = kvx_now_ns();
+		if (lc->timers && kvx_timer_heap_next_ns(lc->timers) <= now) {
+			unsigned ran = kvx_timer_heap_run(lc->timers, now);
+			st_add(&lc->st_timers_run, ran);
+			if (ran)
+				busy = KVX_POLL_BUSY;
+			now = kvx_now_ns();
+		}
+		kvx_rcu_quiescent();
+		st_add(&lc->st_loops, 1);
+		if (busy == KVX_POLL_BUSY) {
+			st_add(&lc->st_busy_loops, 1);
+			st_add(&lc->st_busy_ns, now - t_prev);
+			t_prev = now;
+			empty = 0;
+			continue;
+		}
+		st_add(&lc->st_idle_ns, now - t_prev);
+		t_prev = now;
+		empty++;
+		uint32_t spin = lc->idle.spin_polls ? lc->idle.spin_polls : KVX_LCORE_SPIN_POLLS;
+		uint32_t backoff = lc->idle.backoff_polls ? lc->idle.backoff_polls : KVX_LCORE_BACKOFF_POLLS;
+		if (lc->idle.policy == KVX_LCORE_IDLE_BUSY || empty <= spin) {
+			kvx_lcore_pause_impl();
+			continue;
+		}
+		if (empty <= spin + backoff) {
+			sched_yield(); /* idle only: let a thread sharing this CPU run */
+			continue;
+		}
+		/* Sleep. Prepare, then re-check every source (the pollers and the stop flag):
+		 * a producer that published before P1 is seen here, one after sees sleeping. */
+		kvx_waiter_prepare(&lc->waiter);
+		if (atomic_load_explicit(&lc->stop, memory_order_acquire) ||
+		    run_pollers(lc) == KVX_POLL_BUSY) {
+			kvx_waiter_cancel(&lc->waiter);
+			empty = 0;
+			continue;
+		}
+		uint64_t max_sleep = lc->idle.max_sleep_ns ? lc->idle.max_sleep_ns : KVX_LCORE_MAX_SLEEP_NS;
+		uint64_t timeout = sleep_timeout(lc, max_sleep);
+		kvx_rcu_offline();
+		int r = kvx_waiter_sleep(&lc->waiter, timeout);
+		kvx_rcu_online();
+		st_add(&lc->st_sleeps, 1);
+		if (r == 1)
+			st_add(&lc->st_wakeups, 1);
+		now = kvx_now_ns();
+		st_add(&lc->st_idle_ns, now - t_prev);
+		t_prev = now;
+		empty = 0;
+	}
+	kvx_rcu_unregister();
+	return 0;
+}

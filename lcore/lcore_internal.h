@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_LCORE_INTERNAL_H
+#define KVX_LCORE_INTERNAL_H
+/* Module-private definitions of kvx_lcore (never included from another module; unit tests may). */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kvxfer/lcore.h"
+
+struct kvx_poller {
+	struct kvx_lcore *lc;
+	kvx_poller_fn fn; /* NULL when the slot is free */
+	void *arg;
+	bool active;
+	char name[32];
+};
+
+struct kvx_lcore {
+	struct kvx_lcore_set *set;
+	uint32_t id;
+	enum kvx_lcore_role role;
+	cpu_set_t cpus;
+	pthread_t thread;
+	bool thread_started;
+	_Atomic pid_t tid;
+
+	/* launch handshake (slow path), guarded by mu */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool has_work;
+	bool done;
+	bool exit;
+	kvx_lcore_fn fn;
+	void *fn_arg;
+	int ret;
+	_Atomic bool running; /* launched and not yet waited for */
+	_Atomic bool stop;
+
+	void *ctx;
+
+	/* pollers: owner thread, or any thread while not running */
+	struct kvx_poller pollers[KVX_LCORE_MAX_POLLERS];
+	uint8_t order[KVX_LCORE_MAX_POLLERS];
+	uint32_t n_order;
+	bool need_compact;
+
+	struct kvx_lcore_idle_params idle;
+	struct kvx_timer_heap *timers;
+	struct kvx_waiter waiter;
+
+	/* accounting: single writer (the loop), relaxed load+store; any reader */
+	_Atomic uint64_t st_loops;
+	_Atomic uint64_t st_busy_loops;
+	_Atomic uint64_t st_busy_ns;
+	_Atomic uint64_t st_idle_ns;
+	_Atomic uint64_t st_sleeps;
+	_Atomic uint64_t st_wakeups;
+	_Atomic uint64_t st_timers_run;
+};
+
+struct kvx_lcore_set {
+	struct kvx_lcore_cfg cfg;
+	unsigned n;
+	struct kvx_lcore *main_lc;
+	struct kvx_lcore *control_lc;
+	struct kvx_lcore *lcores[]; /* Array[n]: polling lcores ascending, then control */
+};
+
+/* Test hook: move an EMPTY ring's four indices to @p idx (to exercise the 2^32 wrap). */
+void kvx_ring_debug_set_index(struct kvx_ring *r, uint32_t idx);
+
+/* Parse a DPDK `--lcores` list into cfg->lcores (grammar only). Exposed for tests. */
+int kvx_lcore_parse_lcores(struct kvx_lcore_cfg *cfg, const char *s, char *err, size_t errlen);
+
+#endif /* KVX_LCORE_INTERNAL_H */
