@@ -1,0 +1,525 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * shm provider: READ/WRITE with process_vm_readv/process_vm_writev (cross-memory attach)
+ * against the peer's advertised regions (DESIGN.md §3).
+ *
+ * Trust model: both engines run on one host (same boot id) as one user (same uid). The
+ * target publishes a table of its registered regions in its own memory; the initiator
+ * verifies every imported descriptor against that table (key, address, length, access) and
+ * then checks every op against the verified descriptor before the syscall. The kernel
+ * enforces only ptrace permission, not our regions: a malicious same-user process could
+ * write anywhere in the target, which is why shm is limited to same-host, same-user peers.
+ * Unregistering a region on the target is seen by initiators at their next import only.
+ *
+ * All work happens synchronously in post (one syscall per group of up to IOV_MAX ops);
+ * completions are queued and returned by poll.
+ */
+#include "transport_internal.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define SHM_MAX_BATCH 4096u
+#define SHM_IOV_MAX 1024u
+#define SHM_MAX_OP (1ull << 30)
+#define SHM_RMR_VERIFIED 1u
+
+/* One published region slot, read by initiators with process_vm_readv. */
+struct shm_slot {
+	uint64_t addr;
+	uint64_t len;
+	uint32_t key;
+	uint32_t access;
+};
+
+struct shm_ctx {
+	struct kvx_xport_ctx base;
+	struct shm_slot *table; /* Array[max_regions] */
+	uint16_t *gen;          /* Array[max_regions]: generation per slot */
+	uint64_t magic;         /* probe value read by initiators at connect */
+	uint8_t boot_id[16];
+};
+
+struct shm_mr {
+	struct kvx_xport_mr base;
+	uint32_t slot;
+};
+
+struct shm_ep {
+	struct kvx_xport_ep base;
+	pid_t peer;
+	uint64_t table_addr;
+	uint32_t table_slots;
+	uint32_t cq_mask;
+	uint32_t cq_head, cq_tail; /* free-running; head - tail = queued completions */
+	uint32_t ops_queued;       /* ops whose completion is not polled yet */
+	struct kvx_xport_cpl *cq;  /* Array[cq_mask + 1] */
+	struct iovec *liov, *riov; /* Array[SHM_IOV_MAX] each */
+	uint32_t *idx;             /* Array[SHM_IOV_MAX]: op index of each iov */
+	int32_t *st;               /* Array[SHM_MAX_BATCH]: per-op status of the current post */
+};
+
+static int yama_scope(void)
+{
+	FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
+	if (!f)
+		return 0; /* no Yama: classic ptrace rules (same uid) */
+	int v = 0;
+	if (fscanf(f, "%d", &v) != 1)
+		v = 0;
+	fclose(f);
+	return v;
+}
+
+static int shm_probe(char *reason, size_t cap)
+{
+	int scope = yama_scope();
+	if (scope >= 2) {
+		snprintf(reason, cap,
+			 "shm: kernel.yama.ptrace_scope=%d forbids process_vm_readv between processes "
+			 "(set it to 0 or 1: sysctl -w kernel.yama.ptrace_scope=1)",
+			 scope);
+		return -EPERM;
+	}
+	uint64_t src = 0x6b7678, dst = 0;
+	struct iovec l = {&dst, sizeof(dst)}, r = {&src, sizeof(src)};
+	if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)sizeof(dst)) {
+		int e = errno;
+		snprintf(reason, cap, "shm: process_vm_readv not usable here: %s", kvx_strerror(e));
+		return e == ENOSYS ? -ENOTSUP : -EPERM;
+	}
+	return 0;
+}
+
+static int shm_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx **out)
+{
+	struct shm_ctx *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->table = calloc(p->max_regions, sizeof(*c->table));
+	c->gen = calloc(p->max_regions, sizeof(*c->gen));
+	int rc = xport_boot_id(c->boot_id);
+	if (!c->table || !c->gen || rc) {
+		free(c->table);
+		free(c->gen);
+		free(c);
+		return rc ? rc : -ENOMEM;
+	}
+	if (getrandom(&c->magic, sizeof(c->magic), 0) != sizeof(c->magic))
+		c->magic = kvx_now_ns() ^ ((uint64_t)getpid() << 32);
+	c->magic |= 1; /* never 0, so a zeroed read never matches */
+	struct kvx_xport_caps *cp = &c->base.caps;
+	cp->max_op_bytes = SHM_MAX_OP;
+	cp->max_batch = p->queue_depth < SHM_MAX_BATCH ? p->queue_depth : SHM_MAX_BATCH;
+	cp->inline_bytes = (uint32_t)SHM_MAX_OP; /* data moves during post */
+	cp->max_channels = 1;
+	cp->num_channels = 1;
+	cp->mem_types = 1u << KVX_XPORT_MEM_HOST;
+	cp->needs_progress = false;
+	cp->same_host_only = true;
+	*out = &c->base;
+	return 0;
+}
+
+static void shm_close(struct kvx_xport_ctx *ctx)
+{
+	struct shm_ctx *c = (struct shm_ctx *)ctx;
+	while (ctx->mrs) {
+		struct kvx_xport_mr *mr = ctx->mrs;
+		xport_mr_unlink(mr);
+		free(mr);
+	}
+	free(c->table);
+	free(c->gen);
+	free(c);
+}
+
+static int shm_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_params *p,
+			   struct kvx_xport_mr **out)
+{
+	struct shm_ctx *c = (struct shm_ctx *)ctx;
+	uint32_t slot = 0;
+	while (slot < ctx->params.max_regions && c->table[slot].key)
+		slot++;
+	if (slot == ctx->params.max_regions)
+		return -ENOBUFS;
+	struct shm_mr *m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	/* key = generation (16 bits, never 0) << 16 | slot: a stale key never matches a reused slot. */
+	c->gen[slot] = (uint16_t)(c->gen[slot] + 1 ? c->gen[slot] + 1 : 1);
+	m->slot = slot;
+	m->base.ctx = ctx;
+	m->base.addr = p->addr;
+	m->base.len = p->len_bytes;
+	m->base.access = p->access;
+	m->base.mem_type = p->mem_type;
+	m->base.device_id = p->device_id;
+	m->base.key = ((uint32_t)c->gen[slot] << 16) | slot;
+	c->table[slot] = (struct shm_slot){(uint64_t)(uintptr_t)p->addr, p->len_bytes, m->base.key,
+					   p->access};
+	*out = &m->base;
+	return 0;
+}
+
+static int shm_mr_unregister(struct kvx_xport_mr *mr)
+{
+	struct shm_ctx *c = (struct shm_ctx *)mr->ctx;
+	struct shm_mr *m = (struct shm_mr *)mr;
+	memset(&c->table[m->slot], 0, sizeof(c->table[m->slot]));
+	free(m);
+	return 0;
+}
+
+/* Verify an imported descriptor against the target's published table. A mismatch (wrong key,
+ * forged length or address) is not an import error: the ops complete with -EACCES, so the
+ * failure shows where tcp and verbs show it. */
+static int shm_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr)
+{
+	struct shm_ep *e = (struct shm_ep *)ep;
+	if (rmr->mem_type != KVX_XPORT_MEM_HOST)
+		return -ENOTSUP;
+	if (!ep->connected)
+		return -ENOTCONN;
+	struct kvx_xport_rmr *r = (struct kvx_xport_rmr *)rmr;
+	r->prov_flags = 0;
+	uint32_t slot = rmr->key & 0xffff;
+	if (slot >= e->table_slots)
+		return 0;
+	struct shm_slot s;
+	struct iovec l = {&s, sizeof(s)};
+	struct iovec rv = {(void *)(uintptr_t)(e->table_addr + (uint64_t)slot * sizeof(s)), sizeof(s)};
+	ssize_t n = process_vm_readv(e->peer, &l, 1, &rv, 1, 0);
+	if (n != (ssize_t)sizeof(s))
+		return n < 0 && errno == ESRCH ? -ECONNRESET : 0;
+	if (s.key == rmr->key && s.addr == rmr->addr && s.len == rmr->len && s.access == rmr->access)
+		r->prov_flags = SHM_RMR_VERIFIED;
+	return 0;
+}
+
+#define SHM_A_BYTES (XPORT_BLOB_HDR_BYTES + 24)
+#define SHM_B_BYTES (XPORT_BLOB_HDR_BYTES + 56)
+
+static struct shm_ep *ep_alloc(struct kvx_xport_ctx *ctx, bool initiator)
+{
+	struct shm_ep *e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	e->base.ctx = ctx;
+	if (!initiator)
+		return e;
+	uint32_t depth = ctx->params.queue_depth;
+	e->cq_mask = depth - 1;
+	e->cq = calloc(depth, sizeof(*e->cq));
+	e->liov = calloc(SHM_IOV_MAX, sizeof(*e->liov));
+	e->riov = calloc(SHM_IOV_MAX, sizeof(*e->riov));
+	e->idx = calloc(SHM_IOV_MAX, sizeof(*e->idx));
+	e->st = calloc(SHM_MAX_BATCH, sizeof(*e->st));
+	if (!e->cq || !e->liov || !e->riov || !e->idx || !e->st) {
+		free(e->cq);
+		free(e->liov);
+		free(e->riov);
+		free(e->idx);
+		free(e->st);
+		free(e);
+		return NULL;
+	}
+	return e;
+}
+
+static void shm_ep_destroy(struct kvx_xport_ep *ep)
+{
+	struct shm_ep *e = (struct shm_ep *)ep;
+	free(e->cq);
+	free(e->liov);
+	free(e->riov);
+	free(e->idx);
+	free(e->st);
+	free(e);
+}
+
+static int shm_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_t *blob,
+			 size_t cap, size_t *len)
+{
+	struct shm_ctx *c = (struct shm_ctx *)ctx;
+	if (cap < SHM_A_BYTES)
+		return -EMSGSIZE;
+	struct shm_ep *e = ep_alloc(ctx, true);
+	if (!e)
+		return -ENOMEM;
+	xport_blob_hdr_put(blob, KVX_XPORT_PROV_SHM, XPORT_BLOB_A);
+	xport_put_u32(blob + 8, (uint32_t)getpid());
+	xport_put_u32(blob + 12, (uint32_t)getuid());
+	memcpy(blob + 16, c->boot_id, 16);
+	*len = SHM_A_BYTES;
+	*out = &e->base;
+	return 0;
+}
+
+static int shm_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t alen,
+			 struct kvx_xport_ep **out, uint8_t *blob, size_t cap, size_t *len)
+{
+	struct shm_ctx *c = (struct shm_ctx *)ctx;
+	int rc = xport_blob_hdr_check(a, alen, SHM_A_BYTES, KVX_XPORT_PROV_SHM, XPORT_BLOB_A,
+				      "shm accept");
+	if (rc)
+		return rc;
+	if (cap < SHM_B_BYTES)
+		return -EMSGSIZE;
+	uint32_t pid = xport_get_u32(a + 8), uid = xport_get_u32(a + 12);
+	if (pid == 0 || pid > INT_MAX) {
+		kvx_log(KVX_LOG_WARN, "shm accept: bad pid %u in blob A", pid);
+		return -EPROTO;
+	}
+	if (memcmp(a + 16, c->boot_id, 16)) {
+		kvx_log(KVX_LOG_WARN, "shm accept: peer pid %u is on another host (boot id differs)", pid);
+		return -ENOTSUP;
+	}
+	if (uid != (uint32_t)getuid()) {
+		kvx_log(KVX_LOG_WARN, "shm accept: peer uid %u differs from ours (%u): not allowed", uid,
+			(unsigned)getuid());
+		return -ENOTSUP;
+	}
+	/* Yama scope 1 only lets ancestors attach: declare same-user initiators as allowed
+	 * ptracers, which is exactly the shm trust model. */
+	if (yama_scope() == 1)
+		(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+	struct shm_ep *e = ep_alloc(ctx, false);
+	if (!e)
+		return -ENOMEM;
+	e->peer = (pid_t)pid;
+	xport_blob_hdr_put(blob, KVX_XPORT_PROV_SHM, XPORT_BLOB_B);
+	xport_put_u32(blob + 8, (uint32_t)getpid());
+	xport_put_u32(blob + 12, (uint32_t)getuid());
+	memcpy(blob + 16, c->boot_id, 16);
+	xport_put_u64(blob + 32, (uint64_t)(uintptr_t)&c->magic);
+	xport_put_u64(blob + 40, c->magic);
+	xport_put_u64(blob + 48, (uint64_t)(uintptr_t)c->table);
+	xport_put_u32(blob + 56, ctx->params.max_regions);
+	xport_put_u32(blob + 60, 0);
+	*len = SHM_B_BYTES;
+	*out = &e->base;
+	return 0;
+}
+
+static int shm_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen)
+{
+	struct shm_ep *e = (struct shm_ep *)ep;
+	struct shm_ctx *c = (struct shm_ctx *)ep->ctx;
+	int rc = xport_blob_hdr_check(b, blen, SHM_B_BYTES, KVX_XPORT_PROV_SHM, XPORT_BLOB_B,
+				      "shm connect");
+	if (rc)
+		return rc;
+	uint32_t pid = xport_get_u32(b + 8);
+	if (pid == 0 || pid > INT_MAX || xport_get_u32(b + 60) ||
+	    xport_get_u32(b + 56) > 65535) {
+		kvx_log(KVX_LOG_WARN, "shm connect: blob B rejected: bad pid %u or table fields", pid);
+		return -EPROTO;
+	}
+	if (memcmp(b + 16, c->boot_id, 16)) {
+		kvx_log(KVX_LOG_ERROR, "shm connect: peer pid %u is on another host (boot id differs)",
+			pid);
+		return -ENOTSUP;
+	}
+	uint64_t probe = 0;
+	struct iovec l = {&probe, sizeof(probe)};
+	struct iovec r = {(void *)(uintptr_t)xport_get_u64(b + 32), sizeof(probe)};
+	ssize_t n = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+	if (n != (ssize_t)sizeof(probe)) {
+		int err = n < 0 ? errno : EIO;
+		if (err == EPERM || err == EACCES) {
+			kvx_log(KVX_LOG_ERROR,
+				"shm connect: process_vm_readv(pid %u) denied (%s): cross-memory attach "
+				"needs ptrace permission over the peer: same uid, and "
+				"kernel.yama.ptrace_scope=0 (sysctl -w kernel.yama.ptrace_scope=0) or "
+				"1 with the peer allowing us, or CAP_SYS_PTRACE",
+				pid, kvx_strerror(err));
+			return -EPERM;
+		}
+		kvx_log(KVX_LOG_ERROR, "shm connect: probe read from pid %u failed: %s", pid,
+			kvx_strerror(err));
+		return err == ESRCH ? -ECONNRESET : -EPROTO;
+	}
+	if (probe != xport_get_u64(b + 40)) {
+		kvx_log(KVX_LOG_ERROR, "shm connect: pid %u is not the peer that sent blob B "
+			"(probe mismatch)", pid);
+		return -EPROTO;
+	}
+	e->peer = (pid_t)pid;
+	e->table_addr = xport_get_u64(b + 48);
+	e->table_slots = xport_get_u32(b + 56);
+	return 0;
+}
+
+/* Check one op; 0 or the status it completes with. */
+static int op_check(enum kvx_xport_opcode opc, const struct kvx_xport_op *o)
+{
+	const struct kvx_xport_mr *l = o->lmr;
+	const struct kvx_xport_rmr *r = o->rmr;
+	if (o->loff > l->len || o->len > l->len - o->loff)
+		return -ERANGE;
+	if (!(r->prov_flags & SHM_RMR_VERIFIED))
+		return -EACCES;
+	if (o->roff > r->len || o->len > r->len - o->roff)
+		return -ERANGE;
+	if (opc == KVX_XPORT_OP_READ &&
+	    (!(r->access & KVX_XPORT_ACCESS_REMOTE_READ) || !(l->access & KVX_XPORT_ACCESS_LOCAL_WRITE)))
+		return -EACCES;
+	if (opc == KVX_XPORT_OP_WRITE && !(r->access & KVX_XPORT_ACCESS_REMOTE_WRITE))
+		return -EACCES;
+	return 0;
+}
+
+static ssize_t xfer(pid_t pid, enum kvx_xport_opcode opc, struct iovec *l, struct iovec *r,
+		    unsigned long n)
+{
+	return opc == KVX_XPORT_OP_READ ? process_vm_readv(pid, l, n, r, n, 0)
+					: process_vm_writev(pid, l, n, r, n, 0);
+}
+
+static int errno_status(int err)
+{
+	if (err == ESRCH)
+		return -ECONNRESET;
+	if (err == EPERM)
+		return -EACCES;
+	return -ERANGE; /* EFAULT: remote range not mapped */
+}
+
+/* Run ops one at a time (after a failed or short group) to find each op's status. */
+static void xfer_each(struct shm_ep *e, enum kvx_xport_opcode opc, uint32_t from, uint32_t k)
+{
+	for (uint32_t j = from; j < k; j++) {
+		uint32_t i = e->idx[j];
+		if (atomic_load_explicit(&e->base.status, memory_order_relaxed)) {
+			e->st[i] = -ECONNRESET;
+			continue;
+		}
+		ssize_t n = xfer(e->peer, opc, &e->liov[j], &e->riov[j], 1);
+		if (n == (ssize_t)e->liov[j].iov_len)
+			continue;
+		e->st[i] = n < 0 ? errno_status(errno) : -ERANGE;
+		if (e->st[i] == -ECONNRESET) {
+			atomic_store_explicit(&e->base.status, -ECONNRESET, memory_order_relaxed);
+			xport_cnt_add(&e->base.cnt, resets, 1);
+		}
+	}
+}
+
+static void flush_group(struct shm_ep *e, enum kvx_xport_opcode opc, uint32_t k)
+{
+	if (!k)
+		return;
+	uint64_t total = 0;
+	for (uint32_t j = 0; j < k; j++)
+		total += e->liov[j].iov_len;
+	ssize_t n = xfer(e->peer, opc, e->liov, e->riov, k);
+	if (KVX_LIKELY(n >= 0 && (uint64_t)n == total))
+		return;
+	if (n < 0 && errno == ESRCH) {
+		atomic_store_explicit(&e->base.status, -ECONNRESET, memory_order_relaxed);
+		xport_cnt_add(&e->base.cnt, resets, 1);
+		for (uint32_t j = 0; j < k; j++)
+			e->st[e->idx[j]] = -ECONNRESET;
+		return;
+	}
+	/* Ops fully covered by a short count succeeded; redo the rest one by one. */
+	uint32_t j = 0;
+	uint64_t done = n > 0 ? (uint64_t)n : 0;
+	while (j < k && done >= e->liov[j].iov_len) {
+		done -= e->liov[j].iov_len;
+		j++;
+	}
+	xfer_each(e, opc, j, k);
+}
+
+static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
+		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
+{
+	struct shm_ep *e = (struct shm_ep *)ep;
+	if (KVX_UNLIKELY(e->cq_head - e->cq_tail > e->cq_mask ||
+			 e->ops_queued + n > ep->ctx->params.queue_depth)) {
+		xport_cnt_add(&ep->cnt, post_nobufs, 1);
+		return -ENOBUFS;
+	}
+	int dead = atomic_load_explicit(&ep->status, memory_order_relaxed);
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct kvx_xport_op *o = &ops[i];
+		e->st[i] = dead ? -ECONNRESET : op_check(opc, o);
+		if (e->st[i])
+			continue;
+		e->liov[k].iov_base = o->lmr->addr + o->loff;
+		e->liov[k].iov_len = o->len;
+		e->riov[k].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
+		e->riov[k].iov_len = o->len;
+		e->idx[k] = i;
+		if (++k == SHM_IOV_MAX) {
+			flush_group(e, opc, k);
+			k = 0;
+		}
+	}
+	flush_group(e, opc, k);
+	struct kvx_xport_cpl *c = &e->cq[e->cq_head & e->cq_mask];
+	*c = (struct kvx_xport_cpl){.cookie = cookie, .n_ops = n, .first_failed = n};
+	for (uint32_t i = 0; i < n; i++) {
+		if (e->st[i]) {
+			if (!c->n_failed) {
+				c->status = e->st[i];
+				c->first_failed = i;
+			}
+			c->n_failed++;
+		} else {
+			c->bytes += ops[i].len;
+		}
+	}
+	e->cq_head++;
+	e->ops_queued += n;
+	xport_cnt_add(&ep->cnt, ops_posted, n);
+	xport_cnt_add(&ep->cnt, ops_ok, n - c->n_failed);
+	xport_cnt_add(&ep->cnt, ops_failed, c->n_failed);
+	if (opc == KVX_XPORT_OP_READ)
+		xport_cnt_add(&ep->cnt, bytes_read, c->bytes);
+	else
+		xport_cnt_add(&ep->cnt, bytes_written, c->bytes);
+	return 0;
+}
+
+static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
+{
+	struct shm_ep *e = (struct shm_ep *)ep;
+	uint32_t got = 0;
+	while (got < max && e->cq_tail != e->cq_head) {
+		cpl[got] = e->cq[e->cq_tail & e->cq_mask];
+		e->ops_queued -= cpl[got].n_ops;
+		e->cq_tail++;
+		got++;
+	}
+	if (got)
+		xport_cnt_add(&ep->cnt, batches_done, got);
+	return (int)got;
+}
+
+const struct kvx_xport_ops kvx_xport_shm_ops = {
+	.name = "shm",
+	.id = KVX_XPORT_PROV_SHM,
+	.probe = shm_probe,
+	.open = shm_open_ctx,
+	.close = shm_close,
+	.mr_register = shm_mr_register,
+	.mr_unregister = shm_mr_unregister,
+	.rmr_check = shm_rmr_check,
+	.ep_create = shm_ep_create,
+	.ep_accept = shm_ep_accept,
+	.ep_connect = shm_ep_connect,
+	.ep_destroy = shm_ep_destroy,
+	.post = shm_post,
+	.poll = shm_poll,
+	.progress = kvx_xport_noop_progress,
+};

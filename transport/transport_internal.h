@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_TRANSPORT_INTERNAL_H
+#define KVX_TRANSPORT_INTERNAL_H
+/**
+ * @file
+ * Module-private: the provider ops table and the base structs every provider embeds.
+ *
+ * A provider defines `const struct kvx_xport_ops kvx_xport_<name>_ops` with every slot set
+ * (the stub helpers below for what it lacks), allocates its own context,
+ * region and endpoint structs with the base struct as the FIRST member, and fills the base
+ * fields. The generic layer (transport.c) checks arguments, owns the descriptor encoding,
+ * the imported remote regions and the counters' read side; the provider does the rest.
+ *
+ * verbs: transport/CMakeLists.txt defines KVX_XPORT_VERBS_BUILT when transport/verbs/ has .c files
+ * exists, and the registry then references `kvx_xport_verbs_ops` (defined in verbs/).
+ */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kvxfer/transport.h"
+
+/** Provider ids carried in descriptors and blobs. */
+enum kvx_xport_provider_id {
+	KVX_XPORT_PROV_TCP = 1,
+	KVX_XPORT_PROV_SHM = 2,
+	KVX_XPORT_PROV_VERBS = 3,
+};
+
+/** Counters with one writer thread each and relaxed readers (see xport_cnt_add()). */
+struct kvx_xport_cnt {
+	_Atomic uint64_t ops_posted, ops_ok, ops_failed, batches_done, bytes_read, bytes_written,
+		post_nobufs, timeouts, resets, reqs_served, reqs_rejected, bytes_served,
+		proto_errors;
+};
+
+/** Add to a counter owned by the calling thread (single writer: load + store, no RMW). */
+#define xport_cnt_add(c, field, v)                                                           \
+	atomic_store_explicit(&(c)->field,                                                   \
+			      atomic_load_explicit(&(c)->field, memory_order_relaxed) + (v), \
+			      memory_order_relaxed)
+
+struct kvx_xport_ops;
+
+/** Base of every provider context. */
+struct kvx_xport_ctx {
+	const struct kvx_xport_ops *ops;
+	struct kvx_xport_ctx_params params; /* defaults applied; strings point at the copies */
+	char tcp_addr[64];
+	char device[64];
+	struct kvx_xport_caps caps;
+	struct kvx_xport_ep *eps;           /* all endpoints; control thread only */
+	struct kvx_xport_mr *mrs;           /* all regions; control thread only */
+	struct kvx_xport_cnt cnt;           /* target-side counters; written by progress */
+};
+
+/** Base of every provider region. */
+struct kvx_xport_mr {
+	struct kvx_xport_ctx *ctx;
+	struct kvx_xport_mr *next, *prev;   /* ctx->mrs list */
+	uint8_t *addr;
+	uint64_t len;
+	uint32_t access;
+	uint32_t key;
+	enum kvx_xport_mem_type mem_type;
+	int device_id;
+};
+
+/** Imported remote region (generic; providers read the fields). */
+struct kvx_xport_rmr {
+	struct kvx_xport_ep *ep;
+	struct kvx_xport_rmr *next, *prev;  /* ep->rmrs list */
+	uint64_t addr;
+	uint64_t len;
+	uint32_t access;
+	uint32_t key;
+	enum kvx_xport_mem_type mem_type;
+	uint32_t prov_flags;                /* provider-private (shm: verified against the peer) */
+};
+
+/** Base of every provider endpoint. */
+struct kvx_xport_ep {
+	struct kvx_xport_ctx *ctx;
+	struct kvx_xport_ep *next, *prev;   /* ctx->eps list */
+	struct kvx_xport_rmr *rmrs;
+	bool initiator;
+	bool connected;
+	_Atomic int status;                 /* 0 or the error that moved it to error state */
+	struct kvx_xport_cnt cnt;           /* written by the owning poller */
+};
+
+/**
+ * Provider ops table: no NULL slots. Arguments are already checked by transport.c
+ * (non-NULL pointers, ranges of documented fields) unless noted.
+ */
+struct kvx_xport_ops {
+	const char *name;
+	enum kvx_xport_provider_id id;
+	/** 0 when usable; else negative errno and a reason in @p reason. */
+	int (*probe)(char *reason, size_t cap);
+	/** Allocate the provider context (base first), fill base->caps; base params are set by
+	 *  the caller after return via xport_ctx_init(). */
+	int (*open)(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx **out);
+	void (*close)(struct kvx_xport_ctx *ctx);
+	int (*mr_register)(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_params *p,
+			   struct kvx_xport_mr **out);
+	int (*mr_unregister)(struct kvx_xport_mr *mr);
+	/** Accept or refuse an imported descriptor (memory type support, provider rules). */
+	int (*rmr_check)(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr);
+	int (*ep_create)(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_t *blob,
+			 size_t cap, size_t *len);
+	int (*ep_accept)(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t alen,
+			 struct kvx_xport_ep **out, uint8_t *blob, size_t cap, size_t *len);
+	int (*ep_connect)(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen);
+	void (*ep_destroy)(struct kvx_xport_ep *ep);
+	int (*post)(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
+	int (*poll)(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
+	int (*progress)(struct kvx_xport_ctx *ctx);
+};
+
+extern const struct kvx_xport_ops kvx_xport_tcp_ops;
+extern const struct kvx_xport_ops kvx_xport_shm_ops;
+#ifdef KVX_XPORT_VERBS_BUILT
+extern const struct kvx_xport_ops kvx_xport_verbs_ops;
+#endif
+
+/* Stubs for providers that lack an op (STYLE.md §8: no NULL slots): progress has no
+ * target-side work (returns 0 = idle), rmr_check refuses every descriptor (-ENOTSUP). */
+int kvx_xport_noop_progress(struct kvx_xport_ctx *ctx);
+int kvx_xport_enotsup_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr);
+
+/* ---- little-endian codec helpers for blobs and descriptors (bounds checked by callers) --- */
+static inline void xport_put_u16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+static inline void xport_put_u32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void xport_put_u64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t xport_get_u16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t xport_get_u32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+static inline uint64_t xport_get_u64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+/** Blob header shared by all providers: magic "KXEP", version, provider id, kind, reserved. */
+#define XPORT_BLOB_HDR_BYTES 8
+#define XPORT_BLOB_VERSION 1
+enum { XPORT_BLOB_A = 1, XPORT_BLOB_B = 2 };
+void xport_blob_hdr_put(uint8_t *p, enum kvx_xport_provider_id id, int kind);
+/** Check a received blob header; logs the offending field. 0 or -EPROTO/-EMSGSIZE. */
+int xport_blob_hdr_check(const uint8_t *p, size_t len, size_t want_len,
+			 enum kvx_xport_provider_id id, int kind, const char *who);
+
+/** Link/unlink an endpoint or region into the context's lists (control thread). */
+void xport_ep_link(struct kvx_xport_ctx *ctx, struct kvx_xport_ep *ep);
+void xport_ep_unlink(struct kvx_xport_ep *ep);
+void xport_mr_link(struct kvx_xport_ctx *ctx, struct kvx_xport_mr *mr);
+void xport_mr_unlink(struct kvx_xport_mr *mr);
+
+/** Boot id of this host (16 bytes from /proc/sys/kernel/random/boot_id), 0 or -errno. */
+int xport_boot_id(uint8_t out[16]);
+
+#endif /* KVX_TRANSPORT_INTERNAL_H */
