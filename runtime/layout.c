@@ -234,6 +234,10 @@ KVX_API int kvx_plan_offsets(const struct kvx_layout_geom *g, const uint32_t *lo
 		return -ENOBUFS;
 	const uint64_t es = g->elem_size, bsl = g->block_stride, len = g->block_len;
 	size_t k = 0;
+	/* Split planes: all K entries, then all V entries, so sorted block ids give sorted local
+	 * offsets and the merge skips its sort (the V plane lies above the K plane). */
+	bool planes = g->kind == KVX_LAYOUT_KIND_SPLIT && g->local_kv_stride >= g->num_blocks * bsl;
+	size_t vbase = planes ? n_local : 0;
 	for (size_t i = 0; i < n_local; i++) {
 		uint64_t lb = local_ids[i], rb = remote_ids[i];
 		if (KVX_UNLIKELY(lb >= g->num_blocks))
@@ -243,13 +247,13 @@ KVX_API int kvx_plan_offsets(const struct kvx_layout_geom *g, const uint32_t *lo
 		size[k] = len;
 		k++;
 		if (tpb == 2) {
-			loc[k] = es * (g->local_kv_stride + lb * bsl);
-			rem[k] = es * (g->remote_kv_stride + rb * bsl);
-			size[k] = len;
-			k++;
+			size_t v = planes ? vbase + i : k++;
+			loc[v] = es * (g->local_kv_stride + lb * bsl);
+			rem[v] = es * (g->remote_kv_stride + rb * bsl);
+			size[v] = len;
 		}
 	}
-	return (int)k;
+	return (int)(n_local * tpb);
 }
 
 /* Stable bottom-up merge sort of idx[0..n) by key[idx[]], with tmp[0..n) as buffer. */

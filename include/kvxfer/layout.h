@@ -139,7 +139,10 @@ KVX_API int kvx_layout_regions(const struct kvx_layout_geom *g, const struct kvx
  *
  * For each pair (lb, rb) in order: K entry (es*lb*block_stride, es*rb*block_stride, block_len);
  * with 2 transfers per block also a V entry (es*(local_kv_stride + lb*block_stride),
- * es*(remote_kv_stride + rb*block_stride), block_len).
+ * es*(remote_kv_stride + rb*block_stride), block_len). Interleaved layouts emit K, V per pair;
+ * split layouts emit every K entry, then every V entry in the same pair order (the V plane lies
+ * above the K plane, so sorted ids give sorted offsets). The set of triples, and therefore the
+ * merged result, is the same either way.
  *
  * @param g          Geometry (with the peer's num_blocks set); not NULL.
  * @param local_ids  Array[n_local] of local block ids (< g->num_blocks); NULL only if n_local is 0.
