@@ -84,6 +84,8 @@ struct tcp_ctx {
 	pthread_mutex_t lock;      /* guards pending */
 	struct tcp_ep *pending;    /* accepted, not yet picked up by progress */
 	_Atomic int has_pending;
+	uint32_t tick;             /* progress calls, paces accept4() */
+	uint32_t n_hello;          /* hello slots in use */
 };
 
 struct tcp_mr {
@@ -1193,8 +1195,9 @@ static void pick_pending(struct tcp_ctx *c)
 	pthread_mutex_unlock(&c->lock);
 }
 
-static void hello_close(struct hello_slot *h)
+static void hello_close(struct tcp_ctx *c, struct hello_slot *h)
 {
+	c->n_hello--;
 	close(h->fd);
 	h->fd = -1;
 	h->got = 0;
@@ -1206,7 +1209,7 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return 0;
 	if (n <= 0) {
-		hello_close(h);
+		hello_close(c, h);
 		return 1;
 	}
 	h->got += (uint32_t)n;
@@ -1221,10 +1224,11 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 	if (!e || atomic_load_explicit(&e->closing, memory_order_acquire) || ch >= e->nch ||
 	    e->conns[ch].fd >= 0 || xport_get_u16(h->buf + 18) != e->nch) {
 		xport_cnt_add(&c->base.cnt, proto_errors, 1);
-		hello_close(h);
+		hello_close(c, h);
 		return 1;
 	}
 	e->conns[ch].fd = h->fd;
+	c->n_hello--;
 	h->fd = -1;
 	h->got = 0;
 	return 1;
@@ -1235,11 +1239,14 @@ static int tcp_progress(struct kvx_xport_ctx *ctx)
 	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
 	int work = 0;
 	pick_pending(c);
-	for (int i = 0; i < TCP_HELLO_SLOTS; i++) {
+	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
 		if (c->hello[i].fd >= 0)
 			work += hello_step(c, &c->hello[i]);
 	}
-	for (int i = 0; i < TCP_HELLO_SLOTS; i++) {
+	/* Data connections are rare (one per channel per endpoint): look for them on every 16th
+	 * call only, which keeps accept4() off most iterations of the poll loop. */
+	bool look = (c->tick++ & 15) == 0;
+	for (int i = 0; look && i < TCP_HELLO_SLOTS; i++) {
 		if (c->hello[i].fd >= 0)
 			continue;
 		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -1248,6 +1255,7 @@ static int tcp_progress(struct kvx_xport_ctx *ctx)
 		set_nodelay(fd);
 		c->hello[i].fd = fd;
 		c->hello[i].got = 0;
+		c->n_hello++;
 		work += 1 + hello_step(c, &c->hello[i]);
 	}
 	struct tcp_ep **pp = &c->served;
@@ -1300,7 +1308,7 @@ static void tcp_close(struct kvx_xport_ctx *ctx)
 	}
 	for (int i = 0; i < TCP_HELLO_SLOTS; i++)
 		if (c->hello[i].fd >= 0)
-			hello_close(&c->hello[i]);
+			hello_close(c, &c->hello[i]);
 	while (ctx->mrs) {
 		struct kvx_xport_mr *mr = ctx->mrs;
 		xport_mr_unlink(mr);

@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Registry, selection, parameter checks and the region-descriptor encoding (transport.c). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvxfer/transport.h"
+
+TestSuite(transport_registry, .timeout = 30);
+
+Test(transport_registry, list_names_tcp_and_shm_first)
+{
+	const char *names[4] = {0};
+	size_t n = kvx_xport_provider_list(names, 4);
+	cr_assert_geq(n, 2);
+	cr_assert_leq(n, 3);
+	cr_assert_str_eq(names[0], "tcp");
+	cr_assert_str_eq(names[1], "shm");
+	if (n == 3)
+		cr_assert_str_eq(names[2], "verbs");
+	cr_assert_eq(kvx_xport_provider_list(NULL, 0), n);
+}
+
+Test(transport_registry, probe_unknown_is_enoent_with_reason)
+{
+	char reason[KVX_XPORT_REASON_MAX];
+	cr_assert_eq(kvx_xport_provider_probe("carrier-pigeon", reason, sizeof(reason)), -ENOENT);
+	cr_assert_not_null(strstr(reason, "carrier-pigeon"));
+	cr_assert_eq(kvx_xport_provider_probe("tcp", reason, sizeof(reason)), 0);
+	cr_assert_str_eq(reason, "");
+}
+
+Test(transport_registry, probe_verbs_gives_reason_when_unavailable)
+{
+	char reason[KVX_XPORT_REASON_MAX];
+	int rc = kvx_xport_provider_probe("verbs", reason, sizeof(reason));
+	if (rc == 0)
+		cr_skip_test("an RDMA device is present: nothing to check here");
+	cr_assert(rc == -ENOTSUP || rc == -ENODEV, "rc %d", rc);
+	cr_assert_gt(strlen(reason), 5, "empty reason");
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open("verbs", NULL, &ctx), rc);
+	cr_assert_null(ctx);
+}
+
+Test(transport_registry, select_auto_rule)
+{
+	const char *out = NULL;
+	bool verbs = kvx_xport_provider_probe("verbs", NULL, 0) == 0;
+	bool shm = kvx_xport_provider_probe("shm", NULL, 0) == 0;
+	cr_assert_eq(kvx_xport_select("auto", false, &out), 0);
+	cr_assert_str_eq(out, verbs ? "verbs" : "tcp");
+	cr_assert_eq(kvx_xport_select("auto", true, &out), 0);
+	cr_assert_str_eq(out, verbs ? "verbs" : shm ? "shm" : "tcp");
+	cr_assert_eq(kvx_xport_select("tcp", true, &out), 0);
+	cr_assert_str_eq(out, "tcp");
+	cr_assert_eq(kvx_xport_select("nope", true, &out), -ENOENT);
+}
+
+Test(transport_registry, open_rejects_out_of_range_params)
+{
+	struct kvx_xport_ctx_params p;
+	struct kvx_xport_ctx *ctx = NULL;
+	kvx_xport_ctx_params_init(&p);
+	cr_assert_eq(p.gid_index, -1);
+	p.num_channels = 65;
+	cr_assert_eq(kvx_xport_open("tcp", &p, &ctx), -EINVAL);
+	kvx_xport_ctx_params_init(&p);
+	p.chunk_bytes = 100;
+	cr_assert_eq(kvx_xport_open("tcp", &p, &ctx), -EINVAL);
+	kvx_xport_ctx_params_init(&p);
+	p.queue_depth = 70000;
+	cr_assert_eq(kvx_xport_open("shm", &p, &ctx), -EINVAL);
+	kvx_xport_ctx_params_init(&p);
+	p.tcp_addr = "not-an-address";
+	cr_assert_eq(kvx_xport_open("tcp", &p, &ctx), -EINVAL);
+	cr_assert_null(ctx);
+	cr_assert_eq(kvx_xport_open("nope", NULL, &ctx), -ENOENT);
+}
+
+Test(transport_registry, caps_defaults_per_provider)
+{
+	struct kvx_xport_ctx_params p;
+	kvx_xport_ctx_params_init(&p);
+	p.num_channels = 4;
+	p.queue_depth = 1000; /* rounded up to 1024 */
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open("tcp", &p, &ctx), 0);
+	struct kvx_xport_caps c;
+	cr_assert_eq(kvx_xport_query_caps(ctx, &c), 0);
+	cr_assert_eq(c.num_channels, 4);
+	cr_assert_eq(c.max_channels, 64);
+	cr_assert_eq(c.max_batch, 1024);
+	cr_assert(c.needs_progress);
+	cr_assert_not(c.same_host_only);
+	cr_assert_eq(c.mem_types, 1u << KVX_XPORT_MEM_HOST);
+	cr_assert_eq(kvx_xport_progress(ctx), 0);
+	kvx_xport_close(ctx);
+	if (kvx_xport_provider_probe("shm", NULL, 0))
+		return;
+	cr_assert_eq(kvx_xport_open("shm", NULL, &ctx), 0);
+	cr_assert_eq(kvx_xport_query_caps(ctx, &c), 0);
+	cr_assert_eq(c.num_channels, 1);
+	cr_assert_eq(c.max_batch, 4096);
+	cr_assert(c.same_host_only);
+	cr_assert_not(c.needs_progress);
+	cr_assert_eq(kvx_xport_progress(ctx), 0);
+	kvx_xport_close(ctx);
+}
+
+Test(transport_registry, descriptor_encoding_exact_bytes)
+{
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open("tcp", NULL, &ctx), 0);
+	static uint8_t mem[4096];
+	struct kvx_xport_mr_params p = {.addr = mem + 16, .len_bytes = 1000,
+					.access = KVX_XPORT_ACCESS_REMOTE_READ |
+						  KVX_XPORT_ACCESS_REMOTE_WRITE};
+	struct kvx_xport_mr *mr = NULL;
+	cr_assert_eq(kvx_xport_mr_register(ctx, &p, &mr), 0);
+	uint8_t d[KVX_XPORT_RDESC_BYTES];
+	size_t n = 0;
+	cr_assert_eq(kvx_xport_mr_export(mr, d, sizeof(d), &n), 0);
+	cr_assert_eq(n, 40);
+	uint64_t addr = (uint64_t)(uintptr_t)(mem + 16);
+	uint32_t key = kvx_xport_mr_key(mr);
+	uint8_t want[40] = {'K', 'X', 'R', 'D', 1, 1 /* tcp */, 0, 0, 6, 0, 0, 0};
+	for (int i = 0; i < 4; i++)
+		want[12 + i] = (uint8_t)(key >> (8 * i));
+	for (int i = 0; i < 8; i++)
+		want[16 + i] = (uint8_t)(addr >> (8 * i));
+	want[24] = 1000 & 0xff;
+	want[25] = 1000 >> 8;
+	cr_assert_arr_eq(d, want, 40);
+	/* A second region gets another key; a freed slot comes back with a new key. */
+	struct kvx_xport_mr *mr2 = NULL;
+	cr_assert_eq(kvx_xport_mr_register(ctx, &p, &mr2), 0);
+	cr_assert_neq(kvx_xport_mr_key(mr2), key);
+	cr_assert_eq(kvx_xport_mr_unregister(mr), 0);
+	cr_assert_eq(kvx_xport_mr_register(ctx, &p, &mr), 0);
+	cr_assert_neq(kvx_xport_mr_key(mr), key);
+	cr_assert_eq(kvx_xport_mr_key(mr) & 0xffff, key & 0xffff);
+	kvx_xport_close(ctx);
+}
+
+Test(transport_registry, region_table_full_is_enobufs)
+{
+	struct kvx_xport_ctx_params p;
+	kvx_xport_ctx_params_init(&p);
+	p.max_regions = 2;
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open("tcp", &p, &ctx), 0);
+	static uint8_t mem[64];
+	struct kvx_xport_mr_params rp = {.addr = mem, .len_bytes = 64, .access = 7};
+	struct kvx_xport_mr *a, *b, *c;
+	cr_assert_eq(kvx_xport_mr_register(ctx, &rp, &a), 0);
+	cr_assert_eq(kvx_xport_mr_register(ctx, &rp, &b), 0);
+	cr_assert_eq(kvx_xport_mr_register(ctx, &rp, &c), -ENOBUFS);
+	kvx_xport_close(ctx); /* frees the registered regions */
+}
