@@ -704,6 +704,7 @@ KVX_API int kvx_msg_connect_decode(const void *buf, size_t len, struct kvx_msg_c
 /* Control lcore                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
+struct kvx_lcore;     /**< An lcore of the lcore module (include/kvxfer/lcore.h). */
 struct kvx_ctl;       /**< Control lcore object (opaque). */
 struct kvx_ctl_inbox; /**< One producer thread's lock-free channel into the control lcore. */
 
@@ -804,7 +805,7 @@ struct kvx_ctl_params {
 	const char *http_address;           /**< Heartbeat http_address "ip:port"; required with proxy_address. */
 	uint32_t global_rank;               /**< Global world rank; only rank 0 heartbeats. */
 	uint32_t heartbeat_ms;              /**< Heartbeat period, ms; 0 = KVX_CTL_DEFAULT_HEARTBEAT_MS. */
-	int lcore_id;                       /**< Control lcore to pin the thread to (lcore module), or -1 = unpinned. */
+	struct kvx_lcore *lcore;            /**< Control lcore to run the loop on (kvx_lcore_set_control(), launched with kvx_lcore_launch()), or NULL = a plain thread created by kvx_ctl_start(). */
 	uint32_t max_peers;                 /**< DEALER cache bound; 0 = KVX_CTL_DEFAULT_MAX_PEERS. */
 	uint32_t max_active_handshakes;     /**< Jobs running at once (others queue); 0 = 4. */
 	uint32_t max_inboxes;               /**< Inboxes that may be open; 0 = 16. */
