@@ -707,3 +707,62 @@ void kvx_mem_reg_plan_fini(struct kvx_mem_reg_plan *plan)
 	}
 	plan->dmabuf_fd = -1;
 }
+
+/* ------------------------------------------------------------------ perf/test buffers */
+
+int kvx_mem_buf_init(const char *mem_arg, size_t len, struct kvx_mem_buf *out, char *why,
+		     size_t why_len)
+{
+	char reason[KVX_MEM_WHY_LEN] = "";
+	struct kvx_mem_type t;
+	void *zero = NULL;
+	int rc;
+
+	if (!out)
+		return -EINVAL;
+	memset(out, 0, sizeof(*out));
+	if (!mem_arg || kvx_mem_parse_type(mem_arg, &t) != 0) {
+		kvx_mem_why(why, why_len, "--mem '%s': expected host, hip or hip:<DEVICE>",
+			    mem_arg ? mem_arg : "(null)");
+		return -EINVAL;
+	}
+	if (len == 0 || len > MAX_ALLOC_BYTES) {
+		kvx_mem_why(why, why_len, "--mem %s: buffer length %zu out of range 1..2^40",
+			    mem_arg, len);
+		return -EINVAL;
+	}
+	rc = kvx_mem_probe(&t, reason, sizeof(reason));
+	if (rc == 0)
+		rc = kvx_mem_open(&t, &out->mem);
+	if (rc == 0)
+		rc = kvx_mem_alloc(out->mem, len, &out->ptr);
+	if (rc == 0) {
+		/* Zero through a host buffer so HIP memory starts in a known state too. */
+		rc = kvx_mem_host_alloc(out->mem, len, &zero);
+		if (rc == 0) {
+			memset(zero, 0, len);
+			rc = kvx_mem_copy_sync(out->mem, out->ptr, zero, len, KVX_MEM_H2D);
+			kvx_mem_host_free(out->mem, zero);
+		}
+	}
+	if (rc) {
+		if (!reason[0])
+			snprintf(reason, sizeof(reason), "allocating %zu bytes: %s", len,
+				 kvx_strerror(rc));
+		kvx_mem_why(why, why_len, "--mem %s: %s", mem_arg, reason);
+		kvx_mem_buf_fini(out);
+		return rc;
+	}
+	out->len = len;
+	out->type = t;
+	return 0;
+}
+
+void kvx_mem_buf_fini(struct kvx_mem_buf *b)
+{
+	if (b->mem) {
+		kvx_mem_free(b->mem, b->ptr);
+		kvx_mem_close(b->mem);
+	}
+	memset(b, 0, sizeof(*b));
+}

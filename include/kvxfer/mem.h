@@ -356,6 +356,44 @@ KVX_API int kvx_mem_copy_sync(struct kvx_mem *m, void *dst, const void *src, siz
 KVX_API int kvx_mem_ptr_query(struct kvx_mem *m, const void *ptr, size_t len,
 			      struct kvx_mem_ptr_info *info);
 
+/** A buffer of one memory type, for kvxfer-perf and tests (kvx_mem_buf_init()). */
+struct kvx_mem_buf {
+	struct kvx_mem *mem;      /**< Context the buffer belongs to (owned by the buffer). */
+	void *ptr;                /**< Start of the allocation (device pointer for HIP). */
+	size_t len;               /**< Length, bytes. */
+	struct kvx_mem_type type; /**< Its memory type. */
+};
+
+/**
+ * Parse a `--mem` value, open its context and allocate a buffer: what `kvxfer-perf bw|lat|trace
+ * --mem host|hip[:DEVICE]` calls. On a machine without a GPU, `hip` fails with -ENODEV and
+ * @p why starting with "no HIP device".
+ *
+ * @param mem_arg   `host`, `hip` or `hip:<DEVICE>`; not NULL.
+ * @param len       Bytes, 1..2^40.
+ * @param[out] out  Buffer; not NULL; zeroed on error.
+ * @param why       Array[why_len] receiving the reason on failure, naming the option value
+ *                  (e.g. "--mem hip:0: no HIP device (hipGetDeviceCount: hipErrorNoDevice)");
+ *                  may be NULL.
+ * @param why_len   Size of why, bytes (KVX_MEM_WHY_LEN suffices).
+ * @retval 0        Allocated; the contents are zero.
+ * @retval -EINVAL  Malformed mem_arg or len out of range.
+ * @retval -ENODEV  No HIP device (or not that ordinal).
+ * @retval -ENOTSUP Built without HIP.
+ * @retval -ENOMEM  Out of (device) memory.
+ * @retval -EIO     HIP error.
+ * @par Thread safety  Any thread.  @par Context  Slow path (setup).
+ */
+KVX_API int kvx_mem_buf_init(const char *mem_arg, size_t len, struct kvx_mem_buf *out, char *why,
+			     size_t why_len);
+
+/**
+ * Free a buffer from kvx_mem_buf_init() and close its context; a zeroed buffer is a no-op.
+ *
+ * @param b  Buffer; not NULL; zeroed on return.
+ */
+KVX_API void kvx_mem_buf_fini(struct kvx_mem_buf *b);
+
 /* ---------------------------------------------------------------- streams and events */
 
 /**

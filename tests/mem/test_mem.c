@@ -303,3 +303,52 @@ Test(mem_event, hip_event_init_checks_build_and_null)
 		cr_assert_eq(kvx_mem_event_init_hip(&ev, &fake), -ENOTSUP);
 	}
 }
+
+TestSuite(mem_buf, .timeout = 10.0);
+
+Test(mem_buf, host_buffer_is_allocated_and_zeroed)
+{
+	struct kvx_mem_buf b;
+	char why[KVX_MEM_WHY_LEN] = "";
+	uint8_t zero[8192];
+
+	memset(zero, 0, sizeof(zero));
+	cr_assert_eq(kvx_mem_buf_init("host", sizeof(zero), &b, why, sizeof(why)), 0, "%s", why);
+	cr_assert_not_null(b.mem);
+	cr_assert_not_null(b.ptr);
+	cr_assert_eq(b.len, sizeof(zero));
+	cr_assert_eq(b.type.kind, KVX_MEM_HOST);
+	cr_assert_arr_eq(b.ptr, zero, sizeof(zero));
+	kvx_mem_buf_fini(&b);
+	cr_assert_null(b.mem);
+	cr_assert_null(b.ptr);
+	kvx_mem_buf_fini(&b);
+}
+
+Test(mem_buf, hip_without_device_fails_with_no_hip_device)
+{
+	struct kvx_mem_type t = {.kind = KVX_MEM_HIP, .device = 1};
+	struct kvx_mem_buf b;
+	char why[KVX_MEM_WHY_LEN] = "";
+
+	if (kvx_mem_probe(&t, NULL, 0) == 0)
+		cr_skip_test("HIP device 1 is present");
+	if (!kvx_mem_has_hip())
+		cr_skip_test("built without HIP: -ENOTSUP path (checked in mem_ctx)");
+	cr_assert_eq(kvx_mem_buf_init("hip:1", 4096, &b, why, sizeof(why)), -ENODEV);
+	cr_assert(strncmp(why, "--mem hip:1: no HIP device", 26) == 0, "why: %s", why);
+	cr_assert_null(b.mem);
+	cr_assert_null(b.ptr);
+}
+
+Test(mem_buf, malformed_option_and_length_are_einval_naming_the_value)
+{
+	struct kvx_mem_buf b;
+	char why[KVX_MEM_WHY_LEN] = "";
+
+	cr_assert_eq(kvx_mem_buf_init("gpu", 4096, &b, why, sizeof(why)), -EINVAL);
+	cr_assert_str_eq(why, "--mem 'gpu': expected host, hip or hip:<DEVICE>");
+	cr_assert_eq(kvx_mem_buf_init("host", 0, &b, why, sizeof(why)), -EINVAL);
+	cr_assert_str_eq(why, "--mem host: buffer length 0 out of range 1..2^40");
+	cr_assert_null(b.mem);
+}
