@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_BENCH_TRACE_REPLAY_H
+#define KVX_BENCH_TRACE_REPLAY_H
+/**
+ * @file
+ * `kvxfer-perf trace`: the options shared by the driver and the two role processes, and the
+ * driver <-> role wire messages.
+ *
+ * Process model (like a disaggregated deployment with its proxy):
+ * - the **driver** (the process the user started, or `--client`) loads the trace, runs the
+ *   arrival schedule, the concurrency limit and the consumer's prefix-cache simulation, and
+ *   hands each request to the two engines like the MoRIIO proxy does (WRITE: to both at once;
+ *   READ: to the producer first, then the producer's block ids to the consumer);
+ * - a **producer** process and a **consumer** process each own a kvxfer engine
+ *   (include/kvxfer/engine.h), a KV block pool laid out like the model's KV cache and a
+ *   block-id allocator. With `--local` the driver fork/execs both; with `--server`/`--client`
+ *   the producer runs on another host and the driver reaches it over TCP.
+ * The driver channel carries only the proxy's information (request, block ids, results);
+ * every KV byte moves through the engine (control plane + transport) between the roles.
+ *
+ * Wire format of the driver channel: struct trace_msg_hdr, then `len` bytes of payload
+ * (host byte order: both ends are the same build; the HELLO carries a magic to reject
+ * anything else).
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "models.h"
+
+/** Roles of a kvxfer-perf trace process. */
+enum trace_role {
+	TRACE_ROLE_DRIVER = 0,   /**< Schedules requests, prints the summary. */
+	TRACE_ROLE_PRODUCER = 1, /**< Prefill side: owns the source blocks. */
+	TRACE_ROLE_CONSUMER = 2, /**< Decode side: owns the destination blocks, verifies. */
+};
+
+/** Parsed command line (driver and roles parse the same one). */
+struct trace_opts {
+	const char *model;        /**< --model NAME (row of models.csv). */
+	const char *models_csv;   /**< --models-csv FILE. */
+	const char *trace;        /**< --trace FILE. */
+	uint32_t block_tokens;    /**< --block-size, tokens per KV block. */
+	uint64_t requests;        /**< --requests N (first N; 0 = all). */
+	double speed;             /**< --speed X (0 = back to back). */
+	uint32_t concurrency;     /**< --concurrency N, transfers in flight. */
+	bool write_mode;          /**< -m write (true) / read (false). */
+	const char *transport;    /**< -t auto|verbs|tcp|shm. */
+	bool local;               /**< --local: fork/exec both roles here. */
+	bool server;              /**< --server: run the producer role, wait for a driver. */
+	const char *client;       /**< --client HOST: driver + local consumer, producer at HOST. */
+	uint16_t port;            /**< --port: driver channel TCP port for --server/--client. */
+	const char *host;         /**< --host IP advertised by this machine's engine. */
+	const char *lcores;       /**< -l LCORES. */
+	uint32_t control_lcore;   /**< --control-lcore N (UINT32_MAX = any). */
+	bool idle_busy;           /**< --idle busy (true) / adaptive (false). */
+	bool prefix_cache;        /**< --prefix-cache. */
+	int verify;               /**< --verify / --no-verify; -1 = default (on). */
+	const char *json;         /**< --json FILE. */
+	const char *csv;          /**< --csv FILE. */
+	const char *plot;         /**< --plot FILE.png. */
+	uint64_t pool_blocks;     /**< --pool-blocks N per side; 0 = fit memory. */
+	uint32_t layer_us;        /**< --layer-us: simulated compute per layer (WRITE producer), us. */
+	uint32_t timeout_ms;      /**< --timeout-ms: per-transfer deadline, ms. */
+	bool quiet;               /**< --quiet: no progress line. */
+	/* internal (set by the driver for the role processes) */
+	enum trace_role role;     /**< --role producer|consumer. */
+	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */
+};
+
+/** Driver channel message types. */
+enum trace_msg_type {
+	TRACE_MSG_HELLO = 1,  /**< role -> driver: engine started (struct trace_msg_hello). */
+	TRACE_MSG_PEER = 2,   /**< driver -> role: where the other engine listens (struct trace_msg_peer). */
+	TRACE_MSG_REQ = 3,    /**< driver -> role: a request (struct trace_msg_req). */
+	TRACE_MSG_SERVED = 4, /**< producer -> driver, READ: block ids served (trace_msg_blocks + ids). */
+	TRACE_MSG_READ = 5,   /**< driver -> consumer, READ: producer block ids to read (trace_msg_blocks + ids). */
+	TRACE_MSG_DONE = 6,   /**< role -> driver: request finished on that side (struct trace_msg_done). */
+	TRACE_MSG_STATS_REQ = 7, /**< driver -> role: send counters. */
+	TRACE_MSG_STATS = 8,  /**< role -> driver: counters (struct trace_msg_stats). */
+	TRACE_MSG_QUIT = 9,   /**< driver -> role: stop the engine and exit. */
+	TRACE_MSG_FATAL = 10, /**< role -> driver: the role cannot continue (text payload). */
+};
+
+/** Magic in every HELLO ("KVXTRAC1"). */
+#define TRACE_MSG_MAGIC 0x3143415254584B56ull
+/** Largest payload accepted on the driver channel, bytes. */
+#define TRACE_MSG_MAX (64u << 20)
+
+/** Header of every driver-channel message. */
+struct trace_msg_hdr {
+	uint32_t type; /**< enum trace_msg_type. */
+	uint32_t len;  /**< Payload bytes that follow. */
+};
+
+/** HELLO: a role's engine is up. */
+struct trace_msg_hello {
+	uint64_t magic;          /**< TRACE_MSG_MAGIC. */
+	uint32_t role;           /**< enum trace_role. */
+	uint32_t write_mode;     /**< 1 = WRITE. */
+	uint64_t pool_blocks;    /**< Blocks in this role's pool. */
+	uint64_t block_bytes;    /**< Bytes per block, all layers and planes. */
+	uint32_t num_layers;     /**< Registered layers. */
+	uint32_t block_tokens;   /**< Tokens per block. */
+	uint16_t handshake_port; /**< Engine handshake port. */
+	uint16_t notify_port;    /**< Engine notify port. */
+	char host[64];           /**< Advertised engine host. */
+	char model[PERF_MODEL_NAME_MAX]; /**< Model name. */
+	char transport[16];      /**< Transport name the engine reports (or the requested one). */
+};
+
+/** PEER: the other role's engine. */
+struct trace_msg_peer {
+	char host[64];           /**< Peer engine host. */
+	uint16_t handshake_port; /**< Peer handshake port. */
+	uint16_t notify_port;    /**< Peer notify port. */
+};
+
+/** REQ: one request. */
+struct trace_msg_req {
+	uint64_t idx;        /**< Request index (transfer id "tx-%06llu"). */
+	uint64_t blocks;     /**< Prompt blocks. */
+	uint64_t hit_blocks; /**< Blocks the consumer already holds (prefix hit). */
+};
+
+/** SERVED / READ: block ids (followed by n uint32_t ids). */
+struct trace_msg_blocks {
+	uint64_t idx;        /**< Request index. */
+	uint64_t blocks;     /**< Prompt blocks. */
+	uint64_t hit_blocks; /**< Prefix-hit blocks. */
+	uint64_t n;          /**< Ids that follow. */
+};
+
+/** DONE: a role finished a request (its blocks are back in its pool). */
+struct trace_msg_done {
+	uint64_t idx;            /**< Request index. */
+	int32_t status;          /**< 0 or negative errno (-EIO = verification failed). */
+	uint32_t pad;
+	uint64_t bytes;          /**< Bytes the engine reports for the transfer. */
+	uint64_t first_layer_ns; /**< Time from receipt to layer 0 complete, ns; 0 = not measured. */
+	uint64_t elapsed_ns;     /**< Time from receipt of the request to the terminal completion, ns. */
+	uint64_t verify_bad;     /**< Block planes that failed verification. */
+	char detail[160];        /**< First failure, human-readable; empty when OK. */
+};
+
+/** STATS: a role's counters at the end of the run. */
+struct trace_msg_stats {
+	double lcore_util;       /**< Mean polling-lcore utilization 0..1; < 0 = unknown. */
+	uint64_t ctl_sent;       /**< Control messages sent; UINT64_MAX = unknown. */
+	uint64_t ctl_recv;       /**< Control messages received; UINT64_MAX = unknown. */
+	uint64_t ctl_dropped;    /**< Control messages dropped; UINT64_MAX = unknown. */
+	uint64_t verify_bad;     /**< Block planes that failed verification. */
+	uint64_t pool_exhausted; /**< Times a request waited for free blocks. */
+	uint64_t transfers_failed; /**< Engine: failed + aborted + timed out. */
+};
+
+/** Send one message (blocking, handles short writes). @return 0 or -errno. */
+int trace_msg_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen);
+
+/**
+ * Receive one message (blocking). *payload is malloc'ed (free it); NULL when len is 0.
+ * @return 0, -ECONNRESET on EOF, -EPROTO on an oversized message, or -errno.
+ */
+int trace_msg_recv(int fd, struct trace_msg_hdr *h, void **payload);
+
+/** Transfer id of request @p idx ("tx-%06llu") into @p buf (>= 32 bytes). */
+void trace_xfer_id(uint64_t idx, char *buf, size_t len);
+
+/** Parse a transfer id made by trace_xfer_id(). @return 0 or -EINVAL. */
+int trace_xfer_id_parse(const char *s, uint64_t *idx);
+
+/** Run a role process (producer or consumer) until QUIT. @return process exit code. */
+int trace_role_main(const struct trace_opts *o, int fd);
+
+#endif /* KVX_BENCH_TRACE_REPLAY_H */
