@@ -1602,7 +1602,7 @@ static void notify_rx(struct kvx_ctl *ctl)
 			zmq_msg_close(&pl);
 			return;
 		}
-		const char *addr = zmq_msg_gets(&id, "Peer-Address");
+		const char *addr = zmq_msg_gets(nf >= 2 ? &pl : &id, "Peer-Address");
 		struct peer_stat *ps = peer_of(ctl, addr);
 		atomic_fetch_add_explicit(&ps->rx, 1, memory_order_relaxed);
 		if (r < 0) {
@@ -1657,7 +1657,7 @@ static void hs_rx(struct kvx_ctl *ctl)
 			zmq_msg_close(&pl);
 			return;
 		}
-		const char *addr = zmq_msg_gets(&id, "Peer-Address");
+		const char *addr = zmq_msg_gets(nf >= 2 ? &pl : &id, "Peer-Address");
 		struct peer_stat *ps = peer_of(ctl, addr);
 		atomic_fetch_add_explicit(&ps->rx, 1, memory_order_relaxed);
 		size_t len = zmq_msg_size(&pl);
