@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Side-by-side comparison of kvxfer's tcp and shm providers with their peers, in one run on
+# loopback (DESIGN.md §6: performance is reported as ratios against a peer measured in the
+# same run):
+#   1. iperf3 single stream, 1 MiB writes          vs  kvxfer-perf bw -t tcp -m write -s 1M
+#   2. ucx_perftest UCX_TLS=tcp ucp_put_bw, 64 KiB  vs  kvxfer-perf bw -t tcp -m write -s 64K
+#      ucx_perftest UCX_TLS=tcp ucp_put_bw, 1 MiB   vs  kvxfer-perf bw -t tcp -m write -s 1M
+#   3. plain process_vm_readv loop, 1 MiB           vs  kvxfer-perf bw -t shm -m read -s 1M
+#      single-core memcpy, 1 MiB                    (reference ceiling for shm)
+# Each pair runs back to back with the same pinning (client CPU A, server CPU B) and the
+# same duration. Targets (2-core machine): tcp >= 0.9x iperf3 and >= 1.5x ucx_perftest;
+# shm >= 0.9x the process_vm_readv loop.
+#
+# Usage: bash bench/compare.sh [BUILD_DIR]       (default: build; builds kvxfer-perf there)
+# Env:   KVX_CMP_SECONDS (default 5) per measurement, KVX_CMP_CPUS (default "0,1"),
+#        KVX_CMP_ROUNDS (default 1): repeat every pair and report the median ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD="${1:-build}"
+SECS="${KVX_CMP_SECONDS:-5}"
+CPUS="${KVX_CMP_CPUS:-0,1}"
+ROUNDS="${KVX_CMP_ROUNDS:-1}"
+CA="${CPUS%,*}"
+CB="${CPUS#*,}"
+
+# The peers come from Debian (also listed in scripts/install-deps.sh).
+need=()
+command -v iperf3 >/dev/null || need+=(iperf3)
+command -v ucx_perftest >/dev/null || need+=(ucx-utils)
+if [ "${#need[@]}" -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+if [ ! -x "$BUILD/bench/kvxfer-perf" ]; then
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+fi
+cmake --build "$BUILD" -j2 --target kvxfer-perf >/dev/null
+PERF="$BUILD/bench/kvxfer-perf"
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+iperf3_gbs() { # size
+  local p; p=$(port)
+  iperf3 -s -1 -p "$p" -A "$CB" >/dev/null 2>&1 &
+  local srv=$!
+  local out=""
+  for _ in $(seq 50); do
+    out=$(iperf3 -c 127.0.0.1 -p "$p" -l "$1" -t "$SECS" -A "$CA" -J 2>/dev/null) && break
+    out=""
+  done
+  wait "$srv" || true
+  python3 -c 'import json,sys; print("%.4f" % (json.loads(sys.argv[1])["end"]["sum_received"]["bits_per_second"]/8e9))' "$out"
+}
+
+ucx_gbs() { # size
+  local p; p=$(port)
+  # ucx_perftest has no duration option: size the run for about SECS seconds at ~0.5 GB/s.
+  local n=$(( $1 >= 1048576 ? 400 * SECS : 6000 * SECS ))
+  UCX_TLS=tcp taskset -c "$CB" ucx_perftest -p "$p" >/dev/null 2>&1 &
+  local srv=$!
+  local out=""
+  for _ in $(seq 50); do
+    out=$(UCX_TLS=tcp taskset -c "$CA" timeout $((SECS * 6 + 30)) ucx_perftest 127.0.0.1 -p "$p" \
+          -t ucp_put_bw -s "$1" -n "$n" -w 100 2>/dev/null) && break
+    out=""
+  done
+  wait "$srv" || true
+  # "Final:" row: overall bandwidth in MB/s (2^20 bytes) is the 7th field.
+  echo "$out" | awk '/^Final:/ { printf "%.4f\n", $7 * 1048576 / 1e9 }'
+}
+
+kvx_gbs() { # transport mode size
+  "$PERF" bw --local -t "$1" -m "$2" -s "$3" -D "$SECS" -l "$CA,$CB" --output=bandwidth
+}
+
+peer_gbs() { # cma|memcpy size
+  "$PERF" bw --peer "$1" -s "$2" -D "$SECS" -l "$CA,$CB" --output=bandwidth
+}
+
+declare -A RAT
+row() { # label kvx peer key
+  local r; r=$(python3 -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$2" "$3")
+  printf '  %-58s kvxfer %8.3f GB/s   peer %8.3f GB/s   ratio %sx\n' "$1" "$2" "$3" "$r"
+  RAT[$4]+="$r "
+}
+
+echo "kvxfer compare: $(nproc) CPUs, client CPU $CA, server CPU $CB, ${SECS}s per measurement, $ROUNDS round(s)"
+echo "  kernel $(uname -r); iperf3 $(iperf3 --version | head -1 | awk '{print $2}'); ucx $(ucx_info -v 2>/dev/null | awk '/version/ {print $4; exit}')"
+for r in $(seq "$ROUNDS"); do
+  echo "round $r"
+  a=$(iperf3_gbs 1M);             b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB: kvxfer-perf bw -t tcp vs iperf3 (1 stream)" "$b" "$a" iperf3
+  a=$(ucx_gbs 65536);             b=$(kvx_gbs tcp write 64K); row "tcp 64 KiB WRITE vs ucx_perftest ucp_put_bw UCX_TLS=tcp" "$b" "$a" ucx64k
+  a=$(ucx_gbs 1048576);           b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB WRITE vs ucx_perftest ucp_put_bw UCX_TLS=tcp" "$b" "$a" ucx1m
+  a=$(peer_gbs cma 1M);           b=$(kvx_gbs shm read 1M);   row "shm 1 MiB READ vs plain process_vm_readv loop" "$b" "$a" cma
+  a=$(peer_gbs memcpy 1M);                                     row "shm 1 MiB READ vs single-core memcpy (ceiling)" "$b" "$a" memcpy
+done
+med() { python3 -c 'import sys,statistics; print("%.2f" % statistics.median(map(float, sys.argv[1:])))' $1; }
+echo "summary (median ratio over rounds; target in brackets):"
+printf '  tcp vs iperf3        %sx  [>= 0.9]\n' "$(med "${RAT[iperf3]}")"
+printf '  tcp vs ucx 64 KiB    %sx  [>= 1.5]\n' "$(med "${RAT[ucx64k]}")"
+printf '  tcp vs ucx 1 MiB     %sx  [>= 1.5]\n' "$(med "${RAT[ucx1m]}")"
+printf '  shm vs cma loop      %sx  [>= 0.9]\n' "$(med "${RAT[cma]}")"
+printf '  shm vs memcpy        %sx  (reference)\n' "$(med "${RAT[memcpy]}")"

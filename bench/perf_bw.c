@@ -1,0 +1,831 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvxfer-perf bw (and the setup shared with lat): provider bandwidth, perftest style
+ * (RUNTIME_GUIDE.md §7). Server: `kvxfer-perf bw [opts]` (no host) waits on the out-of-band
+ * TCP port; client: `kvxfer-perf bw [opts] HOST`; `--local` forks the server on this machine.
+ * The out-of-band socket carries the parameters, the connection blobs (A, B) and the region
+ * descriptor, then a barrier, as perftest's ctx_hand_shake does.
+ *
+ * `--peer cma` and `--peer memcpy` run the comparison loops of bench/compare.sh instead of
+ * kvxfer: a plain process_vm_readv loop against a child process, and a single-core memcpy.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "perf.h"
+#include "perf_xport.h"
+
+#define RESULT_LINE "---------------------------------------------------------------------------------------\n"
+#define PX_MAGIC 0x4b585046u /* "KXPF" */
+#define PX_MAX_SIZE (8ull << 20)
+
+enum { PX_HELLO = 1, PX_BLOB_A, PX_BLOB_B, PX_DONE, PX_BYE };
+
+/* Out-of-band message (both ends are this binary; fixed layout, native byte order). */
+struct px_msg {
+	uint32_t magic, type;
+	int32_t rc;
+	uint32_t qps, depth, chunk;
+	uint64_t buflen, op_timeout_ns;
+	char transport[16];
+	char err[160];
+	uint32_t blob_len;
+	uint8_t blob[KVX_XPORT_BLOB_MAX];
+	uint8_t desc[KVX_XPORT_RDESC_BYTES];
+	struct kvx_xport_counters cnt;
+};
+
+static void usage(bool lat)
+{
+	printf("usage: kvxfer-perf %s [options] [HOST]\n"
+	       "  server: no HOST (waits on --port); client: HOST; --local runs both here\n"
+	       "  -t, --transport tcp|shm|verbs|auto   provider (default auto)\n"
+	       "  -m, --mode read|write                one-sided op (default write)\n"
+	       "  -s, --size SIZE                      message size, K/M suffixes (default %s)\n"
+	       "  -a, --all                            sweep sizes 2 B .. 8 MiB\n"
+	       "  -n, --iters N                        iterations per size (default %s)\n"
+	       "  -D, --duration SECONDS               run each size for a time instead\n"
+	       "      --qps N                          parallel channels (QPs, tcp connections)\n"
+	       "      --batch N                        ops per post (default 1)\n"
+	       "      --tx-depth N                     outstanding ops (bw, default 128)\n"
+	       "      --chunk SIZE                     tcp request size (default 1M)\n"
+	       "  -l, --lcores A[,B]                   pin the client to CPU A, the server to B\n"
+	       "  -p, --port PORT                      out-of-band TCP port (default 18515)\n"
+	       "      --json FILE                      write the results as JSON\n"
+	       "      --output=%s             print only the number\n"
+	       "      --local                          fork the server on this machine\n"
+	       "%s",
+	       lat ? "lat" : "bw", lat ? "2" : "65536", lat ? "1000" : "1000",
+	       lat ? "latency  " : "bandwidth",
+	       lat ? "" : "      --peer cma|memcpy                comparison loop, not kvxfer: "
+			  "process_vm_readv from a child, or memcpy\n");
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	if (*end == 'K' || *end == 'k')
+		v <<= 10, end++;
+	else if (*end == 'M' || *end == 'm')
+		v <<= 20, end++;
+	else if (*end == 'G' || *end == 'g')
+		v <<= 30, end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -EINVAL;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
+{
+	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER };
+	static const struct option opts[] = {
+		{"transport", required_argument, NULL, 't'}, {"mode", required_argument, NULL, 'm'},
+		{"size", required_argument, NULL, 's'},      {"all", no_argument, NULL, 'a'},
+		{"iters", required_argument, NULL, 'n'},     {"duration", required_argument, NULL, 'D'},
+		{"qps", required_argument, NULL, O_QPS},     {"batch", required_argument, NULL, O_BATCH},
+		{"tx-depth", required_argument, NULL, O_DEPTH},
+		{"chunk", required_argument, NULL, O_CHUNK}, {"lcores", required_argument, NULL, 'l'},
+		{"port", required_argument, NULL, 'p'},      {"json", required_argument, NULL, O_JSON},
+		{"output", required_argument, NULL, O_OUTPUT},
+		{"local", no_argument, NULL, O_LOCAL},       {"peer", required_argument, NULL, O_PEER},
+		{"help", no_argument, NULL, 'h'},            {0, 0, 0, 0},
+	};
+	memset(c, 0, sizeof(*c));
+	strcpy(c->transport, "auto");
+	c->mode = KVX_XPORT_OP_WRITE;
+	c->qps = 1;
+	c->batch = 1;
+	c->depth = 128;
+	c->cpu_client = c->cpu_server = -1;
+	c->port = 18515;
+	c->lat = lat;
+	optind = 1;
+	int o;
+	uint32_t u;
+	uint64_t v;
+	while ((o = getopt_long(argc, argv, "t:m:s:an:D:l:p:h", opts, NULL)) != -1) {
+		switch (o) {
+		case 't':
+			if (strcmp(optarg, "tcp") && strcmp(optarg, "shm") && strcmp(optarg, "verbs") &&
+			    strcmp(optarg, "auto")) {
+				fprintf(stderr, "kvxfer-perf: -t '%s': expected tcp, shm, verbs or auto\n",
+					optarg);
+				return 2;
+			}
+			strcpy(c->transport, optarg);
+			break;
+		case 'm':
+			if (!strcmp(optarg, "read"))
+				c->mode = KVX_XPORT_OP_READ;
+			else if (!strcmp(optarg, "write"))
+				c->mode = KVX_XPORT_OP_WRITE;
+			else {
+				fprintf(stderr, "kvxfer-perf: -m '%s': expected read or write\n", optarg);
+				return 2;
+			}
+			break;
+		case 's':
+			if (parse_size(optarg, &v) || v < 1 || v > (1ull << 30)) {
+				fprintf(stderr, "kvxfer-perf: -s '%s': expected 1 .. 1G bytes\n", optarg);
+				return 2;
+			}
+			c->size = v;
+			break;
+		case 'a':
+			c->all = true;
+			break;
+		case 'n':
+			if (parse_size(optarg, &v) || v < 5) {
+				fprintf(stderr, "kvxfer-perf: -n '%s': expected >= 5 iterations\n", optarg);
+				return 2;
+			}
+			c->iters = v;
+			break;
+		case 'D':
+			c->duration_s = strtod(optarg, NULL);
+			if (c->duration_s <= 0 || c->duration_s > 3600) {
+				fprintf(stderr, "kvxfer-perf: -D '%s': expected 0 < seconds <= 3600\n", optarg);
+				return 2;
+			}
+			break;
+		case O_QPS:
+			if (parse_u32(optarg, 1, 64, &c->qps)) {
+				fprintf(stderr, "kvxfer-perf: --qps '%s': expected 1..64\n", optarg);
+				return 2;
+			}
+			break;
+		case O_BATCH:
+			if (parse_u32(optarg, 1, 4096, &c->batch)) {
+				fprintf(stderr, "kvxfer-perf: --batch '%s': expected 1..4096\n", optarg);
+				return 2;
+			}
+			break;
+		case O_DEPTH:
+			if (parse_u32(optarg, 1, 8192, &c->depth)) {
+				fprintf(stderr, "kvxfer-perf: --tx-depth '%s': expected 1..8192\n", optarg);
+				return 2;
+			}
+			break;
+		case O_CHUNK:
+			if (parse_size(optarg, &v) || v < 4096 || v > (16u << 20)) {
+				fprintf(stderr, "kvxfer-perf: --chunk '%s': expected 4K..16M\n", optarg);
+				return 2;
+			}
+			c->chunk = (uint32_t)v;
+			break;
+		case 'l': {
+			char *end;
+			long a = strtol(optarg, &end, 10), b = -1;
+			if (*end == ',' || *end == '-')
+				b = strtol(end + 1, &end, 10);
+			if (*end || a < 0 || a >= CPU_SETSIZE || b >= CPU_SETSIZE) {
+				fprintf(stderr, "kvxfer-perf: -l '%s': expected CPU or CPU,CPU\n", optarg);
+				return 2;
+			}
+			c->cpu_client = (int)a;
+			c->cpu_server = b >= 0 ? (int)b : (int)a;
+			break;
+		}
+		case 'p':
+			if (parse_u32(optarg, 0, 65535, &u)) {
+				fprintf(stderr, "kvxfer-perf: -p '%s': expected 0..65535\n", optarg);
+				return 2;
+			}
+			c->port = (uint16_t)u;
+			break;
+		case O_JSON:
+			c->json = optarg;
+			break;
+		case O_OUTPUT:
+			if (strcmp(optarg, lat ? "latency" : "bandwidth")) {
+				fprintf(stderr, "kvxfer-perf: --output=%s: expected %s\n", optarg,
+					lat ? "latency" : "bandwidth");
+				return 2;
+			}
+			c->output_bw = true;
+			break;
+		case O_LOCAL:
+			c->local = true;
+			break;
+		case O_PEER:
+			if (lat || (strcmp(optarg, "cma") && strcmp(optarg, "memcpy"))) {
+				fprintf(stderr, "kvxfer-perf: --peer '%s': expected cma or memcpy (bw only)\n",
+					optarg);
+				return 2;
+			}
+			c->peer = optarg;
+			break;
+		case 'h':
+			usage(lat);
+			return 1;
+		default:
+			usage(lat);
+			return 2;
+		}
+	}
+	if (optind < argc)
+		c->host = argv[optind];
+	if (c->host && c->local) {
+		fprintf(stderr, "kvxfer-perf: HOST and --local are exclusive\n");
+		return 2;
+	}
+	if (!c->size)
+		c->size = lat ? 2 : 65536;
+	return 0;
+}
+
+static void pin(int cpu)
+{
+	if (cpu < 0)
+		return;
+	cpu_set_t s;
+	CPU_ZERO(&s);
+	CPU_SET(cpu, &s);
+	if (sched_setaffinity(0, sizeof(s), &s))
+		fprintf(stderr, "kvxfer-perf: cannot pin to CPU %d: %s\n", cpu, strerror(errno));
+}
+
+static int xfer_all(int fd, void *buf, size_t n, bool tx)
+{
+	uint8_t *p = buf;
+	while (n) {
+		ssize_t k = tx ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+		if (k <= 0) {
+			if (k < 0 && errno == EINTR)
+				continue;
+			return k == 0 ? -ECONNRESET : -errno;
+		}
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+static int msg_send(int fd, struct px_msg *m)
+{
+	m->magic = PX_MAGIC;
+	return xfer_all(fd, m, sizeof(*m), true);
+}
+
+static int msg_recv(int fd, struct px_msg *m, uint32_t type)
+{
+	int rc = xfer_all(fd, m, sizeof(*m), false);
+	if (rc)
+		return rc;
+	if (m->magic != PX_MAGIC || m->type != type) {
+		fprintf(stderr, "kvxfer-perf: out-of-band protocol error (type %u, expected %u)\n",
+			m->type, type);
+		return -EPROTO;
+	}
+	m->err[sizeof(m->err) - 1] = '\0';
+	m->transport[sizeof(m->transport) - 1] = '\0';
+	return 0;
+}
+
+/* ---- server ---- */
+
+static int server_session(int fd)
+{
+	struct px_msg *m = calloc(1, sizeof(*m));
+	struct kvx_xport_ctx *ctx = NULL;
+	struct kvx_xport_mr *mr = NULL;
+	struct kvx_xport_ep *ep = NULL;
+	uint8_t *buf = NULL;
+	int rc = msg_recv(fd, m, PX_HELLO);
+	if (rc)
+		goto out;
+	struct kvx_xport_ctx_params p;
+	kvx_xport_ctx_params_init(&p);
+	p.num_channels = m->qps;
+	p.queue_depth = m->depth;
+	p.chunk_bytes = m->chunk;
+	p.op_timeout_ns = m->op_timeout_ns;
+	/* Advertise the address the client reached us on. */
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	char addr[INET6_ADDRSTRLEN] = "127.0.0.1";
+	if (!getsockname(fd, (struct sockaddr *)&ss, &sl))
+		getnameinfo((struct sockaddr *)&ss, sl, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
+	p.tcp_addr = addr;
+	uint64_t buflen = m->buflen;
+	m->type = PX_HELLO;
+	m->rc = kvx_xport_open(m->transport, &p, &ctx);
+	if (!m->rc) {
+		buf = aligned_alloc(4096, (buflen + 4095) & ~4095ull);
+		memset(buf, 0x5a, buflen);
+		struct kvx_xport_mr_params rp = {.addr = buf, .len_bytes = buflen,
+						 .access = KVX_XPORT_ACCESS_ALL};
+		m->rc = kvx_xport_mr_register(ctx, &rp, &mr);
+	}
+	if (m->rc)
+		snprintf(m->err, sizeof(m->err), "server: open/register %s: %s", m->transport,
+			 kvx_strerror(m->rc));
+	if ((rc = msg_send(fd, m)) || m->rc)
+		goto out;
+	if ((rc = msg_recv(fd, m, PX_BLOB_A)))
+		goto out;
+	uint8_t b[KVX_XPORT_BLOB_MAX];
+	size_t bl = 0;
+	m->type = PX_BLOB_B;
+	m->rc = kvx_xport_ep_accept(ctx, m->blob, m->blob_len, &ep, b, sizeof(b), &bl);
+	if (!m->rc) {
+		memcpy(m->blob, b, bl);
+		m->blob_len = (uint32_t)bl;
+		m->rc = kvx_xport_mr_export(mr, m->desc, sizeof(m->desc), NULL);
+	} else {
+		snprintf(m->err, sizeof(m->err), "server: accept: %s", kvx_strerror(m->rc));
+	}
+	if ((rc = msg_send(fd, m)) || m->rc)
+		goto out;
+	/* Serve until the client says done: progress on this (pinned) thread; a provider with no
+	 * target-side work just waits on the socket. */
+	struct kvx_xport_caps caps;
+	kvx_xport_query_caps(ctx, &caps);
+	struct pollfd pf = {.fd = fd, .events = POLLIN};
+	uint64_t idle_since = 0;
+	for (uint64_t i = 0;; i++) {
+		int timeout = 0;
+		if (caps.needs_progress) {
+			if (kvx_xport_progress(ctx)) {
+				idle_since = 0;
+				continue;
+			}
+			uint64_t now = kvx_now_ns();
+			if (!idle_since)
+				idle_since = now;
+			if ((i & 255) != 0)
+				continue;
+			timeout = now - idle_since > 50000000ull ? 1 : 0; /* idle 50 ms: nap */
+		} else {
+			timeout = -1;
+		}
+		if (poll(&pf, 1, timeout) > 0)
+			break;
+	}
+	if ((rc = msg_recv(fd, m, PX_DONE)))
+		goto out;
+	m->type = PX_BYE;
+	kvx_xport_ctx_counters(ctx, &m->cnt);
+	rc = msg_send(fd, m);
+out:
+	if (rc && rc != -ECONNRESET)
+		fprintf(stderr, "kvxfer-perf server: %s\n", kvx_strerror(rc));
+	kvx_xport_close(ctx);
+	free(buf);
+	free(m);
+	return rc;
+}
+
+static int listen_on(uint16_t port, uint16_t *bound)
+{
+	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int one = 1, zero = 0;
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+	struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(port),
+				 .sin6_addr = IN6ADDR_ANY_INIT};
+	socklen_t al = sizeof(a);
+	if (bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 4) ||
+	    getsockname(fd, (struct sockaddr *)&a, &al)) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	*bound = ntohs(a.sin6_port);
+	return fd;
+}
+
+static int server_main(const struct px_cfg *c, int lfd)
+{
+	pin(c->cpu_server);
+	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	close(lfd);
+	if (fd < 0)
+		return 1;
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	int rc = server_session(fd);
+	close(fd);
+	return rc ? 1 : 0;
+}
+
+/* ---- client ---- */
+
+static int dial(const char *host, uint16_t port)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+	char ps[8];
+	snprintf(ps, sizeof(ps), "%u", port);
+	int rc = getaddrinfo(host, ps, &hints, &res);
+	if (rc) {
+		fprintf(stderr, "kvxfer-perf: %s: %s\n", host, gai_strerror(rc));
+		return -EINVAL;
+	}
+	int fd = -1;
+	for (struct addrinfo *a = res; a; a = a->ai_next) {
+		fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd >= 0 && !connect(fd, a->ai_addr, a->ai_addrlen))
+			break;
+		if (fd >= 0)
+			close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd < 0) {
+		fprintf(stderr, "kvxfer-perf: cannot connect to %s port %u: %s\n", host, port,
+			strerror(errno));
+		return -ECONNREFUSED;
+	}
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return fd;
+}
+
+static int client_setup(const struct px_cfg *c, int fd, uint64_t buflen, struct px_sess *s)
+{
+	struct px_msg *m = calloc(1, sizeof(*m));
+	int rc;
+	m->type = PX_HELLO;
+	m->qps = c->qps;
+	m->depth = c->depth * c->batch > 8192 ? 16384 : 8192;
+	m->chunk = c->chunk;
+	m->buflen = buflen;
+	m->op_timeout_ns = 30000000000ull;
+	strcpy(m->transport, c->transport);
+	struct kvx_xport_ctx_params p;
+	kvx_xport_ctx_params_init(&p);
+	p.num_channels = m->qps;
+	p.queue_depth = m->depth;
+	p.chunk_bytes = m->chunk;
+	p.op_timeout_ns = m->op_timeout_ns;
+	if ((rc = msg_send(fd, m)) || (rc = msg_recv(fd, m, PX_HELLO)))
+		goto out;
+	if ((rc = m->rc)) {
+		fprintf(stderr, "kvxfer-perf: %s\n", m->err);
+		goto out;
+	}
+	if ((rc = kvx_xport_open(c->transport, &p, &s->ctx))) {
+		fprintf(stderr, "kvxfer-perf: open %s: %s\n", c->transport, kvx_strerror(rc));
+		goto out;
+	}
+	kvx_xport_query_caps(s->ctx, &s->caps);
+	s->buflen = buflen;
+	s->buf = aligned_alloc(4096, (buflen + 4095) & ~4095ull);
+	memset(s->buf, 0xa5, buflen);
+	struct kvx_xport_mr_params rp = {.addr = s->buf, .len_bytes = buflen,
+					 .access = KVX_XPORT_ACCESS_ALL};
+	if ((rc = kvx_xport_mr_register(s->ctx, &rp, &s->lmr)))
+		goto out;
+	size_t al = 0;
+	m->type = PX_BLOB_A;
+	if ((rc = kvx_xport_ep_create(s->ctx, &s->ep, m->blob, sizeof(m->blob), &al)))
+		goto out;
+	m->blob_len = (uint32_t)al;
+	if ((rc = msg_send(fd, m)) || (rc = msg_recv(fd, m, PX_BLOB_B)))
+		goto out;
+	if ((rc = m->rc)) {
+		fprintf(stderr, "kvxfer-perf: %s\n", m->err);
+		goto out;
+	}
+	if ((rc = kvx_xport_ep_connect(s->ep, m->blob, m->blob_len))) {
+		fprintf(stderr, "kvxfer-perf: connect: %s\n", kvx_strerror(rc));
+		goto out;
+	}
+	rc = kvx_xport_rmr_import(s->ep, m->desc, sizeof(m->desc), &s->rmr);
+out:
+	free(m);
+	return rc;
+}
+
+static void header(const struct px_cfg *c, const struct px_sess *s)
+{
+	if (c->output_bw)
+		return;
+	printf(RESULT_LINE);
+	printf("                    kvxfer %s %s %s Test\n", c->transport,
+	       c->mode == KVX_XPORT_OP_READ ? "READ" : "WRITE", c->lat ? "Latency" : "BW");
+	printf(" Number of qps   : %-10u Transport type : %s\n", s->caps.num_channels, c->transport);
+	printf(" Batch (ops/post): %-10u TX depth       : %u\n", c->batch, c->lat ? 1 : c->depth);
+	printf(" Max op size     : %-10llu Chunk          : %u\n",
+	       (unsigned long long)s->caps.max_op_bytes, c->chunk ? c->chunk : (1u << 20));
+	printf(" Client CPU      : %-10d Server CPU     : %d\n", c->cpu_client, c->cpu_server);
+	printf(" Data ex. method : Ethernet (out-of-band TCP)\n");
+}
+
+static void bw_header(const struct px_cfg *c)
+{
+	if (c->output_bw)
+		return;
+	printf(RESULT_LINE);
+	printf(" #bytes     #iterations    BW peak[GB/s]    BW average[GB/s]   MsgRate[Mpps]\n");
+}
+
+static void bw_row(const struct px_cfg *c, uint64_t size, uint64_t n, double peak, double avg,
+		   double mpps, FILE *json, bool first)
+{
+	if (c->output_bw)
+		printf("%lf\n", avg);
+	else
+		printf(" %-7llu    %-10llu       %-7.2f            %-7.2f\t\t   %-7.6f\n",
+		       (unsigned long long)size, (unsigned long long)n, peak, avg, mpps);
+	if (json)
+		fprintf(json,
+			"%s    {\"bytes\": %llu, \"iterations\": %llu, \"bw_peak_gbps\": %.4f, "
+			"\"bw_avg_gbps\": %.4f, \"msg_rate_mpps\": %.6f}",
+			first ? "" : ",\n", (unsigned long long)size, (unsigned long long)n, peak, avg,
+			mpps);
+}
+
+static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *json,
+		  bool first)
+{
+	uint64_t iters = c->iters ? c->iters : 1000;
+	uint64_t tcap = 1u << 20;
+	uint64_t *ts = malloc(tcap * sizeof(*ts)); /* completion time per op (peak windows) */
+	struct kvx_xport_op *ops = calloc(c->batch, sizeof(*ops));
+	if (!ts || !ops) {
+		free(ts);
+		free(ops);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < c->batch; i++)
+		ops[i] = (struct kvx_xport_op){.lmr = s->lmr, .rmr = s->rmr, .len = size};
+	uint64_t depth = c->depth < c->batch ? c->batch : c->depth;
+	uint64_t warm = 16, posted = 0, done = 0, rec = 0;
+	uint64_t t0 = 0, end_ns = 0;
+	bool timed = c->duration_s > 0;
+	struct kvx_xport_cpl cpl[64];
+	int rc = 0;
+	for (;;) {
+		bool stop_post = timed ? (t0 && kvx_now_ns() >= end_ns) : posted >= iters + warm;
+		while (!stop_post && posted - done + c->batch <= depth) {
+			uint32_t k = c->batch;
+			if (!timed && iters + warm - posted < k)
+				k = (uint32_t)(iters + warm - posted);
+			rc = kvx_xport_post_bulk(s->ep, c->mode, ops, k, posted);
+			if (rc == -ENOBUFS)
+				break;
+			if (rc) {
+				fprintf(stderr, "kvxfer-perf bw: post: %s\n", kvx_strerror(rc));
+				goto out;
+			}
+			posted += k;
+			stop_post = !timed && posted >= iters + warm;
+		}
+		int n = kvx_xport_poll_burst(s->ep, cpl, 64);
+		if (n) {
+			uint64_t now = kvx_now_ns();
+			for (int i = 0; i < n; i++) {
+				if (cpl[i].status) {
+					fprintf(stderr, "kvxfer-perf bw: op failed: %s\n",
+						kvx_strerror(cpl[i].status));
+					rc = cpl[i].status;
+					goto out;
+				}
+				for (uint32_t j = 0; j < cpl[i].n_ops; j++, done++) {
+					if (done + 1 == warm) {
+						t0 = now;
+						end_ns = t0 + (uint64_t)(c->duration_s * 1e9);
+					} else if (done + 1 > warm && rec < tcap) {
+						ts[rec++] = now;
+					}
+				}
+			}
+		}
+		if (done == posted && (timed ? (t0 && kvx_now_ns() >= end_ns) : posted >= iters + warm))
+			break;
+	}
+	uint64_t measured = done - warm;
+	double secs = (double)(ts[rec - 1] - t0) * 1e-9;
+	double avg = (double)size * (double)measured / secs / 1e9;
+	/* Peak: best window of 1/20 of the run (at least one op). */
+	uint64_t w = rec / 20 ? rec / 20 : 1;
+	double peak = avg;
+	for (uint64_t i = 0; i + w < rec; i += w) {
+		double dt = (double)(ts[i + w] - ts[i]) * 1e-9;
+		if (dt > 0 && (double)size * (double)w / dt / 1e9 > peak)
+			peak = (double)size * (double)w / dt / 1e9;
+	}
+	bw_row(c, size, measured, peak, avg, (double)measured / secs / 1e6, json, first);
+out:
+	free(ts);
+	free(ops);
+	return rc;
+}
+
+/* ---- comparison peers (bench/compare.sh) ---- */
+
+static int peer_main(const struct px_cfg *c)
+{
+	uint64_t size = c->size, iters = c->iters ? c->iters : 1000;
+	uint8_t *src = aligned_alloc(4096, (size + 4095) & ~4095ull);
+	uint8_t *dst = aligned_alloc(4096, (size + 4095) & ~4095ull);
+	memset(src, 0x3c, size);
+	memset(dst, 0, size);
+	pid_t child = -1;
+	int pfd[2] = {-1, -1};
+	if (!strcmp(c->peer, "cma")) {
+		/* The source buffer lives in a child that only waits (the target of a READ). */
+		if (pipe(pfd))
+			return 1;
+		child = fork();
+		if (child == 0) {
+			pin(c->cpu_server);
+			char x;
+			close(pfd[1]);
+			(void)read(pfd[0], &x, 1);
+			_exit(0);
+		}
+		close(pfd[0]);
+	}
+	pin(c->cpu_client);
+	if (!c->output_bw) {
+		printf(RESULT_LINE);
+		printf("                    PEER (not kvxfer): %s\n",
+		       child > 0 ? "plain process_vm_readv loop from a child process"
+				 : "single-core memcpy loop");
+		bw_header(c);
+	}
+	struct iovec l = {dst, size}, r = {src, size}; /* src: same address in the forked child */
+	uint64_t warm = 16, n = 0, t0 = 0, end = 0;
+	bool timed = c->duration_s > 0;
+	for (uint64_t i = 0;; i++) {
+		if (i == warm) {
+			t0 = kvx_now_ns();
+			end = t0 + (uint64_t)(c->duration_s * 1e9);
+		}
+		if (i >= warm && (timed ? kvx_now_ns() >= end : n == iters))
+			break;
+		if (child > 0) {
+			if (process_vm_readv(child, &l, 1, &r, 1, 0) != (ssize_t)size) {
+				fprintf(stderr, "kvxfer-perf peer: process_vm_readv: %s\n", strerror(errno));
+				return 1;
+			}
+		} else {
+			memcpy(dst, src, size);
+			__asm__ volatile("" : : "r"(dst) : "memory"); /* keep the copy */
+		}
+		if (i >= warm)
+			n++;
+	}
+	double secs = (double)(kvx_now_ns() - t0) * 1e-9;
+	double avg = (double)size * (double)n / secs / 1e9;
+	FILE *json = c->json ? fopen(c->json, "w") : NULL;
+	if (json)
+		fprintf(json, "{\"test\": \"bw\", \"peer\": \"%s\", \"results\": [\n", c->peer);
+	bw_row(c, size, n, avg, avg, (double)n / secs / 1e6, json, true);
+	if (json) {
+		fprintf(json, "\n]}\n");
+		fclose(json);
+	}
+	if (child > 0) {
+		close(pfd[1]);
+		waitpid(child, NULL, 0);
+	}
+	free(src);
+	free(dst);
+	return 0;
+}
+
+/* ---- entry ---- */
+
+int px_main(int argc, char **argv, bool lat)
+{
+	struct px_cfg c;
+	int rc = parse_args(argc, argv, lat, &c);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (c.peer)
+		return peer_main(&c);
+	signal(SIGPIPE, SIG_IGN);
+	if (!c.host && !c.local) {
+		uint16_t port = 0;
+		int lfd = listen_on(c.port, &port);
+		if (lfd < 0) {
+			fprintf(stderr, "kvxfer-perf: listen on port %u: %s\n", c.port, kvx_strerror(lfd));
+			return 1;
+		}
+		printf("************************************\n* Waiting for client to connect... *\n"
+		       "************************************\n");
+		fflush(stdout);
+		return server_main(&c, lfd);
+	}
+	/* Client: resolve auto, start the local server if asked, set up over the OOB socket. */
+	const char *name = NULL;
+	bool same_host = c.local || !strcmp(c.host, "localhost") || !strncmp(c.host, "127.", 4) ||
+			 !strcmp(c.host, "::1");
+	if ((rc = kvx_xport_select(c.transport, same_host, &name))) {
+		char reason[KVX_XPORT_REASON_MAX];
+		kvx_xport_provider_probe(c.transport, reason, sizeof(reason));
+		fprintf(stderr, "kvxfer-perf: transport %s unavailable: %s\n", c.transport, reason);
+		return 1;
+	}
+	snprintf(c.transport, sizeof(c.transport), "%s", name);
+	pid_t server = -1;
+	uint16_t port = c.port;
+	if (c.local) {
+		int lfd = listen_on(0, &port);
+		if (lfd < 0) {
+			fprintf(stderr, "kvxfer-perf: listen: %s\n", kvx_strerror(lfd));
+			return 1;
+		}
+		fflush(stdout);
+		server = fork();
+		if (server == 0)
+			_exit(server_main(&c, lfd));
+		close(lfd);
+	}
+	pin(c.cpu_client);
+	int fd = dial(c.local ? "127.0.0.1" : c.host, port);
+	if (fd < 0)
+		return 1;
+	uint64_t maxsz = c.all ? PX_MAX_SIZE : c.size;
+	struct px_sess s = {0};
+	rc = client_setup(&c, fd, maxsz, &s);
+	FILE *json = NULL;
+	if (!rc) {
+		header(&c, &s);
+		if (c.json && !(json = fopen(c.json, "w")))
+			fprintf(stderr, "kvxfer-perf: --json %s: %s\n", c.json, strerror(errno));
+		if (json)
+			fprintf(json,
+				"{\"test\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"qps\": %u, "
+				"\"batch\": %u, \"tx_depth\": %u, \"results\": [\n",
+				lat ? "lat" : "bw", c.transport,
+				c.mode == KVX_XPORT_OP_READ ? "read" : "write", s.caps.num_channels,
+				c.batch, lat ? 1 : c.depth);
+		if (lat)
+			px_lat_header(&c);
+		else
+			bw_header(&c);
+		bool first = true;
+		for (uint64_t sz = c.all ? 2 : c.size; !rc && sz <= maxsz; sz *= 2) {
+			rc = lat ? px_lat_run(&c, &s, sz, json, first) : bw_run(&c, &s, sz, json, first);
+			first = false;
+			if (!c.all)
+				break;
+		}
+		if (!c.output_bw)
+			printf(RESULT_LINE);
+		if (json) {
+			fprintf(json, "\n]}\n");
+			fclose(json);
+		}
+	}
+	/* Barrier and goodbye: the server reports its counters. */
+	struct px_msg *m = calloc(1, sizeof(*m));
+	m->type = PX_DONE;
+	if (!msg_send(fd, m) && !msg_recv(fd, m, PX_BYE) && kvx_log_enabled(KVX_LOG_INFO))
+		fprintf(stderr, "server: requests served %llu, rejected %llu, bytes %llu\n",
+			(unsigned long long)m->cnt.reqs_served, (unsigned long long)m->cnt.reqs_rejected,
+			(unsigned long long)m->cnt.bytes_served);
+	free(m);
+	close(fd);
+	kvx_xport_close(s.ctx);
+	free(s.buf);
+	if (server > 0) {
+		int st = 0;
+		waitpid(server, &st, 0);
+		if (!rc && (!WIFEXITED(st) || WEXITSTATUS(st)))
+			rc = -EPROTO;
+	}
+	return rc ? 1 : 0;
+}
+
+int kvx_perf_bw_main(int argc, char **argv)
+{
+	return px_main(argc, argv, false);
+}

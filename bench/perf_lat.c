@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvxfer-perf lat: latency of one outstanding READ or WRITE op, perftest ib_*_lat style
+ * (RUNTIME_GUIDE.md §7.3). Latency is post-to-completion of a one-sided op (as ib_read_lat
+ * reports its READ round trip), in microseconds.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "perf.h"
+#include "perf_xport.h"
+
+#define RESULT_LINE "---------------------------------------------------------------------------------------\n"
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+void px_lat_header(const struct px_cfg *c)
+{
+	if (c->output_bw)
+		return;
+	printf(RESULT_LINE);
+	printf(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+	       "t_stdev[usec]   99%% percentile[usec]   99.9%% percentile[usec] \n");
+}
+
+int px_lat_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *json, bool first)
+{
+	uint64_t iters = c->iters ? c->iters : 1000;
+	uint64_t cap = c->duration_s > 0 ? 10000000 : iters;
+	uint64_t *t = malloc(cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	struct kvx_xport_op op = {.lmr = s->lmr, .rmr = s->rmr, .loff = 0, .roff = 0, .len = size};
+	struct kvx_xport_cpl cpl;
+	uint64_t warm = 16, n = 0;
+	uint64_t end_ns = c->duration_s > 0 ? kvx_now_ns() + (uint64_t)(c->duration_s * 1e9) : 0;
+	for (uint64_t i = 0;; i++) {
+		if (end_ns ? (i >= warm && kvx_now_ns() >= end_ns) || n == cap : n == iters)
+			break;
+		uint64_t t0 = kvx_now_ns();
+		int rc = kvx_xport_post_bulk(s->ep, c->mode, &op, 1, i);
+		if (rc) {
+			fprintf(stderr, "kvxfer-perf lat: post: %s\n", kvx_strerror(rc));
+			free(t);
+			return rc;
+		}
+		while (kvx_xport_poll_burst(s->ep, &cpl, 1) == 0)
+			;
+		uint64_t t1 = kvx_now_ns();
+		if (cpl.status) {
+			fprintf(stderr, "kvxfer-perf lat: op failed: %s\n", kvx_strerror(cpl.status));
+			free(t);
+			return cpl.status;
+		}
+		if (i >= warm)
+			t[n++] = t1 - t0;
+	}
+	qsort(t, n, sizeof(*t), cmp_u64);
+	double sum = 0, sq = 0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += (double)t[i];
+	double avg = sum / (double)n;
+	for (uint64_t i = 0; i < n; i++)
+		sq += ((double)t[i] - avg) * ((double)t[i] - avg);
+	double sd = sqrt(sq / (double)n);
+	double us = 1e-3;
+	double p99 = (double)t[(uint64_t)((double)(n - 1) * 0.99)];
+	double p999 = (double)t[(uint64_t)((double)(n - 1) * 0.999)];
+	double typ = (double)t[n / 2];
+	if (c->output_bw)
+		printf("%lf\n", typ * us);
+	else
+		printf(" %-7llu %-10llu      %-7.2f        %-7.2f      %-7.2f          %-7.2f        "
+		       "%-7.2f          %-7.2f                 %-7.2f\n",
+		       (unsigned long long)size, (unsigned long long)n, (double)t[0] * us,
+		       (double)t[n - 1] * us, typ * us, avg * us, sd * us, p99 * us, p999 * us);
+	if (json)
+		fprintf(json,
+			"%s    {\"bytes\": %llu, \"iterations\": %llu, \"t_min_us\": %.3f, \"t_max_us\": %.3f, "
+			"\"t_typical_us\": %.3f, \"t_avg_us\": %.3f, \"t_stdev_us\": %.3f, "
+			"\"p99_us\": %.3f, \"p99_9_us\": %.3f}",
+			first ? "" : ",\n", (unsigned long long)size, (unsigned long long)n,
+			(double)t[0] * us, (double)t[n - 1] * us, typ * us, avg * us, sd * us, p99 * us,
+			p999 * us);
+	free(t);
+	return 0;
+}
+
+int kvx_perf_lat_main(int argc, char **argv)
+{
+	return px_main(argc, argv, true);
+}
