@@ -133,8 +133,11 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 			fprintf(f, " %s %.1f%%", side[i], 100.0 * c->lcore_util[i]);
 	}
 	fputc('\n', f);
-	fprintf(f, "  %-22s sent %" PRIu64 "  received %" PRIu64 "  dropped %" PRIu64 "\n",
-		"control messages", c->ctl_sent, c->ctl_recv, c->ctl_dropped);
+	if (c->ctl_sent == UINT64_MAX)
+		fprintf(f, "  %-22s n/a (not reported by this engine build)\n", "control messages");
+	else
+		fprintf(f, "  %-22s sent %" PRIu64 "  received %" PRIu64 "  dropped %" PRIu64 "\n",
+			"control messages", c->ctl_sent, c->ctl_recv, c->ctl_dropped);
 	fprintf(f, "  %-22s %" PRIu64 "\n", "failures", s->failures);
 	if (s->failures) {
 		fprintf(f, "  %-22s", "failed transfers");
@@ -166,6 +169,15 @@ static json_t *lat_json(const struct perf_lat_stats *st)
 			 "p90", st->p90, "p99", st->p99, "max", st->max, "mean", st->mean);
 }
 
+/* Control-message counters, or null when the engine does not report them. */
+static json_t *ctl_json(const struct perf_trace_counters *c)
+{
+	if (c->ctl_sent == UINT64_MAX)
+		return json_null();
+	return json_pack("{s:I, s:I, s:I}", "sent", (json_int_t)c->ctl_sent, "received",
+			 (json_int_t)c->ctl_recv, "dropped", (json_int_t)c->ctl_dropped);
+}
+
 int perf_trace_write_json(const char *path, const struct perf_trace_run_info *info,
 			  const struct perf_trace_summary *s, const struct perf_trace_counters *c,
 			  const struct perf_trace_rec *recs, size_t n)
@@ -193,7 +205,7 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 	json_t *root = json_pack(
 		"{s:{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:f, s:b}, "
 		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:o, "
-		"s:[f,f], s:{s:I, s:I, s:I}, s:s, s:I}, s:o}",
+		"s:[f,f], s:o, s:s, s:I}, s:o}",
 		"run", "model", info->model, "layout", info->layout, "trace", info->trace, "mode",
 		info->mode, "transport", info->transport, "block_tokens", (int)info->block_tokens,
 		"block_bytes", (json_int_t)info->block_bytes, "pool_blocks",
@@ -205,8 +217,7 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		"xfer_blocks", (json_int_t)s->xfer_blocks, "bytes", (json_int_t)s->bytes, "wall_s",
 		s->wall_s, "throughput_gbps", s->gbps, "latency_ms", lat_json(&s->lat),
 		"first_layer_ms", lat_json(&s->ttfl), "lcore_util", c->lcore_util[0], c->lcore_util[1],
-		"control_messages", "sent", (json_int_t)c->ctl_sent, "received",
-		(json_int_t)c->ctl_recv, "dropped", (json_int_t)c->ctl_dropped, "verification",
+		"control_messages", ctl_json(c), "verification",
 		!c->verify_enabled ? "off" : (c->verify_bad == 0 && s->failures == 0 ? "OK" : "FAILED"),
 		"verify_bad_planes", (json_int_t)c->verify_bad,
 		"requests", reqs);
@@ -250,6 +261,89 @@ int perf_trace_write_csv(const char *path, const struct perf_trace_rec *recs, si
 		return -EIO;
 	}
 	return 0;
+}
+
+/* Run `gnuplot SCRIPT`; 0, -ENOENT (not installed) or -EIO. */
+static int run_gnuplot(char *script)
+{
+	char *argv[] = {"gnuplot", script, NULL};
+	pid_t pid;
+	int err = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ);
+	if (err) {
+		fprintf(stderr, "kvxfer-perf: cannot run gnuplot (%s); install gnuplot-nox\n", strerror(err));
+		return err == ENOENT ? -ENOENT : -EIO;
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -EIO;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "kvxfer-perf: gnuplot failed on %s\n", script);
+		return -EIO;
+	}
+	return 0;
+}
+
+int perf_plot_bw_sweep(const char *png_path, const char *title, const uint64_t *sizes,
+		       const double *gbps, const char *const *names, size_t n, size_t n_series)
+{
+	if (n == 0 || n_series == 0 || n_series > 8)
+		return -EINVAL;
+	size_t plen = strlen(png_path) + 8;
+	char *dat = malloc(plen), *gp = malloc(plen);
+	int rc = -EIO;
+	FILE *f = NULL;
+	if (!dat || !gp) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	snprintf(dat, plen, "%s.dat", png_path);
+	snprintf(gp, plen, "%s.gp", png_path);
+	f = fopen(dat, "w");
+	if (!f)
+		goto io;
+	fprintf(f, "# bytes");
+	for (size_t s = 0; s < n_series; s++)
+		fprintf(f, " %s_GBps", names[s]);
+	fputc('\n', f);
+	for (size_t i = 0; i < n; i++) {
+		fprintf(f, "%" PRIu64, sizes[i]);
+		for (size_t s = 0; s < n_series; s++)
+			fprintf(f, " %.6f", gbps[s * n + i]);
+		fputc('\n', f);
+	}
+	if (fclose(f)) {
+		f = NULL;
+		goto io;
+	}
+	f = fopen(gp, "w");
+	if (!f)
+		goto io;
+	fprintf(f,
+		"set terminal pngcairo size 900,550 noenhanced\n"
+		"set output '%s'\nset title '%s'\nset grid\nset logscale x 2\n"
+		"set format x '%%.0b%%B'\nset xlabel 'message size (bytes)'\nset ylabel 'GB/s'\n"
+		"set yrange [0:*]\nset key top left\nplot ",
+		png_path, title);
+	for (size_t s = 0; s < n_series; s++)
+		fprintf(f, "%s'%s' using 1:%zu with linespoints lw 2 title '%s'", s ? ", " : "", dat,
+			s + 2, names[s]);
+	fputc('\n', f);
+	if (fclose(f)) {
+		f = NULL;
+		goto io;
+	}
+	f = NULL;
+	rc = run_gnuplot(gp);
+	goto out;
+io:
+	fprintf(stderr, "kvxfer-perf: cannot write plot files next to %s: %s\n", png_path, strerror(errno));
+out:
+	if (f)
+		fclose(f);
+	free(dat);
+	free(gp);
+	return rc;
 }
 
 /* Bin count for the throughput-over-time panel. */
@@ -327,25 +421,7 @@ int perf_trace_plot(const char *png_path, const struct perf_trace_run_info *info
 		goto io;
 	}
 	f = NULL;
-	char *argv[] = {"gnuplot", gp, NULL};
-	pid_t pid;
-	int err = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ);
-	if (err) {
-		fprintf(stderr, "kvxfer-perf trace: cannot run gnuplot (%s); install gnuplot-nox\n",
-			strerror(err));
-		rc = err == ENOENT ? -ENOENT : -EIO;
-		goto out;
-	}
-	int st;
-	while (waitpid(pid, &st, 0) < 0) {
-		if (errno != EINTR)
-			goto io;
-	}
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		fprintf(stderr, "kvxfer-perf trace: gnuplot failed on %s\n", gp);
-		goto out;
-	}
-	rc = 0;
+	rc = run_gnuplot(gp);
 	goto out;
 io:
 	fprintf(stderr, "kvxfer-perf trace: cannot write plot files next to %s: %s\n", png_path,

@@ -38,7 +38,7 @@ struct perf_trace_rec {
 /** Whole-run counters that come from the engines, not from the records. */
 struct perf_trace_counters {
 	double lcore_util[2];    /**< Polling-lcore busy fraction 0..1: [0] producer, [1] consumer; < 0 = unknown. */
-	uint64_t ctl_sent;       /**< Control messages sent (both sides). */
+	uint64_t ctl_sent;       /**< Control messages sent (both sides); UINT64_MAX = not reported (printed n/a). */
 	uint64_t ctl_recv;       /**< Control messages received (both sides). */
 	uint64_t ctl_dropped;    /**< Control messages dropped as malformed/late (both sides). */
 	uint64_t verify_bad;     /**< Block planes that failed byte verification. */
@@ -162,6 +162,25 @@ int perf_trace_write_csv(const char *path, const struct perf_trace_rec *recs, si
  */
 int perf_trace_plot(const char *png_path, const struct perf_trace_run_info *info,
 		    const struct perf_trace_rec *recs, size_t n);
+
+/**
+ * Draw a PNG with gnuplot: bandwidth vs message size of a `bw` sweep (log2 x axis), one curve
+ * per series (e.g. kvxfer and its same-run peer).
+ *
+ * @param png_path   Output file; `<png>.dat` and `<png>.gp` are written next to it.
+ * @param title      Plot title (e.g. "tcp WRITE, 1 QP").
+ * @param sizes      Array[n] message sizes, bytes, ascending.
+ * @param gbps       Array[n_series * n] GB/s, series-major (series s at gbps[s * n + i]).
+ * @param names      Array[n_series] series names.
+ * @param n          Sizes, >= 1.
+ * @param n_series   Series, 1..8.
+ * @retval 0         Success.
+ * @retval -EINVAL   n or n_series out of range.
+ * @retval -ENOENT   gnuplot is not installed.
+ * @retval -EIO      Writing files failed or gnuplot exited non-zero.
+ */
+int perf_plot_bw_sweep(const char *png_path, const char *title, const uint64_t *sizes,
+		       const double *gbps, const char *const *names, size_t n, size_t n_series);
 
 /**
  * Progress line state: prints "requests done/total, GB moved, current GB/s" at most every

@@ -199,3 +199,30 @@ Test(bench_trace_report, plot_writes_a_png_with_gnuplot)
 	unlink(gp);
 	rmdir(dir);
 }
+
+Test(bench_trace_report, bw_sweep_plot_writes_a_png)
+{
+	if (access("/usr/bin/gnuplot", X_OK))
+		cr_skip_test("gnuplot is not installed (Debian package gnuplot-nox)");
+	const uint64_t sizes[4] = {4096, 65536, 1048576, 8388608};
+	const double gbps[8] = {0.5, 2.0, 4.0, 4.5, 0.6, 2.2, 4.1, 4.4};
+	const char *names[2] = {"kvxfer", "iperf3"};
+	char dir[] = "/tmp/kvx_plot_XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char png[96], dat[100], gp[100];
+	snprintf(png, sizeof(png), "%s/bw.png", dir);
+	snprintf(dat, sizeof(dat), "%s.dat", png);
+	snprintf(gp, sizeof(gp), "%s.gp", png);
+	cr_assert_eq(perf_plot_bw_sweep(png, "tcp WRITE", sizes, gbps, names, 4, 2), 0);
+	struct stat st;
+	cr_assert_eq(stat(png, &st), 0);
+	cr_assert_gt(st.st_size, 1000);
+	char *txt = slurp(dat);
+	cr_assert_str_eq(txt, "# bytes kvxfer_GBps iperf3_GBps\n4096 0.500000 0.600000\n65536 2.000000 2.200000\n"
+			      "1048576 4.000000 4.100000\n8388608 4.500000 4.400000\n");
+	cr_assert_eq(perf_plot_bw_sweep(png, "x", sizes, gbps, names, 0, 2), -EINVAL);
+	unlink(png);
+	unlink(dat);
+	unlink(gp);
+	rmdir(dir);
+}
