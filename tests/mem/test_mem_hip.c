@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kvxfer/mem.h"
+#include "transport/mem_internal.h"
 
 TestSuite(mem_hip, .timeout = 60.0);
 
@@ -174,4 +175,53 @@ Test(mem_hip, staging_ring_moves_device_bytes)
 	kvx_mem_stage_destroy(st);
 	kvx_mem_stream_destroy(s);
 	kvx_mem_close(m);
+}
+
+/*
+ * No GPU: drive the HIP ops table with a context forged for device 0 (kvx_mem_open refuses
+ * it). Every HIP call then fails inside the HIP runtime (hipErrorInvalidDevice), and each op
+ * must return a negative errno, never crash: this runs the error path of the conversion layer.
+ */
+TestSuite(mem_hip_nodev, .timeout = 30.0);
+
+Test(mem_hip_nodev, every_op_fails_cleanly_without_a_device)
+{
+#ifdef KVX_HAVE_HIP
+	struct kvx_mem_type t = {.kind = KVX_MEM_HIP, .device = 0};
+	struct kvx_mem forged = {.type = {.kind = KVX_MEM_HIP, .device = 0},
+				 .ops = &kvx_mem_hip_ops};
+	struct kvx_mem_stream_params sp = {.depth = 2};
+	struct kvx_mem_stream *s = NULL;
+	struct kvx_mem_ptr_info info;
+	struct kvx_mem_ipc_handle h;
+	struct kvx_mem_event ev;
+	uint8_t bytes[KVX_MEM_IPC_HIP_BYTES];
+	uint8_t host[64];
+	void *p = NULL;
+	int probe = kvx_mem_probe(&t, NULL, 0);
+
+	if (probe == 0)
+		cr_skip_test("a HIP device is present: the no-device paths are not reachable");
+	cr_assert_eq(probe, -ENODEV);
+	cr_assert_lt(kvx_mem_alloc(&forged, 4096, &p), 0);
+	cr_assert_null(p);
+	cr_assert_lt(kvx_mem_host_alloc(&forged, 4096, &p), 0);
+	cr_assert_lt(kvx_mem_copy_sync(&forged, host, host + 32, 32, KVX_MEM_D2H), 0);
+	cr_assert_lt(kvx_mem_ptr_query(&forged, host, sizeof(host), &info), 0);
+	cr_assert_lt(kvx_mem_ipc_export(&forged, host, sizeof(host), &h), 0);
+	cr_assert_lt(kvx_mem_stream_create(&forged, &sp, &s), 0);
+	cr_assert_null(s);
+	memset(bytes, 0, sizeof(bytes));
+	cr_assert_lt(kvx_mem_hip_ops.ipc_get(&forged, host, bytes), 0);
+	cr_assert_lt(kvx_mem_hip_ops.ipc_open(&forged, bytes, &p), 0);
+	cr_assert_lt(kvx_mem_hip_ops.ipc_close(&forged, host), 0);
+	/* A producer's event that the runtime cannot query is an error, not "ready". */
+	cr_assert_eq(kvx_mem_event_init_hip(&ev, host), 0);
+	cr_assert_eq(kvx_mem_event_query(&ev), -EIO);
+	/* Freeing through HIP without a device is ignored, not a crash. */
+	kvx_mem_hip_ops.free(&forged, host);
+	kvx_mem_hip_ops.host_free(&forged, host);
+#else
+	cr_skip_test("built without HIP (libamdhip64 not found)");
+#endif
 }
