@@ -315,7 +315,7 @@ static int msg_recv(int fd, struct px_msg *m, uint32_t type)
 
 /* ---- server ---- */
 
-static int server_session(int fd)
+static int server_session(int fd, uint64_t spin_ns)
 {
 	struct px_msg *m = calloc(1, sizeof(*m));
 	struct kvx_xport_ctx *ctx = NULL;
@@ -381,12 +381,16 @@ static int server_session(int fd)
 				idle_since = 0;
 				continue;
 			}
+			/* Adaptive idle: spin spin_ns after the last work, then sleep on the
+			 * provider's events (the machine may have fewer free cores than threads). */
 			uint64_t now = kvx_now_ns();
 			if (!idle_since)
 				idle_since = now;
-			if ((i & 255) != 0)
+			bool nap = now - idle_since > spin_ns;
+			if (nap)
+				kvx_xport_ctx_wait(ctx, 1);
+			if (!nap && (i & 255) != 0)
 				continue;
-			timeout = now - idle_since > 50000000ull ? 1 : 0; /* idle 50 ms: nap */
 		} else {
 			timeout = -1;
 		}
@@ -437,7 +441,7 @@ static int server_main(const struct px_cfg *c, int lfd)
 		return 1;
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	int rc = server_session(fd);
+	int rc = server_session(fd, c->lat ? 1000000ull : 20000ull);
 	close(fd);
 	return rc ? 1 : 0;
 }
@@ -585,7 +589,7 @@ static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE
 		ops[i] = (struct kvx_xport_op){.lmr = s->lmr, .rmr = s->rmr, .len = size};
 	uint64_t depth = c->depth < c->batch ? c->batch : c->depth;
 	uint64_t warm = 16, posted = 0, done = 0, rec = 0;
-	uint64_t t0 = 0, end_ns = 0;
+	uint64_t t0 = 0, end_ns = 0, idle_since = 0;
 	bool timed = c->duration_s > 0;
 	struct kvx_xport_cpl cpl[64];
 	int rc = 0;
@@ -606,6 +610,16 @@ static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE
 			stop_post = !timed && posted >= iters + warm;
 		}
 		int n = kvx_xport_poll_burst(s->ep, cpl, 64);
+		if (!n) {
+			/* Adaptive idle as in the server: spin 20 us, then wait for socket events. */
+			uint64_t now = kvx_now_ns();
+			if (!idle_since)
+				idle_since = now;
+			else if (now - idle_since > 20000)
+				kvx_xport_ep_wait(s->ep, 1);
+		} else {
+			idle_since = 0;
+		}
 		if (n) {
 			uint64_t now = kvx_now_ns();
 			for (int i = 0; i < n; i++) {

@@ -467,7 +467,44 @@ int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uin
 	return ep->ctx->ops->poll(ep, cpl, max);
 }
 
+int kvx_xport_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
+{
+	return ctx->ops->ctx_wait_fd(ctx);
+}
+
+int kvx_xport_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
+{
+	return ctx->ops->ctx_wait(ctx, timeout_ms);
+}
+
+int kvx_xport_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
+{
+	if (!ep->initiator || !ep->connected)
+		return -ENOTSUP;
+	return ep->ctx->ops->ep_wait(ep, timeout_ms);
+}
+
 /* ---- helpers for providers ---- */
+
+int kvx_xport_enotsup_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
+{
+	(void)ctx;
+	return -ENOTSUP;
+}
+
+int kvx_xport_enotsup_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
+{
+	(void)ctx;
+	(void)timeout_ms;
+	return -ENOTSUP;
+}
+
+int kvx_xport_enotsup_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
+{
+	(void)ep;
+	(void)timeout_ms;
+	return -ENOTSUP;
+}
 
 int kvx_xport_noop_progress(struct kvx_xport_ctx *ctx)
 {

@@ -119,6 +119,12 @@ struct kvx_xport_ops {
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
 	int (*poll)(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 	int (*progress)(struct kvx_xport_ctx *ctx);
+	/** fd readable when progress may have work, or -ENOTSUP. */
+	int (*ctx_wait_fd)(const struct kvx_xport_ctx *ctx);
+	/** Block up to timeout_ms for target-side events: 1 event, 0 timeout, or -ENOTSUP. */
+	int (*ctx_wait)(struct kvx_xport_ctx *ctx, int timeout_ms);
+	/** Block up to timeout_ms for endpoint events: 1 event, 0 timeout, or -ENOTSUP. */
+	int (*ep_wait)(struct kvx_xport_ep *ep, int timeout_ms);
 };
 
 extern const struct kvx_xport_ops kvx_xport_tcp_ops;
@@ -131,6 +137,9 @@ extern const struct kvx_xport_ops kvx_xport_verbs_ops;
  * target-side work (returns 0 = idle), rmr_check refuses every descriptor (-ENOTSUP). */
 int kvx_xport_noop_progress(struct kvx_xport_ctx *ctx);
 int kvx_xport_enotsup_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr);
+int kvx_xport_enotsup_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
+int kvx_xport_enotsup_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
+int kvx_xport_enotsup_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
 
 /* ---- little-endian codec helpers for blobs and descriptors (bounds checked by callers) --- */
 static inline void xport_put_u16(uint8_t *p, uint16_t v)

@@ -473,6 +473,59 @@ KVX_API int kvx_xport_ep_accept(struct kvx_xport_ctx *ctx, const void *blob_a, s
 KVX_API int kvx_xport_ep_connect(struct kvx_xport_ep *ep, const void *blob_b, size_t len_b);
 
 /**
+ * Start recovering an initiator endpoint: reset its channels and write a reconnect request
+ * (blob A', same framing as blob A).
+ *
+ * Recovery runs through the control plane like the first connection, on the existing objects:
+ * ```
+ *   initiator: kvx_xport_ep_reset()  -> blob A' --control--> target: kvx_xport_ep_reaccept(A')
+ *   initiator: kvx_xport_ep_connect(B') <--control-- blob B' <-
+ * ```
+ * verbs: every QP goes RESET -> INIT with a new PSN (both sides: an RC QP error also moves
+ * the responder's QP to ERR), then INIT -> RTR -> RTS with the peer's new PSNs. Imported
+ * remote regions and registered regions stay valid. Call it after kvx_xport_ep_status()
+ * reported an error and every outstanding op has completed (drain with kvx_xport_poll_burst()).
+ * The endpoint is not connected between this call and kvx_xport_ep_connect(); its status is
+ * 0 again. Providers without QP state (tcp, shm) return -ENOTSUP: create a new endpoint.
+ *
+ * @param ep             Initiator endpoint; not NULL.
+ * @param[out] blob      Array[cap] receiving blob A'; not NULL.
+ * @param cap            Capacity, bytes (KVX_XPORT_BLOB_MAX is enough).
+ * @param[out] blob_len  Bytes written; not NULL.
+ * @retval 0          Reset; send blob A' to the peer.
+ * @retval -EINVAL    NULL argument.
+ * @retval -EBUSY     Ops are still outstanding: poll until they complete, then retry.
+ * @retval -EMSGSIZE  @p cap too small.
+ * @retval -ENOTSUP   Target endpoint, or the provider has no reset (tcp, shm).
+ * @retval other negative errno  The device refused a QP transition (logged).
+ * @par Context  Control path; the owning poller must not drive the endpoint meanwhile.
+ * @see kvx_xport_ep_reaccept()
+ */
+KVX_API int kvx_xport_ep_reset(struct kvx_xport_ep *ep, void *blob, size_t cap, size_t *blob_len);
+
+/**
+ * Target side of recovery: reset the target endpoint's channels against a reconnect request
+ * (blob A' from kvx_xport_ep_reset()) and write the reply (blob B').
+ *
+ * @param ep          Target endpoint (from kvx_xport_ep_accept()) the request names; not NULL.
+ * @param blob_a      Array[len_a] bytes from the peer; untrusted.
+ * @param len_a       Length, bytes.
+ * @param[out] blob_b Array[cap] receiving blob B'; not NULL.
+ * @param cap         Capacity, bytes.
+ * @param[out] len_b  Bytes written; not NULL.
+ * @retval 0          Reset and reconnected on this side; send blob B' to the peer.
+ * @retval -EINVAL    NULL argument.
+ * @retval -EPROTO    Malformed blob, not a reconnect request, or for another endpoint
+ *                    (token or channel count differ; logged).
+ * @retval -EMSGSIZE  @p cap too small or @p len_a wrong.
+ * @retval -ENOTSUP   Initiator endpoint, or the provider has no reset (tcp, shm).
+ * @par Context  Control path.
+ * @see kvx_xport_ep_reset()
+ */
+KVX_API int kvx_xport_ep_reaccept(struct kvx_xport_ep *ep, const void *blob_a, size_t len_a,
+				  void *blob_b, size_t cap, size_t *len_b);
+
+/**
  * Destroy an endpoint and the remote regions imported on it. Outstanding ops are discarded
  * without completions: drain with kvx_xport_poll_burst() first. The owning poller must no
  * longer drive the endpoint. For a target endpoint, the context's progress thread stops
@@ -523,7 +576,8 @@ KVX_API void kvx_xport_ep_counters(const struct kvx_xport_ep *ep, struct kvx_xpo
  * @retval -ENOBUFS   Not enough free slots now (queue_depth or completion slots): poll and
  *                    retry; nothing was posted. Counted in post_nobufs.
  * @retval -EINVAL    NULL ops, n out of range, bad opcode, an op with len 0 or over
- *                    max_op_bytes, or NULL lmr/rmr.
+ *                    max_op_bytes, a NULL lmr/rmr, an lmr of another context or an rmr
+ *                    imported on another endpoint.
  * @retval -ENOTSUP   Target (accepted) endpoint.
  * @retval -ENOTCONN  Endpoint not connected yet.
  * @par Thread safety  One thread at a time per endpoint (its owning poller).
@@ -546,6 +600,53 @@ KVX_API int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode o
  * @par Context  Hot path: no allocation, no logging.
  */
 KVX_API int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Adaptive idle: wait for provider events instead of spinning                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * File descriptor that becomes readable when kvx_xport_progress() may have new work (an
+ * epoll fd over the tcp listener and target connections, edge-triggered inside). Add it to
+ * an lcore waiter to sleep when the progress poller has been idle; a stale wake-up costs one
+ * empty progress call.
+ *
+ * @param ctx  Context; not NULL.
+ * @return     fd >= 0 (owned by the context; do not close), or -ENOTSUP when the provider
+ *             has no target-side events (shm, verbs).
+ * @par Thread safety  Any thread.
+ */
+KVX_API int kvx_xport_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
+
+/**
+ * Block until kvx_xport_progress() may have new work, or @p timeout_ms passes. Call it only
+ * after a kvx_xport_progress() call that returned 0.
+ *
+ * @param ctx         Context; not NULL.
+ * @param timeout_ms  Longest wait, ms; 0 = do not block; -1 = no limit.
+ * @return            1 if woken by an event, 0 on timeout; never blocks longer than asked.
+ * @retval -ENOTSUP   The provider has no target-side events (returns at once).
+ * @par Thread safety  The thread that calls kvx_xport_progress() for this context.
+ * @par Context  Idle path of a poller (a syscall that sleeps).
+ */
+KVX_API int kvx_xport_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
+
+/**
+ * Block until kvx_xport_poll_burst() on @p ep may make progress (socket readable or writable
+ * again), or @p timeout_ms passes. Call it only after a kvx_xport_poll_burst() that returned
+ * 0; bound @p timeout_ms by the caller's own deadlines (the op timeout is enforced only
+ * inside kvx_xport_poll_burst()).
+ *
+ * @param ep          Initiator endpoint; not NULL.
+ * @param timeout_ms  Longest wait, ms; 0 = do not block; -1 = no limit.
+ * @return            1 if woken by an event (or completions are already queued), 0 on
+ *                    timeout.
+ * @retval -ENOTSUP   The provider completes ops without events to wait for (shm: every op
+ *                    completes inside kvx_xport_post_bulk()); returns at once.
+ * @par Thread safety  The endpoint's owning poller.
+ * @par Context  Idle path of a poller.
+ */
+KVX_API int kvx_xport_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
 
 #ifdef __cplusplus
 }

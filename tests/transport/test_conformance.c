@@ -734,3 +734,42 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, malformed_blobs
 	rig_down(&r);
 	free(lm);
 }
+
+ParameterizedTestParameters(transport_conformance, ep_wait_wakes_on_response_not_timeout)
+{
+	return providers();
+}
+ParameterizedTest(struct xport_param *pp, transport_conformance,
+		  ep_wait_wakes_on_response_not_timeout)
+{
+	struct rig r;
+	rig_up(&r, pp->name, NULL);
+	uint8_t d[KVX_XPORT_RDESC_BYTES];
+	cr_assert_geq(peer_reg(&r.peer, MIB, KVX_XPORT_ACCESS_ALL, 97, d), 0);
+	struct kvx_xport_rmr *rr = import(r.ep, d);
+	uint8_t *lm;
+	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, MIB, KVX_XPORT_ACCESS_ALL);
+	/* Nothing outstanding: after at most one stale wake-up (e.g. the first writability
+	 * edge of a new socket), the wait times out; or the provider has nothing to wait on. */
+	int rc = kvx_xport_ep_wait(r.ep, 20);
+	cr_assert(rc == 0 || rc == 1 || rc == -ENOTSUP, "idle wait: %d", rc);
+	bool evented = rc != -ENOTSUP;
+	if (evented)
+		cr_assert_eq(kvx_xport_ep_wait(r.ep, 20), 0, "second idle wait did not time out");
+	uint64_t t0 = kvx_now_ns();
+	post1(r.ep, KVX_XPORT_OP_READ, l, 0, rr, 0, MIB, 1);
+	struct kvx_xport_cpl c;
+	int n;
+	while ((n = kvx_xport_poll_burst(r.ep, &c, 1)) == 0) {
+		rc = kvx_xport_ep_wait(r.ep, 20000);
+		cr_assert_eq(rc, evented ? 1 : -ENOTSUP, "wait returned %d", rc);
+		cr_assert_lt(kvx_now_ns() - t0, 15000000000ull);
+	}
+	cr_assert_eq(c.status, 0);
+	cr_assert_lt(kvx_now_ns() - t0, 15000000000ull, "woke by timeout, not by the response");
+	cr_assert_eq(pat_check(lm, MIB, 97, 0), MIB);
+	/* Target side: its wait fd exists exactly when the provider needs progress. */
+	cr_assert_eq(kvx_xport_ctx_wait_fd(r.ctx) >= 0, r.caps.needs_progress);
+	rig_down(&r);
+	free(lm);
+}

@@ -522,4 +522,7 @@ const struct kvx_xport_ops kvx_xport_shm_ops = {
 	.post = shm_post,
 	.poll = shm_poll,
 	.progress = kvx_xport_noop_progress,
+	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
+	.ctx_wait = kvx_xport_enotsup_ctx_wait,
+	.ep_wait = kvx_xport_enotsup_ep_wait,
 };

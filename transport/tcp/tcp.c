@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -74,6 +75,7 @@ struct tcp_ep;
 struct tcp_ctx {
 	struct kvx_xport_ctx base;
 	int lfd;
+	int epfd;                  /* listener (level) + connections (edge): kvx_xport_ctx_wait */
 	struct sockaddr_storage laddr;
 	socklen_t laddr_len;
 	struct tcp_slot *slots;    /* Array[max_regions] */
@@ -158,6 +160,7 @@ struct tconn {
 struct tcp_ep {
 	struct kvx_xport_ep base;
 	uint32_t nch;
+	int epfd;                  /* initiator: channel sockets, edge-triggered */
 	/* initiator */
 	struct ich *ch;
 	uint32_t rr;
@@ -218,6 +221,7 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	if (!c)
 		return -ENOMEM;
 	c->lfd = -1;
+	c->epfd = -1;
 	for (int i = 0; i < TCP_HELLO_SLOTS; i++)
 		c->hello[i].fd = -1;
 	pthread_mutex_init(&c->lock, NULL);
@@ -242,6 +246,12 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 			kvx_strerror(rc));
 		goto fail;
 	}
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = c->lfd};
+	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->lfd, &ev)) {
+		rc = -errno;
+		goto fail;
+	}
 	struct kvx_xport_caps *cp = &c->base.caps;
 	cp->max_op_bytes = TCP_MAX_OP;
 	cp->max_batch = p->queue_depth < TCP_MAX_BATCH ? p->queue_depth : TCP_MAX_BATCH;
@@ -256,6 +266,8 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 fail:
 	if (c->lfd >= 0)
 		close(c->lfd);
+	if (c->epfd >= 0)
+		close(c->epfd);
 	free(c->slots);
 	free(c->gen);
 	free(c->used);
@@ -340,6 +352,8 @@ static void ep_free(struct tcp_ep *e)
 			free(e->conns[i].tq);
 		}
 	}
+	if (e->epfd >= 0)
+		close(e->epfd);
 	free(e->ch);
 	free(e->conns);
 	free(e->ops);
@@ -363,6 +377,11 @@ static int tcp_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, u
 	e->base.ctx = ctx;
 	e->nch = ctx->params.num_channels;
 	e->timeout_ns = ctx->params.op_timeout_ns;
+	e->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (e->epfd < 0) {
+		free(e);
+		return -errno;
+	}
 	e->ch = calloc(e->nch, sizeof(*e->ch));
 	e->ops = calloc(depth, sizeof(*e->ops));
 	e->b = calloc(depth, sizeof(*e->b));
@@ -409,6 +428,7 @@ static int tcp_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	struct tcp_ep *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
+	e->epfd = -1;
 	e->base.ctx = ctx;
 	e->nch = nch;
 	e->conns = calloc(nch, sizeof(*e->conns));
@@ -554,6 +574,16 @@ static int tcp_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen
 				kvx_strerror(rc));
 			if (fd >= 0)
 				close(fd);
+			for (uint32_t j = 0; j < i; j++) {
+				close(e->ch[j].fd);
+				e->ch[j].fd = -1;
+			}
+			return rc;
+		}
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.u32 = i};
+		if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev)) {
+			rc = -errno;
+			close(fd);
 			for (uint32_t j = 0; j < i; j++) {
 				close(e->ch[j].fd);
 				e->ch[j].fd = -1;
@@ -1227,6 +1257,9 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 		hello_close(c, h);
 		return 1;
 	}
+	/* Same fd, now also waiting for writability (READ responses to a slow reader). */
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET};
+	(void)epoll_ctl(c->epfd, EPOLL_CTL_MOD, h->fd, &ev);
 	e->conns[ch].fd = h->fd;
 	c->n_hello--;
 	h->fd = -1;
@@ -1253,6 +1286,8 @@ static int tcp_progress(struct kvx_xport_ctx *ctx)
 		if (fd < 0)
 			break;
 		set_nodelay(fd);
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+		(void)epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
 		c->hello[i].fd = fd;
 		c->hello[i].got = 0;
 		c->n_hello++;
@@ -1316,11 +1351,39 @@ static void tcp_close(struct kvx_xport_ctx *ctx)
 	}
 	if (c->lfd >= 0)
 		close(c->lfd);
+	close(c->epfd);
 	free(c->slots);
 	free(c->gen);
 	free(c->used);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
+}
+
+/* Edge-triggered readiness is enough: an idle progress/poll pass has driven every socket it
+ * needs to EAGAIN, so any later change produces a new edge. */
+static int tcp_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
+{
+	return ((const struct tcp_ctx *)ctx)->epfd;
+}
+
+static int epoll_block(int epfd, int timeout_ms)
+{
+	struct epoll_event ev[16];
+	int n = epoll_wait(epfd, ev, 16, timeout_ms);
+	return n > 0 ? 1 : 0;
+}
+
+static int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
+{
+	return epoll_block(((struct tcp_ctx *)ctx)->epfd, timeout_ms);
+}
+
+static int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
+{
+	struct tcp_ep *e = (struct tcp_ep *)ep;
+	if (e->dq_tail != e->dq_head)
+		return 1;
+	return epoll_block(e->epfd, timeout_ms);
 }
 
 const struct kvx_xport_ops kvx_xport_tcp_ops = {
@@ -1339,4 +1402,7 @@ const struct kvx_xport_ops kvx_xport_tcp_ops = {
 	.post = tcp_post,
 	.poll = tcp_poll,
 	.progress = tcp_progress,
+	.ctx_wait_fd = tcp_ctx_wait_fd,
+	.ctx_wait = tcp_ctx_wait,
+	.ep_wait = tcp_ep_wait,
 };
