@@ -6,7 +6,7 @@
 #   -b BUILD_DIR  kvxfer build directory the payload uses (exported to it as KVX_BUILD_DIR).
 #                 Default: $KVX_BUILD_DIR, else <repo>/build. The VM sees the host root
 #                 read-only over virtio-9p, so the directory is visible at the same path.
-#   -t SECONDS    hard time limit for the whole VM run (default $KVX_VM_TIMEOUT or 540).
+#   -t SECONDS    hard time limit for the whole VM run (default $KVX_VM_TIMEOUT or 590).
 #   -m MEM        guest memory (default 1536M).
 #   PAYLOAD       script run inside the VM by bash (default: tests/rxe/payload-smoke.sh).
 #                 tests/rxe/payload-verbs.sh is the verbs job (conformance + kvxfer-perf vs
@@ -22,7 +22,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 BUILD="${KVX_BUILD_DIR:-$REPO/build}"
-TIMEOUT_S="${KVX_VM_TIMEOUT:-540}"
+TIMEOUT_S="${KVX_VM_TIMEOUT:-590}"
 MEM="1536M"
 while getopts "b:t:m:h" o; do
   case "$o" in

@@ -15,6 +15,7 @@ finish() {
   sync
   busybox poweroff -f
 }
+mkdir -p /dev/shm /dev/pts && mount -t tmpfs -o mode=1777 shm /dev/shm && mount -t devpts devpts /dev/pts
 ip link set lo up
 if ! rdma link add rxe0 type rxe netdev lo; then
   echo "vm-init: rdma link add rxe0 failed"; finish 125

@@ -1,0 +1,69 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# The verbs job inside the Soft-RoCE VM (run by tests/rxe/run-vm.sh; default payload of CI):
+#   1. the verbs provider tests (tests/verbs) and the transport conformance suite restricted to
+#      verbs (KVX_XPORT_PROVIDERS=verbs) on rxe0: these decide the exit status;
+#   2. kvxfer-perf bw/lat -t verbs --local next to perftest (ib_write_bw, ib_read_bw,
+#      ib_write_lat, ib_read_lat) with the same sizes, each pair printed with the ratio
+#      (written to $KVX_VM_OUT/perf-ratios.txt). The ratios are reported, not enforced
+#      (a TCG VM on a shared 2-core host is too noisy for a pass/fail threshold).
+# Env: KVX_BUILD_DIR (set by run-vm.sh), KVX_VM_SKIP_PERF=1 to run only step 1.
+set -uo pipefail
+B="$KVX_BUILD_DIR"
+OUT="${KVX_VM_OUT:-/tmp}"
+cd /tmp
+rc=0
+for t in "$B/tests/verbs/test_verbs_provider" "$B/tests/transport/test_conformance"; do
+  if [ ! -x "$t" ]; then
+    echo "payload-verbs: missing $t (build $B first)"; rc=1; continue
+  fi
+  echo "===== $(basename "$t") on rxe0"
+  s=$(date +%s)
+  KVX_XPORT_PROVIDERS=verbs "$t" -j1 --verbose=1 || rc=1
+  echo "===== $(basename "$t"): $(( $(date +%s) - s ))s"
+done
+[ "${KVX_VM_SKIP_PERF:-0}" = 1 ] && exit $rc
+
+# GID index perftest must use: the IPv4-mapped RoCE v2 entry (kvxfer picks it automatically).
+X=""
+for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+  i=${g##*/}
+  case "$(cat "$g")" in 0000:0000:0000:0000:0000:ffff:*)
+    [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$i 2>/dev/null)" = "RoCE v2" ] && { X=$i; break; } ;;
+  esac
+done
+X=${X:-1}
+PERF="$B/bench/kvxfer-perf"
+pt() { # pt TOOL ARGS... : run a perftest server + client pair, print the client's number
+  local tool=$1; shift
+  "$tool" -d rxe0 -x "$X" -F "$@" >/tmp/pt-srv.log 2>&1 &
+  local srv=$! v=""
+  for _ in $(seq 1 100); do
+    v=$("$tool" -d rxe0 -x "$X" -F "$@" 127.0.0.1 2>/tmp/pt-cli.err) && break
+    v=""; busybox usleep 100000
+  done
+  wait "$srv"
+  echo "$v" | tail -1
+}
+table="$OUT/perf-ratios.txt"
+: > "$table"
+line() { printf '%-34s %14s %14s %8s\n' "$@" | tee -a "$table"; }
+line "case (same VM, rxe0)" "kvxfer" "perftest" "ratio"
+for mode in write read; do
+  for size in 65536 1048576; do
+    n=$([ $size -eq 65536 ] && echo 2000 || echo 300)
+    k=$("$PERF" bw -t verbs -m $mode -s $size -n $n --local --output=bandwidth 2>/tmp/kvx.err | tail -1)
+    p=$(pt ib_${mode}_bw -s $size -n $n --output=bandwidth)
+    # kvxfer-perf prints GB/s (1e9 B/s); perftest MB/sec is 2^20 B/s.
+    pg=$(awk -v p="$p" 'BEGIN{ if (p != "") printf "%.4f", p * 1048576 / 1e9 }')
+    r=$(awk -v k="$k" -v p="$pg" 'BEGIN{ if (k != "" && p > 0) printf "%.2f", k / p; else print "n/a" }')
+    line "bw $mode ${size}B GB/s (>=0.9)" "${k:-fail}" "${pg:-fail}" "$r"
+  done
+done
+for mode in write read; do
+  k=$("$PERF" lat -t verbs -m $mode -s 1024 -n 2000 --local --output=latency 2>/tmp/kvx.err | tail -1)
+  p=$(pt ib_${mode}_lat -s 1024 -n 2000 --output=latency)
+  r=$(awk -v k="$k" -v p="$p" 'BEGIN{ if (k != "" && p > 0) printf "%.2f", k / p; else print "n/a" }')
+  line "lat $mode 1024B typical us$([ $mode = write ] && echo ' (<=1.3)')" "${k:-fail}" "${p:-fail}" "$r"
+done
+exit $rc

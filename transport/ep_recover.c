@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Endpoint recovery after an error (kvx_xport_ep_reset / kvx_xport_ep_reaccept): dispatched to
+ * the providers that implement it (verbs: QP reset and re-connect, RUNTIME_GUIDE.md §3.10). */
+#include "transport_internal.h"
+
+#include <errno.h>
+
+#if defined(KVX_HAVE_VERBS) && defined(KVX_XPORT_VERBS_BUILT)
+#include "verbs/verbs_internal.h"
+#endif
+
+int kvx_xport_ep_reset(struct kvx_xport_ep *ep, void *blob, size_t cap, size_t *blob_len)
+{
+	if (!ep || !blob || !blob_len)
+		return -EINVAL;
+	if (!ep->initiator)
+		return -ENOTSUP;
+#if defined(KVX_HAVE_VERBS) && defined(KVX_XPORT_VERBS_BUILT)
+	if (ep->ctx->ops == &kvx_xport_verbs_ops)
+		return verbs_ep_reset(ep, blob, cap, blob_len);
+#endif
+	return -ENOTSUP;
+}
+
+int kvx_xport_ep_reaccept(struct kvx_xport_ep *ep, const void *blob_a, size_t len_a, void *blob_b,
+			  size_t cap, size_t *len_b)
+{
+	if (!ep || !blob_a || !blob_b || !len_b)
+		return -EINVAL;
+	if (ep->initiator)
+		return -ENOTSUP;
+#if defined(KVX_HAVE_VERBS) && defined(KVX_XPORT_VERBS_BUILT)
+	if (ep->ctx->ops == &kvx_xport_verbs_ops)
+		return verbs_ep_reaccept(ep, blob_a, len_a, blob_b, cap, len_b);
+#endif
+	return -ENOTSUP;
+}

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_VERBS_INTERNAL_H
+#define KVX_VERBS_INTERNAL_H
+/**
+ * @file
+ * Module-private: the verbs provider (RDMA RC QPs through rdma-core), DESIGN.md §3,
+ * RUNTIME_GUIDE.md §3.
+ *
+ * Objects:
+ * - struct vctx: one opened device + port + PD, the chosen GID and the device limits.
+ * - struct vmr: an ibv_mr with the minimal access flags the region needs.
+ * - struct vep: N RC QPs to one peer sharing one CQ (the owning poller's CQ for that peer),
+ *   the software op queue (ops wait there while the send queues are full: backpressure, never
+ *   a failure), batch accounting and the completion ring handed to kvx_xport_poll_burst().
+ *
+ * WR ids: (QP index << 32) | per-QP sequence number. Each QP keeps a ring of WR records
+ * indexed by sequence; RC completes in order per QP, so a signaled CQE for sequence s retires
+ * every unsignaled WR before it (selective signaling, RUNTIME_GUIDE.md §3.6).
+ *
+ * Direct verbs: VERBS_DV_MLX5 when built with <infiniband/mlx5dv.h> (KVX_HAVE_MLX5DV) and
+ * mlx5dv_is_supported() says so at run time. rdma-core 44 has no bnxt_re direct verbs
+ * (RUNTIME_GUIDE.md §0.1 item 2): the extension point is enum verbs_dv plus
+ * verbs_dv_create_qp() in verbs_ep.c; a bnxt_re entry would dlopen the vendor library there.
+ */
+#include <infiniband/verbs.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "transport_internal.h"
+
+#define VERBS_MAX_QPS 64u          /* channels per endpoint */
+#define VERBS_MAX_SGE 4u           /* SGEs merged into one WR */
+#define VERBS_CHAIN_MAX 32u        /* WRs per doorbell */
+#define VERBS_CQ_BURST 32          /* CQEs per ibv_poll_cq */
+#define VERBS_SQ_DEPTH 256u        /* send queue depth wanted per QP */
+#define VERBS_INLINE_WANT 220u     /* inline bytes wanted (perftest's WRITE default) */
+#define VERBS_MIN_CHUNK (64u << 10) /* smallest slice when striping one op over QPs */
+#define VERBS_MAX_OP_BYTES (1ull << 30)
+#define VERBS_RD_ATOMIC_CAP 16u    /* outstanding READs per QP asked for (Mooncake uses 16) */
+#define VERBS_NIL UINT32_MAX
+
+/* RC path parameters: local ACK timeout 4.096 us * 2^14 = 67 ms, 7 retries (RUNTIME_GUIDE.md §3.2). */
+#define VERBS_QP_TIMEOUT 14
+#define VERBS_RETRY_CNT 7
+#define VERBS_RNR_RETRY 7
+#define VERBS_MIN_RNR_TIMER 12
+
+enum verbs_dv {
+	VERBS_DV_NONE = 0, /* plain verbs */
+	VERBS_DV_MLX5 = 1, /* mlx5dv_create_qp + per-QP UDP source port entropy */
+};
+
+struct vctx {
+	struct kvx_xport_ctx base;
+	struct ibv_context *ibctx;
+	struct ibv_pd *pd;
+	struct ibv_device_attr dattr;
+	char devname[64];
+	uint8_t port;
+	uint8_t link_layer;        /* IBV_LINK_LAYER_* */
+	uint16_t lid;
+	int gid_index;
+	union ibv_gid gid;
+	enum ibv_mtu mtu;
+	uint32_t max_msg;          /* port max_msg_sz, bytes */
+	uint32_t sq_depth;         /* power of 2 */
+	uint32_t sig_interval;     /* signal at least every N WRs */
+	uint32_t inline_max;       /* granted inline bytes (0 = none) */
+	uint32_t max_sge_wr, max_sge_rd;
+	enum verbs_dv dv;
+	struct kvx_ratelimit async_rl;
+	_Atomic uint64_t async_events;
+};
+
+struct vmr {
+	struct kvx_xport_mr base;
+	struct ibv_mr *mr;
+};
+
+/* One posted WR: the ops (by index) whose bytes it carries. */
+struct vwr {
+	uint32_t op[VERBS_MAX_SGE];
+	uint64_t bytes;
+	uint8_t nops;
+};
+
+struct vqp {
+	struct ibv_qp *qp;
+	uint32_t psn, rqpn, rpsn;
+	uint32_t seq_post;   /* next sequence to post */
+	uint32_t seq_done;   /* oldest not retired */
+	uint32_t last_sig;   /* sequence of the last signaled WR */
+	struct vwr *wr;      /* ring [sq_depth] */
+	/* chain being built for one doorbell */
+	uint32_t nchain;
+	struct ibv_send_wr chain[VERBS_CHAIN_MAX];
+	struct ibv_sge sge[VERBS_CHAIN_MAX][VERBS_MAX_SGE];
+};
+
+struct vop {
+	uint64_t laddr, raddr, len, posted, chunk;
+	uint32_t lkey, rkey;
+	uint32_t wrs_out;
+	int32_t status;
+	uint32_t batch, idx, next;
+};
+
+struct vbatch {
+	uint64_t cookie, deadline_ns, bytes, seq;
+	uint32_t n_ops, done_ops, n_failed, first_failed;
+	int32_t status;
+	uint32_t prev, next;  /* post-order list of outstanding batches */
+	uint8_t opcode;
+};
+
+struct vep {
+	struct kvx_xport_ep base;
+	struct ibv_cq *cq;
+	uint32_t nqp;
+	struct vqp *qps;
+	uint32_t token;       /* endpoint id carried in blobs (reconnects name it) */
+	uint32_t rd_atomic;   /* negotiated outstanding READs per QP */
+	uint32_t rr;          /* round-robin QP cursor */
+	uint32_t depth;       /* queue_depth: ops and batches */
+	uint32_t inline_max;  /* inline bytes granted for this endpoint's QPs */
+	uint32_t sq_depth, sig_interval, max_sge_wr, max_sge_rd;
+	uint64_t max_msg;
+	struct vop *ops;
+	uint32_t *op_free, n_op_free;
+	struct vbatch *batches;
+	uint32_t *b_free, n_b_free;
+	uint32_t old_head, old_tail;      /* outstanding batches, oldest first */
+	uint32_t pend_head, pend_tail;    /* ops with bytes left to post */
+	uint32_t *ready;                  /* finished batches, ring [depth] */
+	uint32_t ready_head, ready_tail;
+	uint64_t batch_seq;
+	uint64_t fail_ns;                 /* when the endpoint entered error state */
+	struct ibv_wc wc[VERBS_CQ_BURST];
+};
+
+/* verbs.c */
+int verbs_errno(int ret);
+/* verbs_ep.c */
+int verbs_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_t *blob,
+		    size_t cap, size_t *len);
+int verbs_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t alen,
+		    struct kvx_xport_ep **out, uint8_t *blob, size_t cap, size_t *len);
+int verbs_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen);
+void verbs_ep_destroy(struct kvx_xport_ep *ep);
+int verbs_ep_reset(struct kvx_xport_ep *ep, uint8_t *blob, size_t cap, size_t *len);
+int verbs_ep_reaccept(struct kvx_xport_ep *ep, const uint8_t *a, size_t alen, uint8_t *blob,
+		      size_t cap, size_t *len);
+/* verbs_data.c */
+int verbs_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+	       const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
+int verbs_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
+void verbs_ep_fail(struct vep *e, int err);
+int verbs_ep_queues_init(struct vep *e, uint32_t depth);
+void verbs_ep_queues_fini(struct vep *e);
+bool verbs_ep_idle(const struct vep *e);
+
+#endif /* KVX_VERBS_INTERNAL_H */
