@@ -175,7 +175,8 @@ int kvx_timer_heap_timeout_ms(const struct kvx_timer_heap *h, uint64_t now_ns)
 	uint64_t next = h->a[0]->deadline_ns;
 	if (next <= now_ns)
 		return 0;
-	uint64_t ms = (next - now_ns + 999999ull) / 1000000ull;
+	uint64_t d = next - now_ns;
+	uint64_t ms = d / 1000000ull + (d % 1000000ull != 0);
 	return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
