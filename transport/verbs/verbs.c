@@ -408,4 +408,8 @@ const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.post = verbs_post,
 	.poll = verbs_poll,
 	.progress = verbs_progress,
+	/* Pollers spin on the CQ; a completion-channel wait is not implemented (-ENOTSUP). */
+	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
+	.ctx_wait = kvx_xport_enotsup_ctx_wait,
+	.ep_wait = kvx_xport_enotsup_ep_wait,
 };
