@@ -87,7 +87,7 @@ row() { # label kvx peer key
 }
 
 echo "kvxfer compare: $(nproc) CPUs, client CPU $CA, server CPU $CB, ${SECS}s per measurement, $ROUNDS round(s)"
-echo "  kernel $(uname -r); iperf3 $(iperf3 --version | head -1 | awk '{print $2}'); ucx $(ucx_info -v 2>/dev/null | awk '/version/ {print $4; exit}')"
+echo "  kernel $(uname -r); iperf3 $(iperf3 --version | head -1 | awk '{print $2}'); ucx $(ucx_info -v 2>/dev/null | awk '/Version/ {print $3; exit}')"
 for r in $(seq "$ROUNDS"); do
   echo "round $r"
   a=$(iperf3_gbs 1M);             b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB: kvxfer-perf bw -t tcp vs iperf3 (1 stream)" "$b" "$a" iperf3

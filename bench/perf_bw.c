@@ -645,8 +645,13 @@ static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE
 	uint64_t measured = done - warm;
 	double secs = (double)(ts[rec - 1] - t0) * 1e-9;
 	double avg = (double)size * (double)measured / secs / 1e9;
-	/* Peak: best window of 1/20 of the run (at least one op). */
-	uint64_t w = rec / 20 ? rec / 20 : 1;
+	/* Peak: best window of 1/10 of the run, and at least the pipeline depth (completions
+	 * polled together share a timestamp, so shorter windows measure bursts, not rate). */
+	uint64_t w = rec / 10;
+	if (w < depth)
+		w = depth < rec / 2 ? depth : rec / 2;
+	if (!w)
+		w = 1;
 	double peak = avg;
 	for (uint64_t i = 0; i + w < rec; i += w) {
 		double dt = (double)(ts[i + w] - ts[i]) * 1e-9;

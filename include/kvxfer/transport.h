@@ -58,6 +58,16 @@
  * - Hot-path functions never log and never allocate; their only syscalls are the provider's
  *   socket I/O (tcp), process_vm_readv/writev (shm) or doorbell (verbs).
  *
+ * Trust models: tcp checks every request at the target (bounds, key, access) before touching
+ * memory, so a peer can only reach what was registered for it. shm moves bytes with
+ * process_vm_readv/writev and checks at the initiator against descriptors verified against
+ * the target's published region table at import: it assumes both engines run on one host as
+ * one user (the kernel only enforces ptrace permission), and unregistration at the target is
+ * seen by an initiator at its next import. CMA needs ptrace permission over the target:
+ * kernel.yama.ptrace_scope 0, or 1 (the shm target then declares PR_SET_PTRACER_ANY); with 2
+ * or 3 the provider reports itself unavailable, and a refused probe at connect fails with
+ * -EPERM and a message naming the sysctl.
+ *
  * Memory types: host memory everywhere; HIP device memory is registered through the same
  * kvx_xport_mr_register() call with mem_type KVX_XPORT_MEM_HIP, and a provider that cannot
  * reach device memory returns -ENOTSUP (tcp and shm today).
