@@ -28,6 +28,8 @@ void kvx_ctl_wbuf_init(struct kvx_ctl_wbuf *w, void *buf, size_t cap)
 int kvx_ctl_wbuf_write(void *data, const char *buf, size_t len)
 {
 	struct kvx_ctl_wbuf *w = data;
+	if (len == 0)
+		return 0;
 	if (w->overflow || len > w->cap - w->len) {
 		w->overflow = 1;
 		return -1;
@@ -271,7 +273,8 @@ static int get_text(const msgpack_object *o, const char *field, char *dst, size_
 		kvx_ctl_seterr(err, err_len, "field '%s' is not valid UTF-8 (or has NUL)", field);
 		return -EPROTO;
 	}
-	memcpy(dst, obj_ptr(o), n);
+	if (n)
+		memcpy(dst, obj_ptr(o), n);
 	dst[n] = 0;
 	return 0;
 }
@@ -594,7 +597,8 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 		} else {
 			uint32_t n = obj_size(v[0]) > 64 ? 64 : obj_size(v[0]);
 			char t[65];
-			memcpy(t, obj_ptr(v[0]), n);
+			if (n)
+				memcpy(t, obj_ptr(v[0]), n);
 			t[n] = 0;
 			for (uint32_t i = 0; i < n; i++)
 				if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] >= 0x7f)

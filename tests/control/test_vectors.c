@@ -523,33 +523,37 @@ Test(control_vectors, t40_timeout_and_partial_exchange_never_register)
 	uint64_t el = h.end_ns[0] - h.start_ns[0];
 	cr_assert_geq(el, 49000000ull, "deadline honoured (%" PRIu64 " ns)", el);
 	cr_assert_eq(h.rank_has_meta[0][0], 0);
-	/* Drain the get_meta_msg the silent peer got. */
-	zmq_msg_t id;
-	uint8_t buf[4096];
-	cr_assert_eq(router_get(silent, &id, buf, sizeof(buf), 5000), 12);
-	zmq_msg_close(&id);
-
-	/* (b) first reply only: fails "receiving KV-cache metadata", nothing registered. */
+	/* (b) first reply only: fails "receiving KV-cache metadata", nothing registered. The
+	 * silent peer answers every get_meta_msg it sees (also a late one from job (a), whose
+	 * DEALER is gone: that reply is dropped by the ROUTER) with message (a) only. */
 	hsp(&hp, "127.0.0.1", port, &h);
-	hp.timeout_ms = 1500;
+	hp.timeout_ms = 4000; /* margin for a loaded machine: the test thread must reply first */
 	cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0);
-	cr_assert_eq(router_get(silent, &id, buf, sizeof(buf), 10000), 12);
-	cr_assert_arr_eq(buf, "get_meta_msg", 12);
 	struct kvx_msg_region r = {.addr = 0x1000, .len_bytes = 64, .key = 1};
 	struct kvx_msg_meta m;
 	memset(&m, 0, sizeof(m));
 	strcpy(m.engine_id, "127.0.0.1:1");
 	m.num_regions = 1;
 	m.regions = &r;
-	int n = kvx_msg_meta_encode(&m, buf, sizeof(buf));
-	cr_assert_gt(n, 0);
-	zmq_msg_t idc;
-	zmq_msg_init(&idc);
-	zmq_msg_copy(&idc, &id);
-	zmq_msg_send(&idc, silent, ZMQ_SNDMORE);
-	zmq_send(silent, "", 0, ZMQ_SNDMORE);
-	zmq_send(silent, buf, (size_t)n, 0);
-	zmq_msg_close(&id);
+	uint8_t buf[4096], meta[1024];
+	int mn = kvx_msg_meta_encode(&m, meta, sizeof(meta));
+	cr_assert_gt(mn, 0);
+	int replied = 0;
+	double end = now_s() + 20.0;
+	while (hr_calls(&h) < 2 && now_s() < end) {
+		zmq_msg_t id;
+		int n = router_get(silent, &id, buf, sizeof(buf), 20);
+		if (n < 0)
+			continue;
+		if (n == 12 && !memcmp(buf, "get_meta_msg", 12)) {
+			zmq_msg_send(&id, silent, ZMQ_SNDMORE);
+			zmq_send(silent, "", 0, ZMQ_SNDMORE);
+			zmq_send(silent, meta, (size_t)mn, 0);
+			replied++;
+		}
+		zmq_msg_close(&id);
+	}
+	cr_assert_geq(replied, 1);
 	cr_assert(hr_wait(&h, 2, 10.0));
 	cr_assert_eq(h.status[1], -ETIMEDOUT);
 	cr_assert_str_eq(h.stage[1], "receiving KV-cache metadata");
@@ -599,7 +603,7 @@ Test(control_vectors, t41_one_handshake_per_cold_peer)
 	hr_init(&h);
 	for (uint64_t k = 0; k < 4; k++) {
 		hsp(&hp, "127.0.0.1", dead, &h);
-		hp.timeout_ms = 200;
+		hp.timeout_ms = 1000;
 		cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0);
 	}
 	cr_assert(hr_wait(&h, 4, 15.0));
@@ -640,11 +644,11 @@ Test(control_vectors, t42_queued_handshake_gets_full_deadline)
 	hr_init(&h);
 	struct kvx_ctl_hs_params hp;
 	hsp(&hp, "127.0.0.1", dead, &h);
-	hp.timeout_ms = 400;
+	hp.timeout_ms = 1000;
 	hp.cookie = 1;
 	cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0); /* engine-a: times out */
 	hsp(&hp, "127.0.0.1", hs, &h);
-	hp.timeout_ms = 400;
+	hp.timeout_ms = 1000;
 	hp.cookie = 2;
 	cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0); /* engine-b: queued behind a */
 	cr_assert(hr_wait(&h, 2, 15.0));
@@ -653,7 +657,7 @@ Test(control_vectors, t42_queued_handshake_gets_full_deadline)
 	cr_assert_eq(h.cookie[1], 2);
 	cr_assert_eq(h.status[1], 0, "b got its whole deadline from its start: %s", h.error[1]);
 	cr_assert_geq(h.start_ns[1], h.end_ns[0] - 1000000ull, "b started after a ended");
-	cr_assert_geq(h.end_ns[0] - h.start_ns[0], 399000000ull);
+	cr_assert_geq(h.end_ns[0] - h.start_ns[0], 999000000ull);
 	kvx_ctl_inbox_close(ib);
 	kvx_ctl_destroy(I);
 	kvx_ctl_destroy(L);
@@ -680,7 +684,7 @@ Test(control_vectors, t43_dp_readiness_needs_every_rank)
 	struct kvx_ctl_hs_params hp;
 	hsp(&hp, "127.0.0.1", base, &h);
 	hp.dp_size = 2;
-	hp.timeout_ms = 500;
+	hp.timeout_ms = 1500;
 	cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0);
 	cr_assert(hr_wait(&h, 1, 15.0));
 	cr_assert_eq(h.status[0], -ETIMEDOUT, "{eng_dp0} alone is not ready");
