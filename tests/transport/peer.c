@@ -13,7 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { CMD_REG = 1, CMD_UNREG, CMD_ACCEPT, CMD_FILL, CMD_VERIFY, CMD_COUNTERS, CMD_QUIT };
+enum { CMD_REG = 1, CMD_UNREG, CMD_ACCEPT, CMD_FILL, CMD_VERIFY, CMD_COUNTERS, CMD_QUIT, CMD_REACCEPT };
+#define PEER_MAX_EPS 64
 
 #define PEER_MAX_REGIONS 64
 
@@ -82,6 +83,8 @@ struct child {
 	uint8_t *mem[PEER_MAX_REGIONS];
 	uint64_t len[PEER_MAX_REGIONS];
 	int n;
+	struct kvx_xport_ep *ep[PEER_MAX_EPS]; /* accepted endpoints, for CMD_REACCEPT */
+	int nep;
 };
 
 static void child_cmd(struct child *c, struct msg *m)
@@ -123,6 +126,21 @@ static void child_cmd(struct child *c, struct msg *m)
 		uint8_t b[KVX_XPORT_BLOB_MAX];
 		size_t bl = 0;
 		m->rc = kvx_xport_ep_accept(c->ctx, m->blob, m->blob_len, &ep, b, sizeof(b), &bl);
+		if (!m->rc) {
+			memcpy(m->blob, b, bl);
+			m->blob_len = (uint32_t)bl;
+			if (c->nep < PEER_MAX_EPS)
+				c->ep[c->nep++] = ep;
+		}
+		break;
+	}
+	case CMD_REACCEPT: {
+		/* Recovery (kvx_xport_ep_reaccept): the newest accepted endpoint first. */
+		uint8_t b[KVX_XPORT_BLOB_MAX];
+		size_t bl = 0;
+		m->rc = -ENOENT;
+		for (int i = c->nep - 1; i >= 0 && m->rc; i--)
+			m->rc = kvx_xport_ep_reaccept(c->ep[i], m->blob, m->blob_len, b, sizeof(b), &bl);
 		if (!m->rc) {
 			memcpy(m->blob, b, bl);
 			m->blob_len = (uint32_t)bl;
@@ -250,6 +268,22 @@ int peer_accept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_
 {
 	struct msg *m = calloc(1, sizeof(*m));
 	*m = (struct msg){.cmd = CMD_ACCEPT, .blob_len = (uint32_t)alen};
+	memcpy(m->blob, a, alen);
+	int rc = rpc(p, m);
+	if (!rc)
+		rc = m->rc;
+	if (!rc) {
+		memcpy(b, m->blob, m->blob_len);
+		*blen = m->blob_len;
+	}
+	free(m);
+	return rc;
+}
+
+int peer_reaccept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen)
+{
+	struct msg *m = calloc(1, sizeof(*m));
+	*m = (struct msg){.cmd = CMD_REACCEPT, .blob_len = (uint32_t)alen};
 	memcpy(m->blob, a, alen);
 	int rc = rpc(p, m);
 	if (!rc)

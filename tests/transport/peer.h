@@ -34,6 +34,9 @@ int peer_reg(struct peer *p, uint64_t len, uint32_t access, uint64_t seed, uint8
 int peer_unreg(struct peer *p, int idx);
 /* Accept blob A, return blob B (len in *blen); 0 or the accept error. */
 int peer_accept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen);
+/* Target side of endpoint recovery: kvx_xport_ep_reaccept() of blob A' (from
+ * kvx_xport_ep_reset()) on the accepted endpoint it names; blob B' in b (len in *blen). */
+int peer_reaccept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen);
 /* Fill region idx [off, off+len) with pattern seed at stream position spos. */
 int peer_fill(struct peer *p, int idx, uint64_t off, uint64_t len, uint64_t seed, uint64_t spos);
 /* Check region idx [off, off+len) against pattern seed at stream position spos: returns the
