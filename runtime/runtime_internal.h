@@ -67,6 +67,11 @@ struct kvx_xfer {
 	/* ACK fan-in on the producer (PROTOCOL.md §5.6). */
 	uint32_t ack_count;
 	bool ack_completed;
+	/* Owner's attachment (the engine's transfer object) and final outcome, kept while the id
+	 * sits in the terminal LRU. */
+	void *user;
+	int32_t final_error;
+	uint8_t final_status;
 };
 
 struct kvx_xfer_table;
@@ -93,13 +98,20 @@ size_t kvx_xfer_live_count(const struct kvx_xfer_table *t);
 bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer);
 /* Seal writes_expected = distinct layers scheduled. Returns the count, -ENOENT if unknown or
  * terminal. The action out-param says whether write_done is due now. */
-int kvx_xfer_seal(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act);
+int kvx_xfer_seal_scheduled(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act);
+/* Seal with an explicit final layer count (engine API: the application states it). */
+int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_layers, enum kvx_xfer_action *act);
 /* One layer's writes are terminal on the wire (ok = every op succeeded). */
 enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok);
 /* Store D's allocation (remote_blocks). 1 stored, 0 ignored (terminal), -EEXIST duplicate,
  * -EPROTO empty list, -ENOMEM. */
 int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
 			   int32_t decode_dp_rank);
+
+/* As kvx_xfer_remote_blocks() but takes ownership of a malloc'ed id array (freed on every
+ * path). */
+int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
+				int32_t decode_dp_rank);
 
 /* READ consumer batch state (vectors T28, T30, T31): strict '>' timeout boundary. */
 enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns);

@@ -200,7 +200,7 @@ static enum kvx_xfer_action write_check(struct kvx_xfer_table *t, struct kvx_xfe
 	return KVX_XFER_ACT_NOTIFY_WRITE_DONE;
 }
 
-int kvx_xfer_seal(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act)
+int kvx_xfer_seal_scheduled(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act)
 {
 	*act = KVX_XFER_ACT_NONE;
 	struct kvx_xfer *x = kvx_xfer_find(t, tid);
@@ -211,6 +211,18 @@ int kvx_xfer_seal(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_actio
 	int n = (int)x->writes_expected;
 	*act = write_check(t, x);
 	return n;
+}
+
+int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_layers, enum kvx_xfer_action *act)
+{
+	*act = KVX_XFER_ACT_NONE;
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	if (!x || x->state != KVX_XFER_S_LIVE)
+		return -ENOENT;
+	x->writes_expected = n_layers;
+	x->sealed = true;
+	*act = write_check(t, x);
+	return (int)n_layers;
 }
 
 enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok)
@@ -245,6 +257,29 @@ int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint
 		return -ENOMEM;
 	memcpy(copy, ids, n * sizeof(*copy));
 	x->remote_blocks = copy;
+	x->n_remote_blocks = (uint32_t)n;
+	x->decode_dp_rank = decode_dp_rank;
+	x->has_alloc = true;
+	return 1;
+}
+
+int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
+				int32_t decode_dp_rank)
+{
+	if (n == 0) {
+		free(ids);
+		return -EPROTO;
+	}
+	if (kvx_xfer_is_terminal(t, tid)) {
+		free(ids);
+		return 0;
+	}
+	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
+	if (!x || x->has_alloc) {
+		free(ids);
+		return x ? -EEXIST : -ENOBUFS;
+	}
+	x->remote_blocks = ids;
 	x->n_remote_blocks = (uint32_t)n;
 	x->decode_dp_rank = decode_dp_rank;
 	x->has_alloc = true;

@@ -205,7 +205,7 @@ Test(runtime_faults, i_chunk_without_new_block)
 	cr_assert_eq(kvx_xfer_table_create(8, 4, &t), 0);
 	enum kvx_xfer_action act;
 	cr_assert(kvx_xfer_schedule_write(t, "tx-i", 0));
-	cr_assert_eq(kvx_xfer_seal(t, "tx-i", &act), 1);
+	cr_assert_eq(kvx_xfer_seal_scheduled(t, "tx-i", &act), 1);
 	cr_assert_eq(kvx_xfer_mark_write_done(t, "tx-i", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
 	kvx_xfer_table_destroy(t);
 	kvx_sched_destroy(p);

@@ -244,7 +244,7 @@ Test(runtime_vectors, t16_write_schedule_dedup_and_seal)
 	struct kvx_xfer *x = kvx_xfer_find(t, "xfer");
 	cr_assert_eq(x->writes_scheduled, 2);
 	enum kvx_xfer_action act;
-	cr_assert_eq(kvx_xfer_seal(t, "xfer", &act), 2);
+	cr_assert_eq(kvx_xfer_seal_scheduled(t, "xfer", &act), 2);
 	cr_assert_eq(x->writes_expected, 2);
 	cr_assert(x->sealed);
 	cr_assert_eq(act, KVX_XFER_ACT_NONE);
@@ -258,7 +258,7 @@ Test(runtime_vectors, t17_write_done_notified_once)
 	kvx_xfer_schedule_write(t, "xfer", 0);
 	kvx_xfer_schedule_write(t, "xfer", 1);
 	enum kvx_xfer_action act;
-	cr_assert_eq(kvx_xfer_seal(t, "xfer", &act), 2);
+	cr_assert_eq(kvx_xfer_seal_scheduled(t, "xfer", &act), 2);
 	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NONE);
 	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
 	/* write_done target: D dp 0, P tp_rank 2, notify base 7000 -> 7002 */
@@ -279,8 +279,8 @@ Test(runtime_vectors, t18_completion_scoped_per_transfer)
 	enum kvx_xfer_action act;
 	kvx_xfer_schedule_write(t, "a", 0);
 	kvx_xfer_schedule_write(t, "b", 0);
-	kvx_xfer_seal(t, "a", &act);
-	kvx_xfer_seal(t, "b", &act);
+	kvx_xfer_seal_scheduled(t, "a", &act);
+	kvx_xfer_seal_scheduled(t, "b", &act);
 	cr_assert_eq(kvx_xfer_mark_write_done(t, "b", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
 	struct kvx_xfer *a = kvx_xfer_find(t, "a");
 	cr_assert_eq(a->state, KVX_XFER_S_LIVE);
@@ -294,7 +294,7 @@ Test(runtime_vectors, t19_failed_write_terminal_and_cleared)
 	enum kvx_xfer_action act;
 	kvx_xfer_schedule_write(t, "xfer", 0);
 	kvx_xfer_schedule_write(t, "xfer", 1);
-	kvx_xfer_seal(t, "xfer", &act);
+	kvx_xfer_seal_scheduled(t, "xfer", &act);
 	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", false), KVX_XFER_ACT_NONE);
 	struct kvx_xfer *x = kvx_xfer_find(t, "xfer");
 	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
