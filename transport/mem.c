@@ -697,6 +697,29 @@ int kvx_mem_reg_plan(struct kvx_mem *m, const void *ptr, size_t len,
 	return 0;
 }
 
+int kvx_mem_reg_plan_by_type(const struct kvx_mem_type *t, const void *ptr, size_t len,
+			     struct kvx_mem_reg_plan *out, char *why, size_t why_len)
+{
+	struct kvx_mem *m = NULL;
+	int rc;
+
+	if (!t || !ptr || len == 0 || !out) {
+		kvx_mem_why(why, why_len, "bad argument (NULL type/pointer/plan or len 0)");
+		return -EINVAL;
+	}
+	rc = kvx_mem_probe(t, why, why_len);
+	if (rc)
+		return rc;
+	rc = kvx_mem_open(t, &m);
+	if (rc) {
+		kvx_mem_why(why, why_len, "opening the memory context: %s", kvx_strerror(rc));
+		return rc;
+	}
+	rc = kvx_mem_reg_plan(m, ptr, len, out, why, why_len);
+	kvx_mem_close(m);
+	return rc;
+}
+
 void kvx_mem_reg_plan_fini(struct kvx_mem_reg_plan *plan)
 {
 	if (plan->dmabuf_fd >= 0) {

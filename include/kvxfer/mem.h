@@ -791,6 +791,30 @@ KVX_API int kvx_mem_reg_plan(struct kvx_mem *m, const void *ptr, size_t len,
 			     struct kvx_mem_reg_plan *out, char *why, size_t why_len);
 
 /**
+ * kvx_mem_reg_plan() for a memory type instead of an open context: what a provider's region
+ * registration calls with the region's (mem_type, device_id). Opens and closes a context
+ * internally.
+ *
+ * @param t         Memory type of the region; not NULL.
+ * @param ptr       Region start; not NULL.
+ * @param len       Region length, bytes, >= 1.
+ * @param[out] out  Plan; not NULL.
+ * @param why       Array[why_len] receiving the reason on failure; may be NULL. Without a GPU:
+ *                  "no HIP device (hipGetDeviceCount: hipErrorNoDevice)".
+ * @param why_len   Size of why, bytes (KVX_MEM_WHY_LEN suffices).
+ * @retval 0        Plan ready.
+ * @retval -ENODEV  No HIP device (or not that ordinal).
+ * @retval -ENOTSUP Built without HIP, or device memory cannot be registered here.
+ * @retval -EINVAL  Bad argument.
+ * @retval -ERANGE  Region extends past its allocation.
+ * @retval -ENOMEM  Out of memory.
+ * @retval -EIO     The export call failed.
+ * @par Thread safety  Any thread.  @par Context  Slow path (registration).
+ */
+KVX_API int kvx_mem_reg_plan_by_type(const struct kvx_mem_type *t, const void *ptr, size_t len,
+				     struct kvx_mem_reg_plan *out, char *why, size_t why_len);
+
+/**
  * Release what a plan holds (closes the dma-buf fd; the kernel keeps its own reference once
  * the MR exists). Safe on a plan with no fd.
  *

@@ -92,7 +92,7 @@ Test(mem_reg, host_plan_is_reg_mr_without_fd)
 	struct kvx_mem_type t = {.kind = KVX_MEM_HOST};
 	struct kvx_mem_reg_plan plan;
 	struct kvx_mem *m;
-	char buf[64];
+	char buf[64] = {0};
 
 	cr_assert_eq(kvx_mem_open(&t, &m), 0);
 	cr_assert_eq(kvx_mem_reg_plan(m, buf, sizeof(buf), &plan, NULL, 0), 0);
@@ -115,4 +115,28 @@ Test(mem_reg, device_registration_without_gpu_fails_cleanly)
 		cr_skip_test("a HIP device is present: see test_mem_hip");
 	cr_assert_eq(kvx_mem_open(&t, &m), kvx_mem_has_hip() ? -ENODEV : -ENOTSUP);
 	cr_assert_null(m);
+}
+
+Test(mem_reg, plan_by_type_host_and_hip_without_gpu)
+{
+	struct kvx_mem_type host = {.kind = KVX_MEM_HOST}, hip = {.kind = KVX_MEM_HIP};
+	struct kvx_mem_reg_plan plan;
+	char why[KVX_MEM_WHY_LEN] = "";
+	char buf[128] = {0};
+
+	cr_assert_eq(kvx_mem_reg_plan_by_type(&host, buf, sizeof(buf), &plan, why, sizeof(why)), 0);
+	cr_assert_eq(plan.method, KVX_MEM_REG_HOST);
+	cr_assert_eq(plan.dmabuf_fd, -1);
+	cr_assert_eq(kvx_mem_reg_plan_by_type(&host, NULL, 1, &plan, why, sizeof(why)), -EINVAL);
+	if (kvx_mem_probe(&hip, NULL, 0) == 0)
+		cr_skip_test("a HIP device is present: see test_mem_hip");
+	if (!kvx_mem_has_hip()) {
+		cr_assert_eq(kvx_mem_reg_plan_by_type(&hip, buf, 1, &plan, why, sizeof(why)),
+			     -ENOTSUP);
+		return;
+	}
+	/* The "device pointer" is never touched: the missing GPU is found first. */
+	cr_assert_eq(kvx_mem_reg_plan_by_type(&hip, buf, sizeof(buf), &plan, why, sizeof(why)),
+		     -ENODEV);
+	cr_assert(strncmp(why, "no HIP device", 13) == 0, "why: %s", why);
 }
