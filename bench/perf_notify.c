@@ -1,0 +1,546 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvxfer-perf notify: control-plane cost between two processes on loopback.
+ *  - notification round trip: the parent's engine thread submits `write_done` through its
+ *    inbox; the child's control lcore receives it and answers `release` through its own
+ *    inbox; the parent's control lcore delivers it. p50/p99/p99.9 in µs.
+ *  - throughput: the same echo with a window of in-flight notifications, messages/s.
+ *  - handshake time (get_meta_msg, metadata + region map, connection setup with a 64-byte
+ *    blob each way) against listeners with 1 and 64 layers.
+ * Peer measured in the same run: a plain TCP echo (TCP_NODELAY, same frame size) between the
+ * same two processes, for RTT and windowed throughput; ratios are reported.
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvxfer/control.h"
+#include "perf.h"
+#include "perf_util.h"
+
+#define FRAME_BYTES 40 /* ~ an encoded write_done with a "tx-<n>" id */
+
+struct nopts {
+	uint64_t iters;    /* RTT samples */
+	uint64_t msgs;     /* throughput messages */
+	uint64_t window;   /* in-flight bound for throughput */
+	uint64_t hs_iters; /* handshakes per layer count */
+	const char *json;
+};
+
+/* ---- child: echo side ------------------------------------------------------------------ */
+
+struct echo {
+	struct kvx_ctl *ctl;
+	struct kvx_ctl_inbox *ib; /* used only by the echo control thread */
+	_Atomic uint32_t peer_port;
+};
+
+static void echo_cb(void *arg, const struct kvx_msg_notify *m)
+{
+	struct echo *e = arg;
+	struct kvx_msg_notify r;
+	memset(&r, 0, sizeof(r));
+	r.type = KVX_MSG_RELEASE;
+	memcpy(r.transfer_id, m->transfer_id, sizeof(r.transfer_id));
+	uint16_t port = (uint16_t)atomic_load_explicit(&e->peer_port, memory_order_acquire);
+	/* This runs on the echo control thread, the consumer of e->ib: never wait for space
+	 * here. The parent's window (<= 2048) is below the inbox size (4096), so it fits. */
+	if (kvx_ctl_send_notify(e->ib, "127.0.0.1", port, &r))
+		fprintf(stderr, "kvxfer-perf notify: echo inbox full, reply lost\n");
+}
+
+static int echo_connect(void *arg, const uint8_t *a, size_t la, uint8_t *b, size_t *lb)
+{
+	(void)arg;
+	if (la > *lb)
+		return -EMSGSIZE;
+	memcpy(b, a, la);
+	*lb = la;
+	return 0;
+}
+
+static int tcp_listen(uint16_t *port)
+{
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t l = sizeof(a);
+	if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof(a)) || listen(s, 1) ||
+	    getsockname(s, (struct sockaddr *)&a, &l))
+		return -1;
+	*port = ntohs(a.sin_port);
+	return s;
+}
+
+static int full_io(int fd, void *buf, size_t n, int wr)
+{
+	size_t off = 0;
+	while (off < n) {
+		ssize_t r = wr ? write(fd, (char *)buf + off, n - off) : read(fd, (char *)buf + off, n - off);
+		if (r <= 0) {
+			if (r < 0 && errno == EINTR)
+				continue;
+			return -1;
+		}
+		off += (size_t)r;
+	}
+	return 0;
+}
+
+static void *tcp_echo_thread(void *arg)
+{
+	int ls = (int)(intptr_t)arg;
+	int c = accept(ls, NULL, NULL);
+	if (c < 0)
+		return NULL;
+	int one = 1;
+	setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	uint8_t buf[FRAME_BYTES];
+	while (full_io(c, buf, sizeof(buf), 0) == 0 && full_io(c, buf, sizeof(buf), 1) == 0)
+		;
+	close(c);
+	return NULL;
+}
+
+static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg)
+{
+	struct kvx_ctl_params p;
+	memset(&p, 0, sizeof(p));
+	p.host = "127.0.0.1";
+	p.bind_host = "127.0.0.1";
+	p.ephemeral_ports = true;
+	p.dp_size = 1;
+	p.tp_size = 1;
+	p.role = KVX_CTL_ROLE_CONSUMER;
+	p.on_notify = cb;
+	p.notify_arg = arg;
+	p.on_connect = echo_connect;
+	p.inbox_slots = 4096;
+	struct kvx_ctl *c = NULL;
+	if (kvx_ctl_create(&p, &c))
+		return NULL;
+	struct kvx_msg_region *r = calloc(2 * layers, sizeof(*r));
+	struct kvx_msg_memdesc *d = calloc(layers, sizeof(*d));
+	struct kvx_msg_meta m;
+	struct kvx_msg_layers l;
+	memset(&m, 0, sizeof(m));
+	memset(&l, 0, sizeof(l));
+	snprintf(m.engine_id, sizeof(m.engine_id), "127.0.0.1:6301");
+	snprintf(m.engine_key, sizeof(m.engine_key), "consumer:127.0.0.1:6301:tp0:dp0");
+	snprintf(m.hostname, sizeof(m.hostname), "bench");
+	snprintf(m.host, sizeof(m.host), "127.0.0.1");
+	snprintf(m.attn_backend, sizeof(m.attn_backend), "FLASH_ATTN");
+	snprintf(m.transport, sizeof(m.transport), "tcp");
+	snprintf(m.layout, sizeof(m.layout), "split");
+	snprintf(l.engine_key, sizeof(l.engine_key), "%s", m.engine_key);
+	m.num_blocks = 4096;
+	m.block_len = 32768;
+	m.has_kvx = true;
+	m.version = KVX_MSG_PROTO_VERSION;
+	m.num_regions = 2 * layers; /* split K/V: 2 regions per layer */
+	m.regions = r;
+	l.num_descs = layers;
+	l.descs = d;
+	for (uint32_t i = 0; i < 2 * layers; i++)
+		r[i] = (struct kvx_msg_region){.addr = 0x7f0000000000ull + (uint64_t)i * (1ull << 27),
+					       .len_bytes = 4096ull * 32768, .key = 0x1000 + i};
+	for (uint32_t i = 0; i < layers; i++) {
+		snprintf(d[i].layer, sizeof(d[i].layer), "model.layers.%u.self_attn.attn", i);
+		d[i].id = i;
+		d[i].addr = r[2 * i].addr;
+		d[i].len_bytes = 2 * r[2 * i].len_bytes;
+		d[i].loc = 2;
+	}
+	int rc = kvx_ctl_set_local(c, &m, &l);
+	free(r);
+	free(d);
+	if (rc || kvx_ctl_start(c)) {
+		kvx_ctl_destroy(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* Child: report 4 ports on `up`, read the parent's notify port from `down`, run until EOF. */
+static int child_main(int up, int down)
+{
+	struct echo e;
+	memset(&e, 0, sizeof(e));
+	e.ctl = make_listener(1, echo_cb, &e);
+	struct kvx_ctl *l64 = make_listener(64, NULL, NULL);
+	uint16_t tport = 0;
+	int ls = tcp_listen(&tport);
+	if (!e.ctl || !l64 || ls < 0 || kvx_ctl_inbox_open(e.ctl, &e.ib))
+		return 1;
+	pthread_t t;
+	pthread_create(&t, NULL, tcp_echo_thread, (void *)(intptr_t)ls);
+	uint16_t ports[4];
+	kvx_ctl_bound_ports(e.ctl, &ports[0], &ports[1]);
+	kvx_ctl_bound_ports(l64, &ports[2], NULL);
+	ports[3] = tport;
+	uint16_t pp;
+	if (full_io(up, ports, sizeof(ports), 1) || full_io(down, &pp, sizeof(pp), 0))
+		return 1;
+	atomic_store_explicit(&e.peer_port, pp, memory_order_release);
+	char x;
+	while (read(down, &x, 1) > 0)
+		;
+	kvx_ctl_stop(e.ctl);
+	kvx_ctl_inbox_close(e.ib);
+	kvx_ctl_destroy(e.ctl);
+	kvx_ctl_destroy(l64);
+	close(ls);
+	pthread_join(t, NULL);
+	return 0;
+}
+
+/* ---- parent: measuring side ------------------------------------------------------------ */
+
+/* The engine thread blocks (condition variable) instead of spinning: on a 2-CPU machine a
+ * spinning waiter would steal the CPU the control lcores need. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t g_rx;
+
+static void count_cb(void *arg, const struct kvx_msg_notify *m)
+{
+	(void)arg, (void)m;
+	pthread_mutex_lock(&g_mu);
+	g_rx++;
+	pthread_cond_signal(&g_cv);
+	pthread_mutex_unlock(&g_mu);
+}
+
+/* Wait until at least n replies arrived. */
+static void wait_rx(uint64_t n)
+{
+	pthread_mutex_lock(&g_mu);
+	while (g_rx < n)
+		pthread_cond_wait(&g_cv, &g_mu);
+	pthread_mutex_unlock(&g_mu);
+}
+
+struct hs_sync {
+	int done;
+	int status;
+	uint64_t ns;
+	char err[512];
+};
+
+static void hs_done(void *arg, const struct kvx_ctl_hs_result *r)
+{
+	struct hs_sync *s = arg;
+	s->status = r->status;
+	s->ns = r->end_ns - r->start_ns;
+	snprintf(s->err, sizeof(s->err), "%s", r->error);
+	pthread_mutex_lock(&g_mu);
+	s->done = 1;
+	pthread_cond_signal(&g_cv);
+	pthread_mutex_unlock(&g_mu);
+}
+
+static int hs_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *remote, uint8_t *b,
+		   size_t cap, size_t *len)
+{
+	(void)arg, (void)dp_rank, (void)remote;
+	if (cap < 64)
+		return -EMSGSIZE;
+	memset(b, 0xab, 64); /* about one verbs QP's connection data */
+	*len = 64;
+	return 0;
+}
+
+static int run_handshakes(struct kvx_ctl_inbox *ib, uint16_t port, uint64_t n, uint64_t *ns)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		struct hs_sync s;
+		memset(&s, 0, sizeof(s));
+		struct kvx_ctl_hs_params hp;
+		memset(&hp, 0, sizeof(hp));
+		hp.host = "127.0.0.1";
+		hp.handshake_base_port = port;
+		hp.dp_size = 1;
+		hp.tp_size = 1;
+		hp.timeout_ms = 10000;
+		hp.make_blob = hs_blob;
+		hp.on_done = hs_done;
+		hp.arg = &s;
+		uint64_t t0 = kvx_now_ns();
+		int rc = kvx_ctl_handshake_start(ib, &hp);
+		if (rc)
+			return rc;
+		pthread_mutex_lock(&g_mu);
+		while (!s.done)
+			pthread_cond_wait(&g_cv, &g_mu);
+		pthread_mutex_unlock(&g_mu);
+		if (s.status) {
+			fprintf(stderr, "kvxfer-perf notify: handshake failed: %s\n", s.err);
+			return s.status;
+		}
+		ns[i] = kvx_now_ns() - t0; /* submit -> completion seen by the engine thread */
+	}
+	return 0;
+}
+
+static void print_stats(const char *name, const struct perf_stats *s)
+{
+	printf("  %-28s p50 %9.2f  p99 %9.2f  p99.9 %9.2f  mean %9.2f us  (n=%zu)\n", name,
+	       (double)s->p50 / 1e3, (double)s->p99 / 1e3, (double)s->p999 / 1e3, s->mean / 1e3,
+	       s->n);
+}
+
+static void json_us(struct perf_json *j, const char *key, const struct perf_stats *s)
+{
+	perf_json_obj_begin(j, key);
+	perf_json_double(j, "p50_us", (double)s->p50 / 1e3);
+	perf_json_double(j, "p99_us", (double)s->p99 / 1e3);
+	perf_json_double(j, "p999_us", (double)s->p999 / 1e3);
+	perf_json_double(j, "mean_us", s->mean / 1e3);
+	perf_json_u64(j, "n", s->n);
+	perf_json_obj_end(j);
+}
+
+static int parse(int argc, char **argv, struct nopts *o)
+{
+	for (int i = 1; i < argc; i++) {
+		const char *v;
+		int r;
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			printf("usage: kvxfer-perf notify [--iters N] [--msgs N] [--window N] "
+			       "[--hs-iters N] [--json FILE]\n"
+			       "  --iters     round-trip samples (default 20000)\n"
+			       "  --msgs      messages for the throughput run (default 200000)\n"
+			       "  --window    in-flight notifications in the throughput run (default 256)\n"
+			       "  --hs-iters  handshakes per layer count, 1 and 64 layers (default 200)\n"
+			       "  --json      also write the figures to FILE\n");
+			return 1;
+		}
+		uint64_t *dst = NULL;
+		if ((r = perf_opt_value(argc, argv, &i, "--iters", &v)) != 0)
+			dst = &o->iters;
+		else if ((r = perf_opt_value(argc, argv, &i, "--msgs", &v)) != 0)
+			dst = &o->msgs;
+		else if ((r = perf_opt_value(argc, argv, &i, "--window", &v)) != 0)
+			dst = &o->window;
+		else if ((r = perf_opt_value(argc, argv, &i, "--hs-iters", &v)) != 0)
+			dst = &o->hs_iters;
+		else if ((r = perf_opt_value(argc, argv, &i, "--json", &v)) != 0) {
+			if (r < 0)
+				goto bad;
+			o->json = v;
+			continue;
+		} else {
+			fprintf(stderr, "kvxfer-perf notify: unknown option '%s'\n", argv[i]);
+			return -1;
+		}
+		if (r < 0 || perf_parse_u64(v, dst) || *dst == 0)
+			goto bad;
+	}
+	if (o->window > 2048)
+		o->window = 2048;
+	return 0;
+bad:
+	fprintf(stderr, "kvxfer-perf notify: option '%s' needs a positive number\n", argv[0]);
+	return -1;
+}
+
+int kvx_perf_notify_main(int argc, char **argv)
+{
+	struct nopts o = {.iters = 20000, .msgs = 200000, .window = 256, .hs_iters = 200};
+	int prc = parse(argc, argv, &o);
+	if (prc)
+		return prc > 0 ? 0 : 2;
+	int up[2], down[2];
+	if (pipe(up) || pipe(down))
+		return 1;
+	pid_t pid = fork(); /* before any ZMQ context or thread exists in this process */
+	if (pid < 0)
+		return 1;
+	if (pid == 0) {
+		close(up[0]);
+		close(down[1]);
+		_exit(child_main(up[1], down[0]));
+	}
+	close(up[1]);
+	close(down[0]);
+	int ret = 1;
+	uint16_t ports[4];
+	if (full_io(up[0], ports, sizeof(ports), 0)) {
+		fprintf(stderr, "kvxfer-perf notify: echo process failed to start\n");
+		goto out_child;
+	}
+	struct kvx_ctl_params p;
+	memset(&p, 0, sizeof(p));
+	p.host = "127.0.0.1";
+	p.bind_host = "127.0.0.1";
+	p.ephemeral_ports = true;
+	p.dp_size = 1;
+	p.tp_size = 1;
+	p.on_notify = count_cb;
+	p.inbox_slots = 4096;
+	struct kvx_ctl *ctl = NULL;
+	struct kvx_ctl_inbox *ib = NULL;
+	if (kvx_ctl_create(&p, &ctl) || kvx_ctl_start(ctl) || kvx_ctl_inbox_open(ctl, &ib)) {
+		fprintf(stderr, "kvxfer-perf notify: cannot start the control lcore\n");
+		goto out_ctl;
+	}
+	uint16_t my_nt;
+	kvx_ctl_bound_ports(ctl, NULL, &my_nt);
+	if (full_io(down[1], &my_nt, sizeof(my_nt), 1))
+		goto out_ctl;
+
+	uint64_t *rtt = calloc(o.iters, sizeof(uint64_t));
+	uint64_t *trtt = calloc(o.iters, sizeof(uint64_t));
+	uint64_t *hs1 = calloc(o.hs_iters, sizeof(uint64_t));
+	uint64_t *hs64 = calloc(o.hs_iters, sizeof(uint64_t));
+	if (!rtt || !trtt || !hs1 || !hs64)
+		goto out_mem;
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_WRITE_DONE;
+
+	/* Warm-up: connect the DEALERs both ways. */
+	uint64_t sent = 0;
+	for (int i = 0; i < 100; i++) {
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-warm-%d", i);
+		while (kvx_ctl_send_notify(ib, "127.0.0.1", ports[1], &m) == -ENOBUFS)
+			sched_yield();
+		wait_rx(++sent);
+	}
+	for (uint64_t i = 0; i < o.iters; i++) {
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-%llu", (unsigned long long)i);
+		uint64_t t0 = kvx_now_ns();
+		while (kvx_ctl_send_notify(ib, "127.0.0.1", ports[1], &m) == -ENOBUFS)
+			sched_yield();
+		wait_rx(++sent);
+		rtt[i] = kvx_now_ns() - t0;
+	}
+	uint64_t t0 = kvx_now_ns();
+	uint64_t base = sent;
+	for (uint64_t i = 0; i < o.msgs; i++) {
+		if (sent >= o.window)
+			wait_rx(sent - o.window + 1);
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-t-%llu", (unsigned long long)i);
+		while (kvx_ctl_send_notify(ib, "127.0.0.1", ports[1], &m) == -ENOBUFS)
+			sched_yield();
+		sent++;
+	}
+	wait_rx(sent);
+	double thr_s = (double)(kvx_now_ns() - t0) / 1e9;
+	double msgs_s = (double)(sent - base) / thr_s;
+
+	/* Peer in the same run: TCP echo, same frame size, RTT and windowed throughput. */
+	int ts = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ports[3]),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int one = 1;
+	if (ts < 0 || connect(ts, (struct sockaddr *)&a, sizeof(a)))
+		goto out_mem;
+	setsockopt(ts, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	uint8_t fr[FRAME_BYTES], rb[FRAME_BYTES];
+	memset(fr, 'x', sizeof(fr));
+	for (uint64_t i = 0; i < o.iters; i++) {
+		uint64_t s0 = kvx_now_ns();
+		if (full_io(ts, fr, sizeof(fr), 1) || full_io(ts, rb, sizeof(rb), 0))
+			goto out_tcp;
+		trtt[i] = kvx_now_ns() - s0;
+	}
+	/* Windowed TCP: write `window` frames, then read one per write (socket buffers hold it). */
+	uint64_t w = o.window < 64 ? o.window : 64;
+	t0 = kvx_now_ns();
+	for (uint64_t i = 0; i < w; i++)
+		if (full_io(ts, fr, sizeof(fr), 1))
+			goto out_tcp;
+	for (uint64_t i = w; i < o.msgs; i++)
+		if (full_io(ts, rb, sizeof(rb), 0) || full_io(ts, fr, sizeof(fr), 1))
+			goto out_tcp;
+	for (uint64_t i = 0; i < w; i++)
+		if (full_io(ts, rb, sizeof(rb), 0))
+			goto out_tcp;
+	double tcp_msgs_s = (double)o.msgs / ((double)(kvx_now_ns() - t0) / 1e9);
+
+	if (run_handshakes(ib, ports[0], o.hs_iters, hs1) ||
+	    run_handshakes(ib, ports[2], o.hs_iters, hs64))
+		goto out_tcp;
+
+	struct perf_stats s_rtt, s_trtt, s_hs1, s_hs64;
+	perf_stats_u64(rtt, o.iters, &s_rtt);
+	perf_stats_u64(trtt, o.iters, &s_trtt);
+	perf_stats_u64(hs1, o.hs_iters, &s_hs1);
+	perf_stats_u64(hs64, o.hs_iters, &s_hs64);
+	char cpu[128];
+	perf_cpu_model(cpu, sizeof(cpu));
+	printf("kvxfer-perf notify: 2 processes on loopback, unpinned (%ld online CPUs, %s)\n",
+	       sysconf(_SC_NPROCESSORS_ONLN), cpu);
+	printf("notification round trip (write_done -> release, inbox -> DEALER -> ROUTER -> "
+	       "callback, both ways):\n");
+	print_stats("kvxfer notify RTT", &s_rtt);
+	print_stats("peer: TCP echo RTT (40 B)", &s_trtt);
+	printf("  ratio kvxfer/TCP: p50 %.2f  p99 %.2f  p99.9 %.2f\n",
+	       (double)s_rtt.p50 / (double)s_trtt.p50, (double)s_rtt.p99 / (double)s_trtt.p99,
+	       (double)s_rtt.p999 / (double)s_trtt.p999);
+	printf("throughput (window %llu): kvxfer %.0f msg/s, TCP echo (window %llu) %.0f msg/s, "
+	       "ratio %.2f\n",
+	       (unsigned long long)o.window, msgs_s, (unsigned long long)w, tcp_msgs_s,
+	       msgs_s / tcp_msgs_s);
+	printf("handshake (get_meta_msg + metadata + region map + 64 B connection setup):\n");
+	print_stats("1 layer", &s_hs1);
+	print_stats("64 layers", &s_hs64);
+	ret = 0;
+	if (o.json) {
+		struct perf_json j;
+		memset(&j, 0, sizeof(j));
+		if (perf_json_open(&j, o.json)) {
+			fprintf(stderr, "kvxfer-perf notify: cannot write %s\n", o.json);
+			ret = 1;
+		} else {
+			perf_json_str(&j, "bench", "notify");
+			perf_json_str(&j, "cpu", cpu);
+			perf_json_u64(&j, "online_cpus", (uint64_t)sysconf(_SC_NPROCESSORS_ONLN));
+			perf_json_str(&j, "pinning", "none");
+			json_us(&j, "notify_rtt", &s_rtt);
+			json_us(&j, "tcp_echo_rtt", &s_trtt);
+			perf_json_double(&j, "rtt_ratio_p50", (double)s_rtt.p50 / (double)s_trtt.p50);
+			perf_json_double(&j, "rtt_ratio_p99", (double)s_rtt.p99 / (double)s_trtt.p99);
+			perf_json_double(&j, "rtt_ratio_p999", (double)s_rtt.p999 / (double)s_trtt.p999);
+			perf_json_u64(&j, "window", o.window);
+			perf_json_double(&j, "msgs_per_s", msgs_s);
+			perf_json_double(&j, "tcp_echo_msgs_per_s", tcp_msgs_s);
+			perf_json_double(&j, "msgs_ratio", msgs_s / tcp_msgs_s);
+			json_us(&j, "handshake_1_layer", &s_hs1);
+			json_us(&j, "handshake_64_layers", &s_hs64);
+			if (perf_json_close(&j))
+				ret = 1;
+		}
+	}
+out_tcp:
+	close(ts);
+out_mem:
+	free(rtt);
+	free(trtt);
+	free(hs1);
+	free(hs64);
+out_ctl:
+	kvx_ctl_inbox_close(ib);
+	kvx_ctl_destroy(ctl);
+out_child:
+	close(down[1]);
+	close(up[0]);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+		fprintf(stderr, "kvxfer-perf notify: echo process failed (status %d)\n", st);
+		ret = 1;
+	}
+	return ret;
+}
