@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * shm provider specifics: the connect-time probe refuses a peer that cross-memory attach may
+ * not reach, with -EPERM and a message naming the cause and the sysctl.
+ */
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvxfer/transport.h"
+
+#define NOBODY 65534
+
+static void redirect(void)
+{
+	cr_redirect_stderr();
+}
+
+/* Target: an unprivileged, non-dumpable process (ptrace access denied to its peers, as under
+ * a restrictive ptrace policy). */
+static void target(int sock)
+{
+	if (setresgid(NOBODY, NOBODY, NOBODY) || setresuid(NOBODY, NOBODY, NOBODY))
+		_exit(2);
+	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+	struct kvx_xport_ctx *ctx = NULL;
+	if (kvx_xport_open("shm", NULL, &ctx))
+		_exit(3);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
+	ssize_t al = recv(sock, a, sizeof(a), 0);
+	struct kvx_xport_ep *ep = NULL;
+	size_t bl = 0;
+	int rc = al > 0 ? kvx_xport_ep_accept(ctx, a, (size_t)al, &ep, b, sizeof(b), &bl) : -EPROTO;
+	if (rc)
+		_exit(4);
+	if (send(sock, b, bl, 0) != (ssize_t)bl)
+		_exit(5);
+	char x;
+	(void)recv(sock, &x, 1, 0); /* until the test is done */
+	kvx_xport_close(ctx);
+	_exit(0);
+}
+
+Test(transport_shm, connect_without_ptrace_permission_is_eperm_naming_sysctl, .init = redirect,
+     .timeout = 30)
+{
+	char reason[KVX_XPORT_REASON_MAX];
+	if (kvx_xport_provider_probe("shm", reason, sizeof(reason)))
+		cr_skip_test("shm unavailable: %s", reason);
+	if (geteuid() != 0)
+		cr_skip_test("needs root to drop to an unprivileged uid for both processes");
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(sv[0]);
+		target(sv[1]);
+	}
+	close(sv[1]);
+	/* The initiator: same uid as the target, no CAP_SYS_PTRACE. */
+	cr_assert_eq(setresgid(NOBODY, NOBODY, NOBODY), 0);
+	cr_assert_eq(setresuid(NOBODY, NOBODY, NOBODY), 0);
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open("shm", NULL, &ctx), 0);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
+	size_t al = 0;
+	struct kvx_xport_ep *ep = NULL;
+	cr_assert_eq(kvx_xport_ep_create(ctx, &ep, a, sizeof(a), &al), 0);
+	cr_assert_eq(send(sv[0], a, al, 0), (ssize_t)al);
+	ssize_t bl = recv(sv[0], b, sizeof(b), 0);
+	cr_assert_gt(bl, 0, "target did not answer");
+	cr_assert_eq(kvx_xport_ep_connect(ep, b, (size_t)bl), -EPERM);
+	fflush(stderr);
+	char log[2048] = {0};
+	FILE *f = cr_get_redirected_stderr();
+	size_t n = fread(log, 1, sizeof(log) - 1, f);
+	(void)n;
+	cr_assert_not_null(strstr(log, "process_vm_readv"), "log: %s", log);
+	cr_assert_not_null(strstr(log, "kernel.yama.ptrace_scope"), "log: %s", log);
+	kvx_xport_close(ctx);
+	close(sv[0]);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "target exit %d", st);
+}
