@@ -822,7 +822,10 @@ static void handle_submit(struct kvx_engine *e, struct xf *x)
 	case XK_WRITE:
 		t = tab_open(e, x->tid);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
-			x->aborted = true; /* D released before we began */
+			/* D released (aborted) before we began: nothing was written; say so, so that D's
+			 * quarantined blocks are freed without waiting for its defer timeout. */
+			x->aborted = true;
+			send_to_paired_rank(e, x->peer, KVX_MSG_WRITE_DONE, x->tid);
 			report(e, x, KVX_CPL_ABORTED, -ECANCELED, true);
 			return;
 		}
@@ -1311,7 +1314,18 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 		kvx_lcore_wait(lc);
 	}
 	kvx_ctl_stop(e->ctl);
-	/* The poller is joined: this thread now owns its state. Live transfers end as aborted. */
+	/* The poller is joined: this thread now owns its state. Submissions it never saw and live
+	 * transfers end as aborted (their blocks are reusable: no op can run any more). */
+	struct emsg m;
+	while (kvx_ring_dequeue_elem_burst_sc(e->sub, &m, 1, NULL)) {
+		if (m.type != M_SUBMIT)
+			continue;
+		struct xf *x = m.ptr;
+		x->live_idx = e->n_live;
+		e->live[e->n_live++] = x;
+		x->slot = e->free_slots[--e->n_free];
+		e->slots[x->slot] = x;
+	}
 	while (e->n_live) {
 		struct xf *x = e->live[0];
 		struct cmsg c[2];
@@ -1689,6 +1703,12 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	st->late_notifications = atomic_load_explicit(&((struct kvx_engine *)e)->st_late, memory_order_relaxed);
 	st->quarantined = atomic_load_explicit(&((struct kvx_engine *)e)->st_quar, memory_order_relaxed);
 	st->duplicates_rejected = e->st_dup;
+	if (e->ctl) {
+		struct kvx_ctl_counters cc;
+		kvx_ctl_counters_get(e->ctl, &cc);
+		st->notifications_sent = cc.notify_tx;
+		st->notifications_received = cc.notify_rx;
+	}
 	if (e->set) {
 		unsigned nl = kvx_lcore_set_count(e->set);
 		for (unsigned i = 0; i < nl && st->n_lcores < KVX_ENGINE_MAX_POLLERS; i++) {

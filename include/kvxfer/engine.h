@@ -208,6 +208,8 @@ struct kvx_engine_stats {
 	uint64_t duplicates_rejected;   /**< Transfer ids rejected with -EEXIST. */
 	uint64_t late_notifications;    /**< Notifications for terminal transfers, dropped. */
 	uint64_t quarantined;           /**< Block frees held back while ops could be in flight. */
+	uint64_t notifications_sent;    /**< Notify frames handed to the control plane's DEALERs. */
+	uint64_t notifications_received; /**< Valid notifications received. */
 };
 
 struct kvx_engine;

@@ -29,7 +29,8 @@ TestSuite(runtime_e2e, .timeout = 60.0);
 enum lay { L_SPLIT, L_INTER, L_MLA };
 
 static const uint32_t g_p_blocks[NPAIRS] = {3, 17, 4, 5, 30, 0};
-static const uint32_t g_d_blocks[NPAIRS] = {39, 2, 11, 12, 7, 25};
+/* One more consumer block than producer blocks is used by the extra-block case. */
+static const uint32_t g_d_blocks[NPAIRS + 1] = {39, 2, 11, 12, 7, 25, 33};
 
 static size_t block_elems(enum lay l)
 {
@@ -231,7 +232,27 @@ static int producer_main(enum kvx_sched_mode mode, const char *prov, enum lay l,
 	return st == KVX_CPL_DONE ? 0 : 17;
 }
 
-static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l)
+/* Byte-exact check of one consumer layer: paired blocks equal the producer's, the rest is 0. */
+static void verify_layer(const struct side *s, enum lay l, uint32_t li)
+{
+	size_t bytes = tensor_bytes(l, NB_D);
+	uint8_t *want = calloc(1, bytes);
+	cr_assert_not_null(want);
+	for (uint32_t k = 0; k < NPAIRS; k++) {
+		size_t doff[2], poff[2], len;
+		int np = block_pieces(l, NB_D, g_d_blocks[k], doff, &len);
+		block_pieces(l, NB_P, g_p_blocks[k], poff, &len);
+		for (int q = 0; q < np; q++)
+			for (size_t b = 0; b < len; b++)
+				want[doff[q] + b] = pat(li, poff[q] + b);
+	}
+	for (size_t b = 0; b < bytes; b++)
+		if (s->mem[li][b] != want[b])
+			cr_assert_fail("layer %u byte %zu: got %u want %u", li, b, s->mem[li][b], want[b]);
+	free(want);
+}
+
+static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l, bool extra_d_block)
 {
 	char reason[KVX_XPORT_REASON_MAX] = "";
 	if (kvx_xport_provider_probe(prov, reason, sizeof(reason)))
@@ -260,35 +281,25 @@ static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l)
 		struct kvx_engine_read r = {.transfer_id = "tx-e2e", .peer = pp, .local_blocks = g_d_blocks,
 					    .remote_blocks = g_p_blocks, .n = NPAIRS};
 		cr_assert_eq(kvx_xfer_read(s.e, &r), 0);
-		/* Per-layer barrier: when layer i's wait returns, its bytes are complete. */
-		for (uint32_t i = 0; i < NLAYERS; i++)
+		/* Per-layer barrier (fault g): when layer i's wait returns, layer i's bytes are
+		 * complete, whatever the state of the later layers. */
+		for (uint32_t i = 0; i < NLAYERS; i++) {
 			cr_assert_eq(kvx_xfer_layer_wait(s.e, "tx-e2e", i, 30000), 0, "layer %u", i);
+			verify_layer(&s, l, i);
+		}
 	} else {
+		/* extra_d_block (fault h): the consumer announces one block more than the producer
+		 * has (first token appended); pairing is by position, the extra block stays 0. */
 		struct kvx_engine_announce a = {.transfer_id = "tx-e2e", .peer = pp, .local_blocks = g_d_blocks,
-						.n = NPAIRS};
+						.n = NPAIRS + (extra_d_block ? 1 : 0)};
 		cr_assert_eq(kvx_xfer_announce(s.e, &a), 0);
 	}
 	int st = -1;
 	cr_assert_eq(wait_done(s.e, "tx-e2e", false, &st), 0, "no completion");
 	cr_assert_eq(st, KVX_CPL_DONE);
 	/* Byte-exact: every paired block equals the producer's, every other block is untouched. */
-	for (uint32_t li = 0; li < NLAYERS; li++) {
-		size_t bytes = tensor_bytes(l, NB_D);
-		uint8_t *want = calloc(1, bytes);
-		cr_assert_not_null(want);
-		for (uint32_t k = 0; k < NPAIRS; k++) {
-			size_t doff[2], poff[2], len;
-			int np = block_pieces(l, NB_D, g_d_blocks[k], doff, &len);
-			block_pieces(l, NB_P, g_p_blocks[k], poff, &len);
-			for (int q = 0; q < np; q++)
-				for (size_t b = 0; b < len; b++)
-					want[doff[q] + b] = pat(li, poff[q] + b);
-		}
-		for (size_t b = 0; b < bytes; b++)
-			if (s.mem[li][b] != want[b])
-				cr_assert_fail("layer %u byte %zu: got %u want %u", li, b, s.mem[li][b], want[b]);
-		free(want);
-	}
+	for (uint32_t li = 0; li < NLAYERS; li++)
+		verify_layer(&s, l, li);
 	cr_assert_eq(write_all(d2p[1], "k", 1), 0);
 	int wst = 0;
 	cr_assert_eq(waitpid(pid, &wst, 0), pid);
@@ -297,15 +308,16 @@ static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l)
 	side_free(&s);
 }
 
-Test(runtime_e2e, tcp_read_split) { run_e2e(KVX_SCHED_MODE_READ, "tcp", L_SPLIT); }
-Test(runtime_e2e, tcp_read_interleaved) { run_e2e(KVX_SCHED_MODE_READ, "tcp", L_INTER); }
-Test(runtime_e2e, tcp_read_mla) { run_e2e(KVX_SCHED_MODE_READ, "tcp", L_MLA); }
-Test(runtime_e2e, tcp_write_split) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_SPLIT); }
-Test(runtime_e2e, tcp_write_interleaved) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_INTER); }
-Test(runtime_e2e, tcp_write_mla) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_MLA); }
-Test(runtime_e2e, shm_read_split) { run_e2e(KVX_SCHED_MODE_READ, "shm", L_SPLIT); }
-Test(runtime_e2e, shm_read_interleaved) { run_e2e(KVX_SCHED_MODE_READ, "shm", L_INTER); }
-Test(runtime_e2e, shm_read_mla) { run_e2e(KVX_SCHED_MODE_READ, "shm", L_MLA); }
-Test(runtime_e2e, shm_write_split) { run_e2e(KVX_SCHED_MODE_WRITE, "shm", L_SPLIT); }
-Test(runtime_e2e, shm_write_interleaved) { run_e2e(KVX_SCHED_MODE_WRITE, "shm", L_INTER); }
-Test(runtime_e2e, shm_write_mla) { run_e2e(KVX_SCHED_MODE_WRITE, "shm", L_MLA); }
+Test(runtime_e2e, tcp_read_split) { run_e2e(KVX_SCHED_MODE_READ, "tcp", L_SPLIT, false); }
+Test(runtime_e2e, tcp_read_interleaved) { run_e2e(KVX_SCHED_MODE_READ, "tcp", L_INTER, false); }
+Test(runtime_e2e, tcp_read_mla) { run_e2e(KVX_SCHED_MODE_READ, "tcp", L_MLA, false); }
+Test(runtime_e2e, tcp_write_split) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_SPLIT, false); }
+Test(runtime_e2e, tcp_write_interleaved) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_INTER, false); }
+Test(runtime_e2e, tcp_write_mla) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_MLA, false); }
+Test(runtime_e2e, shm_read_split) { run_e2e(KVX_SCHED_MODE_READ, "shm", L_SPLIT, false); }
+Test(runtime_e2e, shm_read_interleaved) { run_e2e(KVX_SCHED_MODE_READ, "shm", L_INTER, false); }
+Test(runtime_e2e, shm_read_mla) { run_e2e(KVX_SCHED_MODE_READ, "shm", L_MLA, false); }
+Test(runtime_e2e, shm_write_split) { run_e2e(KVX_SCHED_MODE_WRITE, "shm", L_SPLIT, false); }
+Test(runtime_e2e, shm_write_interleaved) { run_e2e(KVX_SCHED_MODE_WRITE, "shm", L_INTER, false); }
+Test(runtime_e2e, shm_write_mla) { run_e2e(KVX_SCHED_MODE_WRITE, "shm", L_MLA, false); }
+Test(runtime_e2e, tcp_write_consumer_extra_block) { run_e2e(KVX_SCHED_MODE_WRITE, "tcp", L_SPLIT, true); }

@@ -1,0 +1,351 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Engine API: parameter validation, layer registration, and fault scenarios with two real
+ * engines (producer and consumer) in one process talking over loopback (real libzmq sockets,
+ * real tcp provider): duplicate transfer ids (j), prefix-cache full hit in READ mode (c), a
+ * producer that never answers (d), a consumer abort with the producer's writes pending (e),
+ * and stop() ending live transfers. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include "kvxfer/engine.h"
+
+TestSuite(runtime_engine, .timeout = 60.0);
+
+#define NB 16
+#define NL 2
+
+struct eng {
+	struct kvx_engine *e;
+	uint8_t *mem[NL];
+	uint16_t hs, nt;
+};
+
+static struct kvx_layout_tensor mla_tensor(void)
+{
+	return (struct kvx_layout_tensor){.ndim = 3, .shape = {NB, 4, 16}, .stride = {64, 16, 1}, .elem_size = 2};
+}
+
+static void params(struct kvx_engine_params *p, enum kvx_sched_role role, enum kvx_sched_mode mode)
+{
+	kvx_engine_params_init(p);
+	p->role = role;
+	p->mode = mode;
+	p->transport = "tcp";
+	p->handshake_port = 0;
+	p->notify_port = 0;
+	p->max_transfers = 8;
+	p->max_blocks = NB;
+}
+
+static void eng_start(struct eng *g, const struct kvx_engine_params *p, uint8_t fill)
+{
+	char err[256] = "";
+	cr_assert_eq(kvx_engine_create(p, &g->e, err, sizeof(err)), 0, "%s", err);
+	for (int i = 0; i < NL; i++) {
+		g->mem[i] = malloc(NB * 4 * 16 * 2);
+		cr_assert_not_null(g->mem[i]);
+		memset(g->mem[i], fill, NB * 4 * 16 * 2);
+		char name[8];
+		snprintf(name, sizeof(name), "l%d", i);
+		struct kvx_engine_layer l = {.name = name, .base = g->mem[i], .tensor = mla_tensor(),
+					     .spec = {.block_size = 4, .is_mla = true}};
+		cr_assert_eq(kvx_engine_register_layer(g->e, &l), i);
+	}
+	cr_assert_eq(kvx_engine_start(g->e), 0);
+	cr_assert_eq(kvx_engine_ports(g->e, &g->hs, &g->nt), 0);
+}
+
+static void eng_free(struct eng *g)
+{
+	kvx_engine_destroy(g->e);
+	for (int i = 0; i < NL; i++)
+		free(g->mem[i]);
+}
+
+/* Collect completions of one engine until pred is met or the deadline passes. */
+struct seen {
+	int transfer;  /* -1 none, else enum kvx_cpl_status */
+	int released;  /* count of BLOCKS_RELEASED */
+	int error;
+	uint64_t at_ns;
+};
+
+static void pump(struct kvx_engine *e, const char *tid, struct seen *s)
+{
+	struct kvx_completion c[8];
+	size_t n = kvx_engine_poll_completions(e, c, 8);
+	for (size_t i = 0; i < n; i++) {
+		cr_assert_str_eq(c[i].transfer_id, tid, "unexpected completion for %s", c[i].transfer_id);
+		if (c[i].kind == KVX_CPL_TRANSFER) {
+			cr_assert_eq(s->transfer, -1, "two terminal completions for %s", tid);
+			s->transfer = (int)c[i].status;
+			s->error = c[i].error;
+			s->at_ns = kvx_now_ns();
+		} else {
+			s->released++;
+		}
+	}
+}
+
+static bool wait_for(struct kvx_engine *e, const char *tid, struct seen *s, bool want_release, uint64_t timeout_ns)
+{
+	uint64_t end = kvx_now_ns() + timeout_ns;
+	while (kvx_now_ns() < end) {
+		pump(e, tid, s);
+		if (s->transfer >= 0 && (!want_release || s->released))
+			return true;
+		usleep(200); /* application polling cadence; the condition is the completion */
+	}
+	return false;
+}
+
+Test(runtime_engine, create_rejects_bad_fields_with_message)
+{
+	struct kvx_engine_params p;
+	struct kvx_engine *e = NULL;
+	char err[256];
+	struct {
+		const char *field;
+		void (*set)(struct kvx_engine_params *);
+	} cases[] = {
+		{"dp_rank", NULL}, {"tp_size", NULL}, {"transport", NULL}, {"transfer_timeout_ms", NULL}, {"host", NULL},
+	};
+	for (size_t i = 0; i < KVX_ARRAY_SIZE(cases); i++) {
+		params(&p, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+		if (i == 0)
+			p.dp_rank = 1;
+		else if (i == 1)
+			p.tp_size = 0;
+		else if (i == 2)
+			p.transport = "carrier-pigeon";
+		else if (i == 3)
+			p.transfer_timeout_ms = 0;
+		else
+			p.host = NULL;
+		err[0] = 0;
+		cr_assert_eq(kvx_engine_create(&p, &e, err, sizeof(err)), -EINVAL, "case %s", cases[i].field);
+		cr_assert(strstr(err, cases[i].field), "message '%s' does not name %s", err, cases[i].field);
+	}
+	params(&p, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	p.role = (enum kvx_sched_role)7;
+	cr_assert_eq(kvx_engine_create(&p, &e, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "role"));
+}
+
+Test(runtime_engine, register_layer_errors)
+{
+	struct kvx_engine_params p;
+	params(&p, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	struct kvx_engine *e;
+	cr_assert_eq(kvx_engine_create(&p, &e, NULL, 0), 0);
+	static uint8_t mem[NB * 4 * 16 * 2];
+	struct kvx_engine_layer l = {.name = "a", .base = mem, .tensor = mla_tensor(),
+				     .spec = {.block_size = 4, .is_mla = true}};
+	cr_assert_eq(kvx_engine_register_layer(e, &l), 0);
+	cr_assert_eq(kvx_engine_register_layer(e, &l), -EINVAL); /* duplicate name */
+	l.name = "b";
+	l.tensor.shape[0] = NB / 2; /* num_blocks differs from layer a */
+	cr_assert_eq(kvx_engine_register_layer(e, &l), -EINVAL);
+	l.tensor = (struct kvx_layout_tensor){.ndim = 4, .shape = {8, 4, 2, 3}, .stride = {24, 6, 3, 1}, .elem_size = 2};
+	l.spec.is_mla = false;
+	cr_assert_eq(kvx_engine_register_layer(e, &l), -EINVAL); /* unsupported shape */
+	l.base = NULL;
+	cr_assert_eq(kvx_engine_register_layer(e, &l), -EINVAL);
+	struct kvx_engine_serve sv = {.transfer_id = "tx", .local_blocks = (uint32_t[]){1}, .n = 1};
+	cr_assert_eq(kvx_xfer_serve(e, &sv), -EBUSY); /* not started */
+	kvx_engine_destroy(e);
+}
+
+Test(runtime_engine, j_duplicate_transfer_id_rejected_first_completes)
+{
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	eng_start(&P, &pp, 0x5a);
+	eng_start(&D, &dp, 0);
+	const uint32_t pb[2] = {1, 2}, db[2] = {9, 3};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-dup", .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -EEXIST);
+	struct kvx_engine_read r = {.transfer_id = "tx-dup",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				    .local_blocks = db,
+				    .remote_blocks = pb,
+				    .n = 2};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	const uint32_t other[2] = {4, 5};
+	r.local_blocks = other;
+	cr_assert_eq(kvx_xfer_read(D.e, &r), -EEXIST);
+	struct seen sd = {.transfer = -1}, sp = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-dup", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_DONE);
+	cr_assert(wait_for(P.e, "tx-dup", &sp, true, 20000000000ull));
+	cr_assert_eq(sp.transfer, KVX_CPL_DONE);
+	for (int l = 0; l < NL; l++) {
+		for (int b = 0; b < NB; b++) {
+			uint8_t want = (b == 9 || b == 3) ? 0x5a : 0;
+			for (int k = 0; k < 128; k++)
+				cr_assert_eq(D.mem[l][b * 128 + k], want, "layer %d block %d", l, b);
+		}
+	}
+	/* The id stays used after completion (one-shot). */
+	r.local_blocks = db;
+	cr_assert_eq(kvx_xfer_read(D.e, &r), -EEXIST);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(D.e, &st);
+	cr_assert_eq(st.duplicates_rejected, 2);
+	cr_assert_eq(st.transfers_done, 1);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, c_full_hit_read_releases_producer_without_rdma)
+{
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	pp.defer_timeout_ms = 60000;
+	eng_start(&P, &pp, 0x11);
+	eng_start(&D, &dp, 0);
+	struct kvx_engine_serve sv = {.transfer_id = "tx-hit", .local_blocks = (uint32_t[]){1, 2, 3}, .n = 3};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-hit",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				    .n = 0};
+	uint64_t t0 = kvx_now_ns();
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen sd = {.transfer = -1}, sp = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-hit", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_DONE);
+	cr_assert(wait_for(P.e, "tx-hit", &sp, true, 20000000000ull));
+	cr_assert_eq(sp.transfer, KVX_CPL_DONE);
+	cr_assert_eq(sp.released, 1);
+	cr_assert_lt(sp.at_ns - t0, 30000000000ull, "freed by release, not by the 60 s defer timeout");
+	struct kvx_engine_stats a, b;
+	kvx_engine_get_stats(D.e, &a);
+	kvx_engine_get_stats(P.e, &b);
+	cr_assert_eq(a.lcores[0].ops, 0, "no RDMA posted");
+	cr_assert_eq(a.lcores[0].bytes, 0);
+	cr_assert_eq(b.lcores[0].ops, 0);
+	for (int l = 0; l < NL; l++)
+		for (int k = 0; k < NB * 128; k++)
+			cr_assert_eq(D.mem[l][k], 0);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, d_silent_producer_times_out_and_sends_nothing)
+{
+	/* A TCP port that accepts connections but never speaks: the handshake never completes. */
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(ls, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(ls, 8), 0);
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+	uint16_t port = ntohs(a.sin_port);
+
+	struct kvx_engine_params dp;
+	struct eng D;
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.transfer_timeout_ms = 300;
+	dp.handshake_timeout_ms = 600;
+	eng_start(&D, &dp, 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-silent",
+				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
+				    .local_blocks = (uint32_t[]){1},
+				    .remote_blocks = (uint32_t[]){1},
+				    .n = 1};
+	uint64_t t0 = kvx_now_ns();
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen s = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-silent", &s, true, 20000000000ull));
+	cr_assert_eq(s.transfer, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(s.error, -ETIMEDOUT);
+	uint64_t took = s.at_ns - t0;
+	cr_assert_geq(took, 300000000ull, "reported before the transfer timeout (%llu ns)", (unsigned long long)took);
+	cr_assert_lt(took, 5000000000ull, "reported %llu ns after start", (unsigned long long)took);
+	cr_assert_eq(kvx_xfer_layer_poll(D.e, "tx-silent", 0), -ETIMEDOUT);
+	/* Past the handshake deadline too: still no notification sent, no further completion. */
+	uint64_t end = kvx_now_ns() + 1000000000ull;
+	while (kvx_now_ns() < end) {
+		pump(D.e, "tx-silent", &s);
+		usleep(1000);
+	}
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(D.e, &st);
+	cr_assert_eq(st.notifications_sent, 0);
+	cr_assert_eq(st.transfers_timed_out, 1);
+	cr_assert_eq(s.released, 1);
+	eng_free(&D);
+	close(ls);
+}
+
+Test(runtime_engine, e_consumer_abort_keeps_blocks_until_producer_terminal)
+{
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	dp.defer_timeout_ms = 60000;
+	eng_start(&P, &pp, 0x77);
+	eng_start(&D, &dp, 0);
+	struct kvx_engine_announce an = {.transfer_id = "tx-ab",
+					 .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+					 .local_blocks = (uint32_t[]){4, 5},
+					 .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	cr_assert_eq(kvx_xfer_abort(D.e, "tx-ab"), 0);
+	struct seen sd = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-ab", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_ABORTED);
+	/* The producer may still write (it has the allocation): the blocks stay quarantined. */
+	uint64_t end = kvx_now_ns() + 200000000ull;
+	while (kvx_now_ns() < end) {
+		pump(D.e, "tx-ab", &sd);
+		cr_assert_eq(sd.released, 0, "blocks released while the producer could still write");
+		usleep(1000);
+	}
+	/* The producer now begins: it sees the release, writes nothing, and says so. */
+	struct kvx_engine_write w = {.transfer_id = "tx-ab",
+				     .peer = {.host = "127.0.0.1", .handshake_port = D.hs, .notify_port = D.nt},
+				     .local_blocks = (uint32_t[]){1, 2},
+				     .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	struct seen sp = {.transfer = -1};
+	cr_assert(wait_for(P.e, "tx-ab", &sp, true, 20000000000ull));
+	cr_assert_eq(sp.transfer, KVX_CPL_ABORTED);
+	cr_assert(wait_for(D.e, "tx-ab", &sd, true, 20000000000ull));
+	cr_assert_eq(sd.released, 1);
+	for (int l = 0; l < NL; l++)
+		for (int k = 0; k < NB * 128; k++)
+			cr_assert_eq(D.mem[l][k], 0, "no byte written after the abort");
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, stop_ends_live_transfers_aborted)
+{
+	struct kvx_engine_params pp;
+	struct eng P;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	eng_start(&P, &pp, 0);
+	struct kvx_engine_serve sv = {.transfer_id = "tx-live", .local_blocks = (uint32_t[]){1}, .n = 1};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	kvx_engine_stop(P.e);
+	struct seen s = {.transfer = -1};
+	pump(P.e, "tx-live", &s);
+	cr_assert_eq(s.transfer, KVX_CPL_ABORTED);
+	cr_assert_eq(s.released, 1);
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -EBUSY);
+	eng_free(&P);
+}
