@@ -122,12 +122,8 @@ enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b);
  * bad tp combination. A completed transfer becomes terminal. */
 int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp);
 
-/* Routing helpers (PROTOCOL.md §2.1, §4.5). */
-int kvx_xfer_remote_tp_rank(uint32_t local_rank, uint32_t local_size, uint32_t remote_size, uint32_t *out);
-int kvx_xfer_expected_acks(uint32_t producer_tp, uint32_t consumer_tp, uint32_t *out);
-int kvx_xfer_port_offset(uint32_t dp_rank, uint32_t tp_rank, uint32_t tp_size, uint32_t *out);
-uint32_t kvx_xfer_fold(uint32_t dp_rank, uint32_t dp_local);
-uint32_t kvx_xfer_pod(uint32_t dp_rank, uint32_t dp_local);
+/* Routing helpers (remote_tp_rank, expected_acks, port offsets, fold, pod) are the control
+ * plane's public ones: include/kvxfer/control.h (kvx_ctl_*). */
 
 /* FIFO of requests waiting for a peer handshake, drained whole (PROTOCOL.md §6 item 2, T47). */
 struct kvx_xfer_readyq {

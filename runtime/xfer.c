@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvxfer/control.h"
 #include "runtime_internal.h"
 
 struct kvx_xfer_table {
@@ -311,62 +312,10 @@ enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b)
 	}
 }
 
-int kvx_xfer_remote_tp_rank(uint32_t local_rank, uint32_t local_size, uint32_t remote_size, uint32_t *out)
-{
-	if (local_size == 0 || local_rank >= local_size)
-		return -EINVAL;
-	if (remote_size == 0)
-		remote_size = local_size; /* L3: 0 means "same as local" */
-	if (remote_size == local_size) {
-		*out = local_rank;
-	} else if (remote_size > local_size) {
-		if (remote_size % local_size)
-			return -EINVAL; /* "must be a multiple" */
-		*out = local_rank * (remote_size / local_size);
-	} else {
-		if (local_size % remote_size)
-			return -EINVAL;
-		*out = local_rank / (local_size / remote_size);
-	}
-	return 0;
-}
-
-int kvx_xfer_expected_acks(uint32_t producer_tp, uint32_t consumer_tp, uint32_t *out)
-{
-	if (producer_tp == 0 || consumer_tp == 0)
-		return -EINVAL;
-	if (consumer_tp <= producer_tp) {
-		*out = 1;
-		return 0;
-	}
-	if (consumer_tp % producer_tp)
-		return -EINVAL;
-	*out = consumer_tp / producer_tp;
-	return 0;
-}
-
-int kvx_xfer_port_offset(uint32_t dp_rank, uint32_t tp_rank, uint32_t tp_size, uint32_t *out)
-{
-	if (tp_size == 0)
-		return -EINVAL; /* "tp_size must be positive" */
-	*out = dp_rank * tp_size + tp_rank;
-	return 0;
-}
-
-uint32_t kvx_xfer_fold(uint32_t dp_rank, uint32_t dp_local)
-{
-	return dp_local ? dp_rank % dp_local : dp_rank;
-}
-
-uint32_t kvx_xfer_pod(uint32_t dp_rank, uint32_t dp_local)
-{
-	return dp_local ? dp_rank / dp_local : 0;
-}
-
 int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp)
 {
 	uint32_t need;
-	int rc = kvx_xfer_expected_acks(producer_tp, consumer_tp ? consumer_tp : 1, &need);
+	int rc = kvx_ctl_expected_acks(producer_tp, consumer_tp ? consumer_tp : 1, &need);
 	if (rc)
 		return rc;
 	struct kvx_xfer *x = kvx_xfer_find(t, tid);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "kvxfer/control.h"
 #include "kvxfer/layout.h"
 #include "kvxfer/sched.h"
 #include "runtime/runtime_internal.h"
@@ -263,8 +264,8 @@ Test(runtime_vectors, t17_write_done_notified_once)
 	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
 	/* write_done target: D dp 0, P tp_rank 2, notify base 7000 -> 7002 */
 	uint32_t rtp, off;
-	cr_assert_eq(kvx_xfer_remote_tp_rank(2, 4, 4, &rtp), 0);
-	cr_assert_eq(kvx_xfer_port_offset(kvx_xfer_fold(0, 0), rtp, 4, &off), 0);
+	cr_assert_eq(kvx_ctl_remote_tp_rank(2, 4, 4, &rtp, NULL, 0), 0);
+	cr_assert_eq(kvx_ctl_port_offset(KVX_CTL_PORT_INJECTIVE, kvx_ctl_fold_local_rank(0, 0), rtp, 4, &off), 0);
 	cr_assert_eq(7000 + off, 7002);
 	cr_assert(kvx_xfer_is_terminal(t, "xfer"));
 	cr_assert_eq(kvx_xfer_find(t, "xfer")->remote_blocks, NULL); /* alloc dropped */
@@ -314,20 +315,22 @@ Test(runtime_vectors, t23_remote_tp_rank)
 {
 	uint32_t r;
 	for (uint32_t i = 0; i < 4; i++) {
-		cr_assert_eq(kvx_xfer_remote_tp_rank(i, 4, 4, &r), 0);
+		cr_assert_eq(kvx_ctl_remote_tp_rank(i, 4, 4, &r, NULL, 0), 0);
 		cr_assert_eq(r, i);
 	}
 	const uint32_t e8[8] = {0, 0, 1, 1, 2, 2, 3, 3};
 	for (uint32_t i = 0; i < 8; i++) {
-		cr_assert_eq(kvx_xfer_remote_tp_rank(i, 8, 4, &r), 0);
+		cr_assert_eq(kvx_ctl_remote_tp_rank(i, 8, 4, &r, NULL, 0), 0);
 		cr_assert_eq(r, e8[i]);
 	}
 	for (uint32_t i = 0; i < 4; i++) {
-		cr_assert_eq(kvx_xfer_remote_tp_rank(i, 4, 8, &r), 0);
+		cr_assert_eq(kvx_ctl_remote_tp_rank(i, 4, 8, &r, NULL, 0), 0);
 		cr_assert_eq(r, 2 * i);
 	}
-	cr_assert_eq(kvx_xfer_remote_tp_rank(0, 6, 4, &r), -EINVAL);
-	cr_assert_eq(kvx_xfer_remote_tp_rank(0, 4, 6, &r), -EINVAL);
+	char err[128] = "";
+	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 6, 4, &r, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "multiple"), "message: %s", err);
+	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 4, 6, &r, NULL, 0), -EINVAL);
 }
 
 /* T24 head guard: replicated KV heads are rejected for non-MLA unless min(tp) >= heads. */
@@ -352,13 +355,13 @@ Test(runtime_vectors, t24_head_guard)
 Test(runtime_vectors, t25_expected_acks)
 {
 	uint32_t n;
-	cr_assert_eq(kvx_xfer_expected_acks(4, 4, &n), 0);
+	cr_assert_eq(kvx_ctl_expected_acks(4, 4, &n), 0);
 	cr_assert_eq(n, 1);
-	cr_assert_eq(kvx_xfer_expected_acks(8, 4, &n), 0);
+	cr_assert_eq(kvx_ctl_expected_acks(8, 4, &n), 0);
 	cr_assert_eq(n, 1);
-	cr_assert_eq(kvx_xfer_expected_acks(4, 8, &n), 0);
+	cr_assert_eq(kvx_ctl_expected_acks(4, 8, &n), 0);
 	cr_assert_eq(n, 2);
-	cr_assert_eq(kvx_xfer_expected_acks(4, 6, &n), -EINVAL);
+	cr_assert_eq(kvx_ctl_expected_acks(4, 6, &n), -EINVAL);
 }
 
 Test(runtime_vectors, t26_resolve_ack_fan_in)
@@ -401,8 +404,8 @@ Test(runtime_vectors, t28_read_batch_done_releases)
 	cr_assert_eq(kvx_xfer_read_action(b), KVX_XFER_ACT_RELEASE);
 	/* release target: 127.0.0.1, notify base 7000 + port_offset(0, remote_tp_rank(0,8,1)) */
 	uint32_t rtp, off;
-	cr_assert_eq(kvx_xfer_remote_tp_rank(0, 8, 1, &rtp), 0);
-	cr_assert_eq(kvx_xfer_port_offset(0, rtp, 1, &off), 0);
+	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 8, 1, &rtp, NULL, 0), 0);
+	cr_assert_eq(kvx_ctl_port_offset(KVX_CTL_PORT_INJECTIVE, 0, rtp, 1, &off), 0);
 	cr_assert_eq(7000 + off, 7000);
 }
 
