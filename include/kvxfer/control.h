@@ -710,8 +710,10 @@ struct kvx_ctl_inbox; /**< One producer thread's lock-free channel into the cont
 
 /**
  * Inbound notification handler (runs on the control thread). Called once per accepted message,
- * after validation and after the terminal-LRU filter (a message whose transfer id is terminal
- * is counted in `dropped_terminal` and not delivered). @p msg and its block_ids are valid only
+ * after validation and after the terminal-LRU filter: a message of ANY type whose transfer id
+ * was marked terminal (kvx_ctl_mark_terminal()) is counted in `dropped_terminal` and not
+ * delivered. Mark a READ transfer terminal only after its last expected `release` (fan-in,
+ * kvx_ctl_expected_acks()), or later ACKs are dropped. @p msg and its block_ids are valid only
  * during the call: copy what you keep. Must not block (forward into your own ring).
  */
 typedef void (*kvx_ctl_notify_fn)(void *arg, const struct kvx_msg_notify *msg);
@@ -809,7 +811,7 @@ struct kvx_ctl_params {
 	uint32_t max_peers;                 /**< DEALER cache bound; 0 = KVX_CTL_DEFAULT_MAX_PEERS. */
 	uint32_t max_active_handshakes;     /**< Jobs running at once (others queue); 0 = 4. */
 	uint32_t max_inboxes;               /**< Inboxes that may be open; 0 = 16. */
-	uint32_t inbox_slots;               /**< Slots per inbox, power of two; 0 = 1024. */
+	uint32_t inbox_slots;               /**< Slots per inbox, power of two; 0 = 256 (each slot holds KVX_CTL_INLINE_BYTES inline, ~1.8 KiB). */
 	uint64_t epoch;                     /**< Engine epoch to advertise; 0 = derived from time and pid at create. */
 	kvx_ctl_notify_fn on_notify;        /**< Inbound notifications; NULL = count and drop. */
 	void *notify_arg;                   /**< Passed to on_notify. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ctl_test_util.h"
+#include "kvxfer/lcore.h"
 
 TestSuite(control_ctl, .timeout = 60.0);
 
@@ -484,4 +485,40 @@ Test(control_ctl, stop_cancels_pending_handshake)
 	cr_assert_eq(w.calls, 1);
 	cr_assert_eq(w.status, -ECANCELED);
 	kvx_ctl_destroy(i);
+}
+
+Test(control_ctl, runs_on_the_control_lcore)
+{
+	static char err[KVX_LCORE_ERRLEN];
+	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
+	kvx_lcore_cfg_init(cfg);
+	int rc = kvx_lcore_cfg_default(cfg, 1, 0, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	rc = kvx_lcore_cfg_validate(cfg, NULL, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	struct kvx_lcore_set *set = NULL;
+	cr_assert_eq(kvx_lcore_set_create(cfg, &set), 0);
+	struct kvx_lcore *lc = kvx_lcore_set_control(set);
+	cr_assert_not_null(lc);
+	struct collector cb;
+	coll_init(&cb);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &cb);
+	p.lcore = lc;
+	struct kvx_ctl *ctl = tctl_start(&p);
+	cr_assert(kvx_lcore_is_running(lc), "the loop runs on the control lcore");
+	uint16_t nt;
+	kvx_ctl_bound_ports(ctl, NULL, &nt);
+	struct kvx_ctl_inbox *ib;
+	cr_assert_eq(kvx_ctl_inbox_open(ctl, &ib), 0);
+	cr_assert_eq(kvx_ctl_send_raw(ib, "127.0.0.1", nt, "tx-on-lcore", 11), 0);
+	cr_assert_eq(coll_wait(&cb, 1, 10.0), 1);
+	cr_assert_str_eq(cb.msgs[0].m.transfer_id, "tx-on-lcore");
+	kvx_ctl_inbox_close(ib);
+	kvx_ctl_stop(ctl);
+	cr_assert_not(kvx_lcore_is_running(lc));
+	kvx_ctl_destroy(ctl);
+	kvx_lcore_set_destroy(set);
+	free(cfg);
+	coll_fini(&cb);
 }
