@@ -36,10 +36,12 @@ int kvx_waiter_fd(const struct kvx_waiter *w)
 
 void kvx_waiter_prepare(struct kvx_waiter *w)
 {
-	atomic_store_explicit(&w->sleeping, 1, memory_order_relaxed);
-	/* P1: pairs with W1 in kvx_waiter_wake(): the store above is ordered before the caller's
-	 * re-check of its sources. */
+	/* P1: pairs with W1 in kvx_waiter_wake(): the store of sleeping = 1 is ordered before the
+	 * caller's re-check of its sources (RMW: acq_rel, the TSan form of W1 needs it). */
+	atomic_exchange_explicit(&w->sleeping, 1, memory_order_acq_rel);
+#if !defined(__SANITIZE_THREAD__)
 	atomic_thread_fence(memory_order_seq_cst);
+#endif
 }
 
 void kvx_waiter_cancel(struct kvx_waiter *w)
@@ -87,6 +89,11 @@ void kvx_waiter_signal_impl(struct kvx_waiter *w)
 	ssize_t n = write(w->efd, &one, sizeof(one));
 	(void)n; /* EAGAIN only at a counter of 2^64-2: the fd is readable anyway */
 	atomic_fetch_add_explicit(&w->wakes, 1, memory_order_relaxed);
+}
+
+bool kvx_waiter_is_sleeping(const struct kvx_waiter *w)
+{
+	return atomic_load_explicit(&w->sleeping, memory_order_relaxed) != 0;
 }
 
 uint64_t kvx_waiter_wake_count(const struct kvx_waiter *w)

@@ -778,6 +778,16 @@ KVX_API bool kvx_waiter_finish(struct kvx_waiter *w);
 static inline void kvx_waiter_wake(struct kvx_waiter *w);
 
 /**
+ * Whether the consumer has announced a sleep (kvx_waiter_prepare()) that no wake, cancel or
+ * finish has ended yet (diagnostics, tests, benchmarks).
+ *
+ * @param w  Waiter; not NULL.
+ * @return   true while the sleeping flag is set.
+ * @par Thread safety  Any thread (relaxed load; a snapshot).
+ */
+KVX_API bool kvx_waiter_is_sleeping(const struct kvx_waiter *w);
+
+/**
  * Eventfd writes performed by kvx_waiter_wake() so far (diagnostics, tests).
  *
  * @param w  Waiter; not NULL.

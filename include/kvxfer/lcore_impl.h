@@ -24,7 +24,8 @@
  *  A3/A6 MP/MC wait for the previous producer's/consumer's tail (acquire of its R1/R2) so our
  *     own R1/R2 publishes its slots too.
  *  W1 waiter: seq_cst fence after R1 in kvx_waiter_wake() vs P1, the seq_cst fence after
- *     sleeping = 1 in kvx_waiter_prepare(): one side sees the other's store.
+ *     sleeping = 1 in kvx_waiter_prepare(): one side sees the other's store. Under TSan both
+ *     sides use acq_rel RMWs on sleeping instead (same guarantee, fences are not modelled).
  */
 #ifndef KVX_LCORE_H
 #error "kvxfer/lcore_impl.h is not for direct inclusion; include kvxfer/lcore.h"
@@ -51,8 +52,6 @@ static inline void kvx_lcore_pause_impl(void)
 	_mm_pause();
 #elif defined(__aarch64__)
 	__asm__ volatile("yield" ::: "memory");
-#else
-	atomic_signal_fence(memory_order_seq_cst);
 #endif
 }
 
@@ -63,10 +62,19 @@ KVX_API KVX_COLD void kvx_ring_yield_impl(void);
 
 static inline void kvx_waiter_wake(struct kvx_waiter *w)
 {
+#if defined(__SANITIZE_THREAD__)
+	/* TSan does not model fences (gcc rejects them with -fsanitize=thread): use the RMW form
+	 * of W1. Our RMW and the consumer's exchange in kvx_waiter_prepare() are ordered in the
+	 * modification order of sleeping; whichever comes second reads the other's value and
+	 * synchronizes with it (acq_rel), so again one side sees the other. */
+	uint32_t sleeping = atomic_fetch_or_explicit(&w->sleeping, 0, memory_order_acq_rel);
+#else
 	/* W1: pairs with P1 in kvx_waiter_prepare(); orders our earlier publish (R1) before the
-	 * load of sleeping. */
+	 * load of sleeping. A fence + plain load keeps the waiter's line shared among producers. */
 	atomic_thread_fence(memory_order_seq_cst);
-	if (KVX_UNLIKELY(atomic_load_explicit(&w->sleeping, memory_order_relaxed)))
+	uint32_t sleeping = atomic_load_explicit(&w->sleeping, memory_order_relaxed);
+#endif
+	if (KVX_UNLIKELY(sleeping))
 		kvx_waiter_signal_impl(w);
 }
 

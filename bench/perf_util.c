@@ -1,0 +1,348 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Shared helpers of kvxfer-perf: JSON writer, sample statistics, option parsing, topology. */
+#include "perf_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <numa.h>
+#include <stdlib.h>
+#include <string.h>
+
+int perf_json_open(struct perf_json *j, const char *path)
+{
+	memset(j, 0, sizeof(*j));
+	if (!path)
+		return 0;
+	if (!strcmp(path, "-")) {
+		j->f = stdout;
+	} else {
+		j->f = fopen(path, "w");
+		if (!j->f)
+			return -errno;
+		j->own = true;
+	}
+	fputc('{', j->f);
+	j->depth = 1;
+	j->first[1] = true;
+	return 0;
+}
+
+int perf_json_close(struct perf_json *j)
+{
+	if (!j->f)
+		return 0;
+	if (j->depth != 1)
+		j->err = true;
+	fputs("}\n", j->f);
+	if (ferror(j->f))
+		j->err = true;
+	if (j->own) {
+		if (fclose(j->f))
+			j->err = true;
+	} else {
+		fflush(j->f);
+	}
+	j->f = NULL;
+	return j->err ? -EIO : 0;
+}
+
+static void put_escaped(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			fprintf(f, "\\%c", c);
+		else if (c == '\n')
+			fputs("\\n", f);
+		else if (c == '\t')
+			fputs("\\t", f);
+		else if (c < 0x20)
+			fprintf(f, "\\u%04x", c);
+		else
+			fputc(c, f);
+	}
+	fputc('"', f);
+}
+
+/* Comma, newline + indent, and "key": before a member. */
+static bool member(struct perf_json *j, const char *key)
+{
+	if (!j->f)
+		return false;
+	if (!j->first[j->depth])
+		fputc(',', j->f);
+	j->first[j->depth] = false;
+	fputc('\n', j->f);
+	for (int i = 0; i < j->depth; i++)
+		fputs("  ", j->f);
+	if (key) {
+		put_escaped(j->f, key);
+		fputs(": ", j->f);
+	}
+	return true;
+}
+
+static void open_nested(struct perf_json *j, const char *key, char c)
+{
+	if (!member(j, key))
+		return;
+	fputc(c, j->f);
+	if (j->depth + 1 >= PERF_JSON_MAX_DEPTH) {
+		j->err = true;
+		return;
+	}
+	j->first[++j->depth] = true;
+}
+
+static void close_nested(struct perf_json *j, char c)
+{
+	if (!j->f)
+		return;
+	if (j->depth <= 1) {
+		j->err = true;
+		return;
+	}
+	bool empty = j->first[j->depth];
+	j->depth--;
+	if (!empty) {
+		fputc('\n', j->f);
+		for (int i = 0; i < j->depth; i++)
+			fputs("  ", j->f);
+	}
+	fputc(c, j->f);
+}
+
+void perf_json_obj_begin(struct perf_json *j, const char *key)
+{
+	open_nested(j, key, '{');
+}
+
+void perf_json_obj_end(struct perf_json *j)
+{
+	close_nested(j, '}');
+}
+
+void perf_json_arr_begin(struct perf_json *j, const char *key)
+{
+	open_nested(j, key, '[');
+}
+
+void perf_json_arr_end(struct perf_json *j)
+{
+	close_nested(j, ']');
+}
+
+void perf_json_str(struct perf_json *j, const char *key, const char *v)
+{
+	if (!member(j, key))
+		return;
+	if (v)
+		put_escaped(j->f, v);
+	else
+		fputs("null", j->f);
+}
+
+void perf_json_u64(struct perf_json *j, const char *key, uint64_t v)
+{
+	if (member(j, key))
+		fprintf(j->f, "%llu", (unsigned long long)v);
+}
+
+void perf_json_i64(struct perf_json *j, const char *key, int64_t v)
+{
+	if (member(j, key))
+		fprintf(j->f, "%lld", (long long)v);
+}
+
+void perf_json_double(struct perf_json *j, const char *key, double v)
+{
+	if (!member(j, key))
+		return;
+	if (isfinite(v))
+		fprintf(j->f, "%.6g", v);
+	else
+		fputs("null", j->f);
+}
+
+void perf_json_bool(struct perf_json *j, const char *key, bool v)
+{
+	if (member(j, key))
+		fputs(v ? "true" : "false", j->f);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+void perf_sort_u64(uint64_t *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+}
+
+uint64_t perf_percentile_u64(const uint64_t *sorted, size_t n, double p)
+{
+	if (!n)
+		return 0;
+	if (p <= 0)
+		return sorted[0];
+	double rank = ceil(p / 100.0 * (double)n);
+	size_t idx = rank < 1 ? 0 : (size_t)rank - 1;
+	return sorted[idx >= n ? n - 1 : idx];
+}
+
+void perf_stats_u64(uint64_t *v, size_t n, struct perf_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->n = n;
+	if (!n)
+		return;
+	perf_sort_u64(v, n);
+	double sum = 0;
+	for (size_t i = 0; i < n; i++)
+		sum += (double)v[i];
+	out->min = v[0];
+	out->max = v[n - 1];
+	out->mean = sum / (double)n;
+	out->p50 = perf_percentile_u64(v, n, 50);
+	out->p90 = perf_percentile_u64(v, n, 90);
+	out->p99 = perf_percentile_u64(v, n, 99);
+	out->p999 = perf_percentile_u64(v, n, 99.9);
+}
+
+double perf_median_double(double *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void perf_json_stats(struct perf_json *j, const char *key, const struct perf_stats *s)
+{
+	perf_json_obj_begin(j, key);
+	perf_json_u64(j, "n", s->n);
+	perf_json_u64(j, "min", s->min);
+	perf_json_u64(j, "p50", s->p50);
+	perf_json_u64(j, "p90", s->p90);
+	perf_json_u64(j, "p99", s->p99);
+	perf_json_u64(j, "p999", s->p999);
+	perf_json_u64(j, "max", s->max);
+	perf_json_double(j, "mean", s->mean);
+	perf_json_obj_end(j);
+}
+
+int perf_opt_value(int argc, char **argv, int *i, const char *name, const char **value)
+{
+	const char *a = argv[*i];
+	size_t n = strlen(name);
+	if (strncmp(a, name, n))
+		return 0;
+	if (a[n] == '=') {
+		*value = a + n + 1;
+		return 1;
+	}
+	if (a[n] != '\0')
+		return 0;
+	if (*i + 1 >= argc)
+		return -EINVAL;
+	*value = argv[++*i];
+	return 1;
+}
+
+int perf_parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return -EINVAL;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	uint64_t mul = 1;
+	if (*end == 'k' || *end == 'K')
+		mul = 1000, end++;
+	else if (*end == 'M')
+		mul = 1000000, end++;
+	else if (*end == 'G')
+		mul = 1000000000, end++;
+	if (*end || (v && mul > UINT64_MAX / v))
+		return -EINVAL;
+	*out = (uint64_t)v * mul;
+	return 0;
+}
+
+int perf_parse_seconds(const char *s, double *out)
+{
+	char *end;
+	if (!s || !*s)
+		return -EINVAL;
+	double v = strtod(s, &end);
+	if (*end || !(v > 0) || !isfinite(v))
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+static int read_int(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	int v = -1;
+	if (f) {
+		if (fscanf(f, "%d", &v) != 1)
+			v = -1;
+		fclose(f);
+	}
+	return v;
+}
+
+const char *perf_cpu_pair_topology(int a, int b)
+{
+	if (a == b)
+		return "same CPU";
+	char p[128];
+	if (numa_available() >= 0 && numa_node_of_cpu(a) != numa_node_of_cpu(b))
+		return "cross-NUMA";
+	snprintf(p, sizeof(p), "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", a);
+	int pa = read_int(p);
+	snprintf(p, sizeof(p), "/sys/devices/system/cpu/cpu%d/topology/physical_package_id", b);
+	int pb = read_int(p);
+	if (pa >= 0 && pb >= 0 && pa != pb)
+		return "cross-package";
+	snprintf(p, sizeof(p), "/sys/devices/system/cpu/cpu%d/topology/core_id", a);
+	int ca = read_int(p);
+	snprintf(p, sizeof(p), "/sys/devices/system/cpu/cpu%d/topology/core_id", b);
+	int cb = read_int(p);
+	if (ca >= 0 && ca == cb && pa == pb)
+		return "SMT siblings";
+	return "cross-core";
+}
+
+void perf_cpu_model(char *buf, size_t len)
+{
+	snprintf(buf, len, "unknown");
+	FILE *f = fopen("/proc/cpuinfo", "re");
+	if (!f)
+		return;
+	char line[512];
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "model name", 10))
+			continue;
+		const char *c = strchr(line, ':');
+		if (c) {
+			c++;
+			while (*c == ' ')
+				c++;
+			snprintf(buf, len, "%s", c);
+			buf[strcspn(buf, "\n")] = '\0';
+		}
+		break;
+	}
+	fclose(f);
+}

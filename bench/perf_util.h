@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_BENCH_PERF_UTIL_H
+#define KVX_BENCH_PERF_UTIL_H
+/**
+ * @file
+ * Shared helpers of kvxfer-perf subcommands (extend here, never fork):
+ * - a tiny streaming JSON writer (perf_json_*), for the `--json FILE` convention: every
+ *   subcommand accepts `--json FILE` (or `--json=FILE`, `-` = stdout) and writes the same
+ *   figures it prints, as one JSON object with a "command" key;
+ * - sample statistics (nearest-rank percentiles, mean) on uint64 samples (ns, bytes, ...);
+ * - option helpers (perf_opt_value(), perf_parse_u64(), perf_parse_seconds());
+ * - topology of a CPU pair (same CPU, SMT siblings, cross-core, cross-package, cross-NUMA)
+ *   and the CPU model, which every benchmark prints beside its numbers (STYLE.md §8).
+ * Not thread-safe: one owner thread per object.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- JSON writer -------------------------------------------------------------------------- */
+
+/** Maximum nesting of perf_json objects/arrays. */
+#define PERF_JSON_MAX_DEPTH 16
+
+/** Streaming JSON writer state (zero-initialise, then perf_json_open()). */
+struct perf_json {
+	FILE *f;                             /**< Output stream (NULL = writer disabled). */
+	bool own;                            /**< f was opened by perf_json_open(). */
+	int depth;                           /**< Current nesting depth. */
+	bool first[PERF_JSON_MAX_DEPTH];     /**< No member written yet at this depth. */
+	bool err;                            /**< A write failed or nesting was misused. */
+};
+
+/**
+ * Open a JSON output and begin the top-level object.
+ * @param j     Writer; not NULL.
+ * @param path  File path, "-" for stdout, or NULL to disable (every call becomes a no-op).
+ * @return      0 on success, -errno if the file cannot be created.
+ */
+int perf_json_open(struct perf_json *j, const char *path);
+/**
+ * End the top-level object, flush and close.
+ * @param j  Writer; not NULL.
+ * @return   0 on success, -EIO if any write failed or nesting was unbalanced.
+ */
+int perf_json_close(struct perf_json *j);
+/** Begin an object member @p key (NULL inside arrays). @param j Writer. @param key Key or NULL. */
+void perf_json_obj_begin(struct perf_json *j, const char *key);
+/** End the current object. @param j Writer. */
+void perf_json_obj_end(struct perf_json *j);
+/** Begin an array member @p key (NULL inside arrays). @param j Writer. @param key Key or NULL. */
+void perf_json_arr_begin(struct perf_json *j, const char *key);
+/** End the current array. @param j Writer. */
+void perf_json_arr_end(struct perf_json *j);
+/** String member (escaped; NULL writes null). @param j Writer. @param key Key or NULL. @param v Value. */
+void perf_json_str(struct perf_json *j, const char *key, const char *v);
+/** Unsigned member. @param j Writer. @param key Key or NULL. @param v Value. */
+void perf_json_u64(struct perf_json *j, const char *key, uint64_t v);
+/** Signed member. @param j Writer. @param key Key or NULL. @param v Value. */
+void perf_json_i64(struct perf_json *j, const char *key, int64_t v);
+/** Number member; NaN and infinities are written as null. @param j Writer. @param key Key or NULL.
+ *  @param v Value. */
+void perf_json_double(struct perf_json *j, const char *key, double v);
+/** Boolean member. @param j Writer. @param key Key or NULL. @param v Value. */
+void perf_json_bool(struct perf_json *j, const char *key, bool v);
+
+/* ---- statistics --------------------------------------------------------------------------- */
+
+/** Summary of a sample set (units are the caller's: ns, bytes ...). */
+struct perf_stats {
+	size_t n;      /**< Samples. */
+	uint64_t min;  /**< Smallest. */
+	uint64_t max;  /**< Largest. */
+	double mean;   /**< Arithmetic mean. */
+	uint64_t p50;  /**< Median (nearest rank). */
+	uint64_t p90;  /**< 90th percentile. */
+	uint64_t p99;  /**< 99th percentile. */
+	uint64_t p999; /**< 99.9th percentile. */
+};
+
+/** Sort ascending. @param v Array[n]. @param n Count. */
+void perf_sort_u64(uint64_t *v, size_t n);
+/**
+ * Nearest-rank percentile of sorted samples: the smallest value with at least p% of the
+ * samples <= it.
+ * @param sorted  Array[n], ascending.
+ * @param n       Count (0 returns 0).
+ * @param p       Percentile, 0..100.
+ * @return        The sample.
+ */
+uint64_t perf_percentile_u64(const uint64_t *sorted, size_t n, double p);
+/** Sort @p v in place and summarise it. @param v Array[n]. @param n Count. @param[out] out Stats. */
+void perf_stats_u64(uint64_t *v, size_t n, struct perf_stats *out);
+/** Median of doubles (sorts in place). @param v Array[n]. @param n Count >= 1. @return Median. */
+double perf_median_double(double *v, size_t n);
+/** Write a perf_stats as a JSON object member. @param j Writer. @param key Key.
+ *  @param s Stats. */
+void perf_json_stats(struct perf_json *j, const char *key, const struct perf_stats *s);
+
+/* ---- options -------------------------------------------------------------------------------- */
+
+/**
+ * Match option @p name at argv[*i] in the forms "NAME VALUE" and "NAME=VALUE".
+ * @param argc       Argument count.
+ * @param argv       Arguments.
+ * @param[in,out] i  Index of the argument; advanced past a separate value.
+ * @param name       Option name, e.g. "--json".
+ * @param[out] value The value.
+ * @return           1 matched, 0 not this option, -EINVAL matched but the value is missing.
+ */
+int perf_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+/** Parse a decimal count with optional k/M/G suffix (x1000). @param s Text. @param[out] out Value.
+ *  @return 0, or -EINVAL. */
+int perf_parse_u64(const char *s, uint64_t *out);
+/** Parse seconds (decimal, > 0). @param s Text. @param[out] out Seconds. @return 0 or -EINVAL. */
+int perf_parse_seconds(const char *s, double *out);
+
+/* ---- topology ----------------------------------------------------------------------------- */
+
+/**
+ * Describe how two CPUs relate: "same CPU", "SMT siblings", "cross-core", "cross-package" or
+ * "cross-NUMA" (from /sys/devices/system/cpu/cpuN/topology and libnuma).
+ * @param a  CPU number.
+ * @param b  CPU number.
+ * @return   Static string.
+ */
+const char *perf_cpu_pair_topology(int a, int b);
+/** CPU model name from /proc/cpuinfo ("unknown" if absent). @param[out] buf Buffer.
+ *  @param len Its size. */
+void perf_cpu_model(char *buf, size_t len);
+
+#endif /* KVX_BENCH_PERF_UTIL_H */
