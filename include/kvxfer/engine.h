@@ -269,8 +269,14 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e);
 KVX_API void kvx_engine_destroy(struct kvx_engine *e);
 
 /**
- * Bound handshake and notify ports (useful with ephemeral ports in tests).
- * @return 0, or -EAGAIN before kvx_engine_start().
+ * Bound handshake and notify base ports (useful with ephemeral ports, params ports 0).
+ *
+ * @param e                    Engine; not NULL.
+ * @param[out] handshake_port  Handshake ROUTER port, or NULL.
+ * @param[out] notify_port     Notify ROUTER port, or NULL.
+ * @return                     0 on success.
+ * @retval -EAGAIN             Before kvx_engine_start() returned.
+ * @par Thread safety  Any thread after start.
  */
 KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_port, uint16_t *notify_port);
 
@@ -343,9 +349,19 @@ KVX_API int kvx_xfer_seal(struct kvx_engine *e, const char *transfer_id, uint32_
 KVX_API int kvx_xfer_serve(struct kvx_engine *e, const struct kvx_engine_serve *s);
 
 /**
- * Abort a transfer (either role). D sends `release` to P in both modes, before or after
- * allocation; in-flight ops finish or are fenced before the blocks are released.
- * @return 0, -ENOENT unknown or already terminal transfer.
+ * Abort a transfer (either role). D sends `release` to P in both modes; its blocks are
+ * released (KVX_CPL_BLOCKS_RELEASED) only once no op can touch them any more: READ — its own
+ * reads are terminal; WRITE — P answered with `write_done` (P stops posting and answers once
+ * its writes are terminal) or defer_timeout passed. To release P for a transfer that was never
+ * allocated, submit it with n = 0 (kvx_xfer_read() / kvx_xfer_announce()).
+ *
+ * @param e            Engine; not NULL.
+ * @param transfer_id  Transfer id; not NULL.
+ * @return             0 queued.
+ * @retval -ENOENT     Unknown or already terminal (completion polled) transfer.
+ * @retval -ENOBUFS    Submission ring full; retry.
+ * @retval -EBUSY      Engine not started or stopped.
+ * @par Context  Non-blocking.
  */
 KVX_API int kvx_xfer_abort(struct kvx_engine *e, const char *transfer_id);
 

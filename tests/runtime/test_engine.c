@@ -349,3 +349,51 @@ Test(runtime_engine, stop_ends_live_transfers_aborted)
 	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -EBUSY);
 	eng_free(&P);
 }
+
+Test(runtime_engine, read_fan_in_two_consumer_tp_ranks)
+{
+	/* P tp 1, D tp 2: both D ranks read from P rank 0 and each sends release with
+	 * consumer_tp_size 2; P completes only after both (expected_acks(1, 2) = 2). */
+	struct kvx_engine_params pp, d0p, d1p;
+	struct eng P, D0, D1;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&d0p, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	d0p.tp_size = 2;
+	d1p = d0p;
+	d1p.tp_rank = 1;
+	eng_start(&P, &pp, 0x42);
+	eng_start(&D0, &d0p, 0);
+	eng_start(&D1, &d1p, 0);
+	const uint32_t pb[1] = {6}, db[1] = {2};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-fan", .local_blocks = pb, .n = 1, .consumer_tp_size = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-fan",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt, .tp_size = 1},
+				    .local_blocks = db,
+				    .remote_blocks = pb,
+				    .n = 1};
+	cr_assert_eq(kvx_xfer_read(D0.e, &r), 0);
+	struct seen s0 = {.transfer = -1}, s1 = {.transfer = -1}, sp = {.transfer = -1};
+	cr_assert(wait_for(D0.e, "tx-fan", &s0, false, 20000000000ull));
+	cr_assert_eq(s0.transfer, KVX_CPL_DONE);
+	/* Give rank 0's release time to land: P must still be serving. */
+	uint64_t end = kvx_now_ns() + 300000000ull;
+	while (kvx_now_ns() < end) {
+		pump(P.e, "tx-fan", &sp);
+		cr_assert_eq(sp.transfer, -1, "producer completed after one of two releases");
+		usleep(1000);
+	}
+	cr_assert_eq(kvx_xfer_read(D1.e, &r), 0);
+	cr_assert(wait_for(D1.e, "tx-fan", &s1, false, 20000000000ull));
+	cr_assert_eq(s1.transfer, KVX_CPL_DONE);
+	cr_assert(wait_for(P.e, "tx-fan", &sp, true, 20000000000ull));
+	cr_assert_eq(sp.transfer, KVX_CPL_DONE);
+	for (int l = 0; l < NL; l++)
+		for (int k = 0; k < 128; k++) {
+			cr_assert_eq(D0.mem[l][2 * 128 + k], 0x42);
+			cr_assert_eq(D1.mem[l][2 * 128 + k], 0x42);
+		}
+	eng_free(&D1);
+	eng_free(&D0);
+	eng_free(&P);
+}
