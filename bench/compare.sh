@@ -41,32 +41,39 @@ PERF="$BUILD/bench/kvxfer-perf"
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# Wait (bounded, 10 s) until a server listens on TCP port $1.
+listening() {
+  for _ in $(seq 200); do
+    ss -Htln "sport = :$1" | grep -q . && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
 iperf3_gbs() { # size
   local p; p=$(port)
   iperf3 -s -1 -p "$p" -A "$CB" >/dev/null 2>&1 &
   local srv=$!
   local out=""
-  for _ in $(seq 50); do
-    out=$(iperf3 -c 127.0.0.1 -p "$p" -l "$1" -t "$SECS" -A "$CA" -J 2>/dev/null) && break
-    out=""
-  done
-  wait "$srv" || true
+  listening "$p" && out=$(iperf3 -c 127.0.0.1 -p "$p" -l "$1" -t "$SECS" -A "$CA" -J 2>/dev/null) || out=""
+  kill "$srv" 2>/dev/null || true
+  wait "$srv" 2>/dev/null || true
+  [ -n "$out" ] || { echo "iperf3 run failed" >&2; echo 0; return; }
   python3 -c 'import json,sys; print("%.4f" % (json.loads(sys.argv[1])["end"]["sum_received"]["bits_per_second"]/8e9))' "$out"
 }
 
 ucx_gbs() { # size
   local p; p=$(port)
-  # ucx_perftest has no duration option: size the run for about SECS seconds at ~0.5 GB/s.
-  local n=$(( $1 >= 1048576 ? 400 * SECS : 6000 * SECS ))
+  # ucx_perftest has no duration option: size the run for about SECS seconds at ~0.1 GB/s.
+  local n=$(( $1 >= 1048576 ? 100 * SECS : 1500 * SECS ))
   UCX_TLS=tcp taskset -c "$CB" ucx_perftest -p "$p" >/dev/null 2>&1 &
   local srv=$!
   local out=""
-  for _ in $(seq 50); do
-    out=$(UCX_TLS=tcp taskset -c "$CA" timeout $((SECS * 6 + 30)) ucx_perftest 127.0.0.1 -p "$p" \
-          -t ucp_put_bw -s "$1" -n "$n" -w 100 2>/dev/null) && break
-    out=""
-  done
-  wait "$srv" || true
+  listening "$p" && out=$(UCX_TLS=tcp taskset -c "$CA" timeout $((SECS * 10 + 30)) ucx_perftest \
+        127.0.0.1 -p "$p" -t ucp_put_bw -s "$1" -n "$n" -w 100 2>/dev/null) || out=""
+  kill "$srv" 2>/dev/null || true
+  wait "$srv" 2>/dev/null || true
+  [ -n "$out" ] || { echo "ucx_perftest run failed" >&2; echo 0; return; }
   # "Final:" row: overall bandwidth in MB/s (2^20 bytes) is the 7th field.
   echo "$out" | awk '/^Final:/ { printf "%.4f\n", $7 * 1048576 / 1e9 }'
 }
@@ -81,7 +88,7 @@ peer_gbs() { # cma|memcpy size
 
 declare -A RAT
 row() { # label kvx peer key
-  local r; r=$(python3 -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$2" "$3")
+  local r; r=$(python3 -c 'import sys; p = float(sys.argv[2]); print("%.2f" % (float(sys.argv[1]) / p) if p > 0 else "nan")' "$2" "$3")
   printf '  %-58s kvxfer %8.3f GB/s   peer %8.3f GB/s   ratio %sx\n' "$1" "$2" "$3" "$r"
   RAT[$4]+="$r "
 }
