@@ -159,3 +159,31 @@ Test(transport_registry, region_table_full_is_enobufs)
 	cr_assert_eq(kvx_xport_mr_register(ctx, &rp, &c), -ENOBUFS);
 	kvx_xport_close(ctx); /* frees the registered regions */
 }
+
+/* STYLE.md §8: provider ops tables have no NULL slots. */
+#include "transport/transport_internal.h"
+
+extern const struct kvx_xport_ops kvx_xport_verbs_ops __attribute__((weak));
+
+static void check_ops(const struct kvx_xport_ops *o)
+{
+	cr_assert_not_null(o->name);
+	const void *slots[] = {
+		(const void *)o->probe,       (const void *)o->open,        (const void *)o->close,
+		(const void *)o->mr_register, (const void *)o->mr_unregister,
+		(const void *)o->rmr_check,   (const void *)o->ep_create,   (const void *)o->ep_accept,
+		(const void *)o->ep_connect,  (const void *)o->ep_destroy,  (const void *)o->post,
+		(const void *)o->poll,        (const void *)o->progress,    (const void *)o->ctx_wait_fd,
+		(const void *)o->ctx_wait,    (const void *)o->ep_wait,
+	};
+	for (size_t i = 0; i < KVX_ARRAY_SIZE(slots); i++)
+		cr_assert_not_null(slots[i], "%s: ops slot %zu is NULL", o->name, i);
+}
+
+Test(transport_registry, ops_tables_have_no_null_slots)
+{
+	check_ops(&kvx_xport_tcp_ops);
+	check_ops(&kvx_xport_shm_ops);
+	if (&kvx_xport_verbs_ops)
+		check_ops(&kvx_xport_verbs_ops);
+}
