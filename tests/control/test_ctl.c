@@ -2,6 +2,7 @@
 /* The control lcore: lifecycle, inboxes, notify path, DEALER cache, handshake jobs. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <sched.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,5 +521,36 @@ Test(control_ctl, runs_on_the_control_lcore)
 	kvx_ctl_destroy(ctl);
 	kvx_lcore_set_destroy(set);
 	free(cfg);
+	coll_fini(&cb);
+}
+
+Test(control_ctl, terminal_lru_is_bounded_to_4096_ids)
+{
+	struct collector cb;
+	coll_init(&cb);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &cb);
+	p.inbox_slots = 8192;
+	struct kvx_ctl *ctl = tctl_start(&p);
+	uint16_t nt;
+	kvx_ctl_bound_ports(ctl, NULL, &nt);
+	struct kvx_ctl_inbox *ib;
+	cr_assert_eq(kvx_ctl_inbox_open(ctl, &ib), 0);
+	char tid[32];
+	for (int i = 0; i <= KVX_CTL_TERMINAL_LRU; i++) { /* 4097 ids: tx-0 is forgotten */
+		snprintf(tid, sizeof(tid), "tx-%d", i);
+		while (kvx_ctl_mark_terminal(ib, tid) == -ENOBUFS)
+			sched_yield();
+	}
+	/* Same inbox, so these sends leave after every mark was applied. */
+	cr_assert_eq(kvx_ctl_send_raw(ib, "127.0.0.1", nt, "tx-1", 4), 0);
+	cr_assert_eq(kvx_ctl_send_raw(ib, "127.0.0.1", nt, "tx-4096", 7), 0);
+	cr_assert_eq(kvx_ctl_send_raw(ib, "127.0.0.1", nt, "tx-0", 4), 0);
+	cr_assert_eq(coll_wait(&cb, 1, 10.0), 1);
+	cr_assert_str_eq(cb.msgs[0].m.transfer_id, "tx-0", "the oldest id left the LRU");
+	cr_assert(WAIT_CTR(ctl, dropped_terminal, 2, 10.0));
+	cr_assert_eq(cb.total, 1);
+	kvx_ctl_inbox_close(ib);
+	kvx_ctl_destroy(ctl);
 	coll_fini(&cb);
 }
