@@ -27,6 +27,7 @@
 
 #include "perf.h"
 #include "perf_xport.h"
+#include "kvxfer/mem.h"
 
 #define RESULT_LINE "---------------------------------------------------------------------------------------\n"
 #define PX_MAGIC 0x4b585046u /* "KXPF" */
@@ -67,6 +68,7 @@ static void usage(bool lat)
 	       "      --json FILE                      write the results as JSON\n"
 	       "      --output=%s             print only the number\n"
 	       "      --local                          fork the server on this machine\n"
+	       "      --mem host|hip[:DEVICE]          buffer memory (default host)\n"
 	       "%s",
 	       lat ? "lat" : "bw", lat ? "2" : "65536", lat ? "1000" : "1000",
 	       lat ? "latency  " : "bandwidth",
@@ -106,9 +108,33 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 	return 0;
 }
 
+/* --mem value; NULL or "host" = host buffers (the only memory the data paths move today). */
+static const char *g_mem_arg;
+
+/*
+ * --mem hip[:N]: open the device and allocate through kvx_mem, so a missing GPU is reported
+ * as "no HIP device"; device buffers are not wired into the providers' data paths yet.
+ */
+static int mem_check(const char *transport)
+{
+	char why[KVX_MEM_WHY_LEN] = "";
+	struct kvx_mem_buf mb;
+
+	if (!g_mem_arg || strcmp(g_mem_arg, "host") == 0)
+		return 0;
+	if (kvx_mem_buf_init(g_mem_arg, 4096, &mb, why, sizeof(why))) {
+		fprintf(stderr, "kvxfer-perf: %s\n", why);
+		return 1;
+	}
+	kvx_mem_buf_fini(&mb);
+	fprintf(stderr, "kvxfer-perf: --mem %s: the %s data path does not move device memory yet\n",
+		g_mem_arg, transport);
+	return 1;
+}
+
 static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 {
-	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER };
+	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM };
 	static const struct option opts[] = {
 		{"transport", required_argument, NULL, 't'}, {"mode", required_argument, NULL, 'm'},
 		{"size", required_argument, NULL, 's'},      {"all", no_argument, NULL, 'a'},
@@ -119,6 +145,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 		{"port", required_argument, NULL, 'p'},      {"json", required_argument, NULL, O_JSON},
 		{"output", required_argument, NULL, O_OUTPUT},
 		{"local", no_argument, NULL, O_LOCAL},       {"peer", required_argument, NULL, O_PEER},
+		{"mem", required_argument, NULL, O_MEM},
 		{"help", no_argument, NULL, 'h'},            {0, 0, 0, 0},
 	};
 	memset(c, 0, sizeof(*c));
@@ -246,6 +273,17 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			}
 			c->peer = optarg;
 			break;
+		case O_MEM: {
+			struct kvx_mem_type mt;
+
+			if (kvx_mem_parse_type(optarg, &mt)) {
+				fprintf(stderr, "kvxfer-perf: --mem '%s': expected host, hip or "
+						"hip:<DEVICE>\n", optarg);
+				return 2;
+			}
+			g_mem_arg = optarg;
+			break;
+		}
 		case 'h':
 			usage(lat);
 			return 1;
@@ -747,6 +785,8 @@ int px_main(int argc, char **argv, bool lat)
 	int rc = parse_args(argc, argv, lat, &c);
 	if (rc)
 		return rc == 1 ? 0 : rc;
+	if ((rc = mem_check(c.transport)) != 0)
+		return rc;
 	if (c.peer)
 		return peer_main(&c);
 	signal(SIGPIPE, SIG_IGN);
