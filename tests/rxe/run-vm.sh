@@ -8,9 +8,9 @@
 #                 read-only over virtio-9p, so the directory is visible at the same path.
 #   -t SECONDS    hard time limit for the whole VM run (default $KVX_VM_TIMEOUT or 590).
 #   -m MEM        guest memory (default 1536M).
-#   PAYLOAD       script run inside the VM by bash (default: tests/rxe/payload-smoke.sh).
-#                 tests/rxe/payload-verbs.sh is the verbs job (conformance + kvxfer-perf vs
-#                 perftest). The payload runs as root with the
+#   PAYLOAD       script run inside the VM by bash (default: tests/rxe/payload-verbs.sh).
+#                 That is the verbs job (verbs tests, conformance, kvxfer-perf vs perftest);
+#                 payload-smoke.sh only checks rxe0 + ib_write_bw. The payload runs as root with the
 #                 host root read-only, a tmpfs /tmp, rxe0 on lo (port 1 ACTIVE) and
 #                 $KVX_VM_OUT, a writable directory shared with the host.
 # Output: the VM console (kernel + payload stdout/stderr) is printed and kept in
@@ -33,7 +33,7 @@ while getopts "b:t:m:h" o; do
   esac
 done
 shift $((OPTIND - 1))
-PAYLOAD="${1:-$HERE/payload-smoke.sh}"
+PAYLOAD="${1:-$HERE/payload-verbs.sh}"
 [ $# -gt 0 ] && shift
 PAYLOAD="$(realpath "$PAYLOAD")"
 BUILD="$(realpath -m "$BUILD")"

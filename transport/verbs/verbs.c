@@ -376,6 +376,10 @@ static int verbs_progress(struct kvx_xport_ctx *ctx)
 {
 	struct vctx *c = (struct vctx *)ctx;
 	int done = 0;
+	uint64_t now = kvx_now_ns();
+	if (now < c->async_next_ns)
+		return 0;
+	c->async_next_ns = now + 1000000;
 	struct ibv_async_event ev;
 	while (done < 16 && ibv_get_async_event(c->ibctx, &ev) == 0) {
 		enum ibv_event_type t = ev.event_type;
@@ -408,7 +412,8 @@ const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.post = verbs_post,
 	.poll = verbs_poll,
 	.progress = verbs_progress,
-	/* Pollers spin on the CQ; a completion-channel wait is not implemented (-ENOTSUP). */
+	/* No target-side work (needs_progress false): no wait fd. Pollers spin on the CQ; a
+	 * completion-channel wait is not implemented (-ENOTSUP). */
 	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
 	.ctx_wait = kvx_xport_enotsup_ctx_wait,
 	.ep_wait = kvx_xport_enotsup_ep_wait,

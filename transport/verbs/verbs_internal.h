@@ -39,9 +39,11 @@
 #define VERBS_RD_ATOMIC_CAP 16u    /* outstanding READs per QP asked for (Mooncake uses 16) */
 #define VERBS_NIL UINT32_MAX
 
-/* RC path parameters: local ACK timeout 4.096 us * 2^14 = 67 ms, 7 retries (RUNTIME_GUIDE.md §3.2). */
+/* RC path parameters: local ACK timeout 4.096 us * 2^14 = 67 ms (RUNTIME_GUIDE.md §3.2), 6
+ * retries: a dead peer is detected in about 0.5 s. Not 7: rdma_rxe (drivers/infiniband/sw/rxe,
+ * rxe_comp.c) never decrements a retry count of 7, i.e. it would retry forever there. */
 #define VERBS_QP_TIMEOUT 14
-#define VERBS_RETRY_CNT 7
+#define VERBS_RETRY_CNT 6
 #define VERBS_RNR_RETRY 7
 #define VERBS_MIN_RNR_TIMER 12
 
@@ -69,6 +71,7 @@ struct vctx {
 	uint32_t max_sge_wr, max_sge_rd;
 	enum verbs_dv dv;
 	struct kvx_ratelimit async_rl;
+	uint64_t async_next_ns;    /* progress() looks at the async fd at most once per ms */
 	_Atomic uint64_t async_events;
 };
 
