@@ -66,6 +66,7 @@ struct trace_opts {
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */
+	uint32_t max_blocks;      /**< --max-blocks: largest request, blocks (engine max_blocks); 0 = min(pool, 65536). */
 };
 
 /** Driver channel message types. */

@@ -13,20 +13,11 @@
 
 #include <jansson.h>
 
+#include "perf_util.h"
+
 extern char **environ;
 
 #define NS_PER_MS 1e6
-
-double perf_percentile(const double *sorted, size_t n, double p)
-{
-	if (n == 0)
-		return 0;
-	double r = ceil(p / 100.0 * (double)n);
-	size_t i = r < 1 ? 0 : (size_t)r - 1;
-	if (i >= n)
-		i = n - 1;
-	return sorted[i];
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -34,28 +25,26 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-void perf_lat_stats_compute(double *v, size_t n, struct perf_lat_stats *st)
+void perf_lat_stats_compute(uint64_t *ns, size_t n, struct perf_lat_stats *st)
 {
 	memset(st, 0, sizeof(*st));
 	if (n == 0)
 		return;
-	qsort(v, n, sizeof(*v), cmp_double);
-	double sum = 0;
-	for (size_t i = 0; i < n; i++)
-		sum += v[i];
+	struct perf_stats ps;
+	perf_stats_u64(ns, n, &ps);
 	st->n = n;
-	st->p50 = perf_percentile(v, n, 50);
-	st->p90 = perf_percentile(v, n, 90);
-	st->p99 = perf_percentile(v, n, 99);
-	st->max = v[n - 1];
-	st->mean = sum / (double)n;
+	st->p50 = (double)ps.p50 / NS_PER_MS;
+	st->p90 = (double)ps.p90 / NS_PER_MS;
+	st->p99 = (double)ps.p99 / NS_PER_MS;
+	st->max = (double)ps.max / NS_PER_MS;
+	st->mean = ps.mean / NS_PER_MS;
 }
 
 int perf_trace_summarize(const struct perf_trace_rec *recs, size_t n, struct perf_trace_summary *s)
 {
 	memset(s, 0, sizeof(*s));
-	double *lat = malloc((n ? n : 1) * sizeof(*lat));
-	double *ttfl = malloc((n ? n : 1) * sizeof(*ttfl));
+	uint64_t *lat = malloc((n ? n : 1) * sizeof(*lat));
+	uint64_t *ttfl = malloc((n ? n : 1) * sizeof(*ttfl));
 	if (!lat || !ttfl) {
 		free(lat);
 		free(ttfl);
@@ -80,9 +69,9 @@ int perf_trace_summarize(const struct perf_trace_rec *recs, size_t n, struct per
 		s->bytes += r->bytes;
 		if (r->end_ns > t1)
 			t1 = r->end_ns;
-		lat[nl++] = (double)(r->end_ns - r->start_ns) / NS_PER_MS;
+		lat[nl++] = r->end_ns - r->start_ns;
 		if (r->first_layer_ns)
-			ttfl[nt++] = (double)(r->first_layer_ns - r->start_ns) / NS_PER_MS;
+			ttfl[nt++] = r->first_layer_ns - r->start_ns;
 	}
 	if (t1 > t0 && t0 != UINT64_MAX) {
 		s->wall_s = (double)(t1 - t0) / 1e9;
@@ -158,9 +147,12 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 		fprintf(f, "  %-22s off\n", "verification");
 	else if (c->verify_bad == 0 && s->failures == 0)
 		fprintf(f, "  %-22s OK (every transferred byte checked)\n", "verification");
-	else
+	else if (c->verify_bad)
 		fprintf(f, "  %-22s FAILED (%" PRIu64 " corrupt block planes)\n", "verification",
 			c->verify_bad);
+	else
+		fprintf(f, "  %-22s FAILED (%" PRIu64 " transfers failed before they could be verified)\n",
+			"verification", s->failures);
 }
 
 static json_t *lat_json(const struct perf_lat_stats *st)

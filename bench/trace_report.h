@@ -10,7 +10,7 @@
  * a request = end_ns - start_ns: from the moment the driver hands it to the producer and
  * consumer until the consumer has verified the last byte (and, for WRITE, write_done arrived;
  * for READ, every layer landed). Time to first layer (WRITE only) = first_layer_ns - start_ns.
- * Percentiles use the nearest-rank method on the sorted samples.
+ * Percentiles use the nearest-rank method (perf_util.h perf_percentile_u64()).
  *
  * Not thread-safe; one owner thread (the replay driver).
  */
@@ -87,23 +87,14 @@ struct perf_trace_summary {
 };
 
 /**
- * Nearest-rank percentile of sorted samples.
+ * Latency distribution of samples in ns, reported in ms (nearest-rank percentiles from
+ * perf_stats_u64() in perf_util.h).
  *
- * @param sorted  Array[n] ascending.
- * @param n       Count; 0 gives 0.
- * @param p       Percentile, 0..100 (0 gives the minimum, 100 the maximum).
- * @return        sorted[ceil(p/100 * n) - 1] (clamped to [0, n-1]).
- */
-double perf_percentile(const double *sorted, size_t n, double p);
-
-/**
- * Fill @p st from unsorted samples (sorted in place).
- *
- * @param v   Array[n] samples, ms; reordered.
+ * @param ns  Array[n] samples, ns; sorted in place.
  * @param n   Count.
  * @param st  Output; all zero when n == 0.
  */
-void perf_lat_stats_compute(double *v, size_t n, struct perf_lat_stats *st);
+void perf_lat_stats_compute(uint64_t *ns, size_t n, struct perf_lat_stats *st);
 
 /**
  * Summarise records.

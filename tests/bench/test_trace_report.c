@@ -13,35 +13,36 @@
 
 TestSuite(bench_trace_report, .timeout = 60.0);
 
-Test(bench_trace_report, percentile_nearest_rank_exact)
+Test(bench_trace_report, lat_stats_nearest_rank_in_ms)
 {
-	double v[10];
+	uint64_t v[10];
 	for (int i = 0; i < 10; i++)
-		v[i] = i + 1; /* 1..10 */
-	cr_assert_eq(perf_percentile(v, 10, 50), 5.0);
-	cr_assert_eq(perf_percentile(v, 10, 90), 9.0);
-	cr_assert_eq(perf_percentile(v, 10, 99), 10.0);
-	cr_assert_eq(perf_percentile(v, 10, 100), 10.0);
-	cr_assert_eq(perf_percentile(v, 10, 0), 1.0);
-	cr_assert_eq(perf_percentile(v, 10, 10), 1.0);
-	cr_assert_eq(perf_percentile(v, 10, 11), 2.0);
-	cr_assert_eq(perf_percentile(v, 0, 50), 0.0);
-	double one = 4.5;
-	cr_assert_eq(perf_percentile(&one, 1, 99), 4.5);
+		v[9 - i] = (uint64_t)(i + 1) * 1000000u; /* 10..1 ms, unsorted */
+	struct perf_lat_stats st;
+	perf_lat_stats_compute(v, 10, &st);
+	cr_assert_eq(st.n, 10);
+	cr_assert_float_eq(st.p50, 5.0, 1e-12);
+	cr_assert_float_eq(st.p90, 9.0, 1e-12);
+	cr_assert_float_eq(st.p99, 10.0, 1e-12);
+	cr_assert_float_eq(st.max, 10.0, 1e-12);
+	cr_assert_float_eq(st.mean, 5.5, 1e-12);
+	perf_lat_stats_compute(v, 0, &st);
+	cr_assert_eq(st.n, 0);
+	cr_assert_eq(st.p99, 0.0);
 }
 
-Test(bench_trace_report, lat_stats_sort_unsorted_input)
+Test(bench_trace_report, lat_stats_of_permutation)
 {
-	double v[200];
+	uint64_t v[200];
 	for (int i = 0; i < 200; i++)
-		v[i] = (double)((i * 37) % 200); /* permutation of 0..199 */
+		v[i] = (uint64_t)((i * 37) % 200) * 1000000u; /* permutation of 0..199 ms */
 	struct perf_lat_stats st;
 	perf_lat_stats_compute(v, 200, &st);
 	cr_assert_eq(st.n, 200);
-	cr_assert_eq(st.p50, 99.0);
-	cr_assert_eq(st.p90, 179.0);
-	cr_assert_eq(st.p99, 197.0);
-	cr_assert_eq(st.max, 199.0);
+	cr_assert_float_eq(st.p50, 99.0, 1e-9);
+	cr_assert_float_eq(st.p90, 179.0, 1e-9);
+	cr_assert_float_eq(st.p99, 197.0, 1e-9);
+	cr_assert_float_eq(st.max, 199.0, 1e-9);
 	cr_assert_float_eq(st.mean, 99.5, 1e-9);
 }
 

@@ -1,0 +1,606 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Producer / consumer role process of `kvxfer-perf trace` (see trace_replay.h): one kvxfer
+ * engine, a KV pool laid out like the model's cache, a block-id allocator, and the request
+ * lifecycle driven exactly as an inference engine drives include/kvxfer/engine.h. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvxfer/engine.h"
+#include "trace_pattern.h"
+#include "trace_pool.h"
+#include "trace_replay.h"
+
+enum rx_state {
+	RX_FREE = 0,
+	RX_WAIT_POOL,  /* queued: not enough free blocks yet */
+	RX_FILLING,    /* WRITE producer: computing (filling) layers one by one */
+	RX_SUBMITTED,  /* handed to the engine, waiting for completions */
+};
+
+struct rx {
+	enum rx_state st;
+	uint64_t idx, blocks, hit;
+	uint64_t seq;          /* arrival order, for the FIFO pool queue */
+	uint32_t *ids;         /* local block ids */
+	uint64_t nids;
+	uint32_t *remote;      /* READ consumer: producer ids to read (suffix) */
+	uint64_t nremote;
+	uint32_t next_layer;
+	uint64_t t_recv, t_first_layer;
+	bool poll_first_layer;
+	bool got_xfer, got_released;
+	bool got_read;         /* READ consumer: the producer's ids arrived */
+	int status;
+	uint64_t bytes, elapsed_ns;
+	char tid[32];
+};
+
+struct role {
+	const struct trace_opts *o;
+	int fd;
+	enum trace_role r;
+	struct perf_model m;
+	struct kvx_engine *e;
+	struct perf_pool *pool;
+	uint64_t nb, block_len, layer_bytes;
+	unsigned char **layer;
+	struct kvx_engine_peer peer;
+	char peer_host[64];
+	bool have_peer;
+	struct rx *rx;
+	size_t nrx;
+	uint64_t seq;
+	uint64_t verify_bad;
+	bool first_layer_unsupported;
+	bool quit;
+};
+
+static void fatal(struct role *R, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fatal(struct role *R, const char *fmt, ...)
+{
+	char buf[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "kvxfer-perf trace (%s): %s\n",
+		R->r == TRACE_ROLE_PRODUCER ? "producer" : "consumer", buf);
+	trace_msg_send(R->fd, TRACE_MSG_FATAL, buf, strlen(buf) + 1, NULL, 0);
+}
+
+static unsigned char *block_ptr(struct role *R, uint32_t layer, uint32_t plane, uint32_t id)
+{
+	return R->layer[layer] + ((uint64_t)plane * R->nb + id) * R->block_len;
+}
+
+/* Fill (producer) the planes of prompt positions [hit, blocks) of one layer. */
+static void fill_layer(struct role *R, const struct rx *x, uint32_t layer)
+{
+	for (uint64_t pos = x->hit; pos < x->blocks; pos++)
+		for (uint32_t p = 0; p < R->m.planes; p++) {
+			struct perf_pattern_key k = {.request = x->idx, .layer = layer, .plane = p, .block = pos};
+			perf_pattern_fill(block_ptr(R, layer, p, x->ids[pos]), R->block_len, &k);
+		}
+}
+
+/* Verify (consumer) every transferred plane; returns the number of bad planes. */
+static uint64_t verify_rx(struct role *R, const struct rx *x, char *detail, size_t dlen)
+{
+	uint64_t bad = 0;
+	for (uint32_t l = 0; l < R->m.num_layers; l++)
+		for (uint64_t i = 0; i < x->nids; i++)
+			for (uint32_t p = 0; p < R->m.planes; p++) {
+				struct perf_pattern_key k = {.request = x->idx, .layer = l, .plane = p,
+							     .block = x->hit + i};
+				size_t off;
+				if (perf_pattern_check(block_ptr(R, l, p, x->ids[i]), R->block_len, &k, &off))
+					continue;
+				if (bad++ == 0)
+					snprintf(detail, dlen,
+						 "%s: layer %u %s block %" PRIu64 " (local id %u) differs at byte %zu",
+						 x->tid, l, R->m.mla ? "latent" : (p ? "V" : "K"), x->hit + i,
+						 x->ids[i], off);
+			}
+	return bad;
+}
+
+static struct rx *rx_get(struct role *R, uint64_t idx)
+{
+	for (size_t i = 0; i < R->nrx; i++)
+		if (R->rx[i].st != RX_FREE && R->rx[i].idx == idx)
+			return &R->rx[i];
+	return NULL;
+}
+
+static struct rx *rx_new(struct role *R, uint64_t idx, uint64_t blocks, uint64_t hit)
+{
+	if (rx_get(R, idx))
+		return NULL;
+	for (size_t i = 0; i < R->nrx; i++) {
+		struct rx *x = &R->rx[i];
+		if (x->st != RX_FREE)
+			continue;
+		memset(x, 0, sizeof(*x));
+		x->st = RX_WAIT_POOL;
+		x->idx = idx;
+		x->blocks = blocks;
+		x->hit = hit;
+		x->seq = R->seq++;
+		x->t_recv = kvx_now_ns();
+		trace_xfer_id(idx, x->tid, sizeof(x->tid));
+		return x;
+	}
+	return NULL;
+}
+
+static void rx_finish(struct role *R, struct rx *x, const char *detail)
+{
+	if (x->nids && perf_pool_free(R->pool, x->ids, x->nids))
+		fatal(R, "%s: block ids rejected by the pool on free (double free)", x->tid);
+	struct trace_msg_done d = {
+		.idx = x->idx,
+		.status = x->status,
+		.bytes = x->bytes,
+		.first_layer_ns = x->t_first_layer ? x->t_first_layer - x->t_recv : 0,
+		.elapsed_ns = x->elapsed_ns,
+	};
+	if (detail)
+		snprintf(d.detail, sizeof(d.detail), "%s", detail);
+	free(x->ids);
+	free(x->remote);
+	x->ids = x->remote = NULL;
+	x->st = RX_FREE;
+	if (trace_msg_send(R->fd, TRACE_MSG_DONE, &d, sizeof(d), NULL, 0))
+		R->quit = true;
+}
+
+static int cpl_errno(const struct kvx_completion *c)
+{
+	switch (c->status) {
+	case KVX_CPL_DONE:
+		return 0;
+	case KVX_CPL_ABORTED:
+		return -ECANCELED;
+	case KVX_CPL_TIMED_OUT:
+		return -ETIMEDOUT;
+	case KVX_CPL_FAILED:
+		break;
+	}
+	return c->error ? c->error : -EIO;
+}
+
+/* Try to start the oldest queued request (FIFO: a large request is not starved). */
+static void start_queued(struct role *R)
+{
+	for (;;) {
+		struct rx *x = NULL;
+		for (size_t i = 0; i < R->nrx; i++)
+			if (R->rx[i].st == RX_WAIT_POOL && (!x || R->rx[i].seq < x->seq))
+				x = &R->rx[i];
+		if (!x)
+			return;
+		if (R->r == TRACE_ROLE_CONSUMER && !R->o->write_mode && !x->got_read)
+			return; /* READ consumer: reads only what the producer serves */
+		uint64_t want = R->r == TRACE_ROLE_PRODUCER ? x->blocks : x->blocks - x->hit;
+		x->ids = malloc((want ? want : 1) * sizeof(*x->ids));
+		if (!x->ids) {
+			fatal(R, "out of memory");
+			R->quit = true;
+			return;
+		}
+		int rc = perf_pool_alloc(R->pool, want, x->ids);
+		if (rc == -ENOBUFS) {
+			free(x->ids);
+			x->ids = NULL;
+			return; /* pool exhausted: wait for a transfer to release its blocks */
+		}
+		if (rc) {
+			fatal(R, "%s needs %" PRIu64 " blocks, the pool has %" PRIu64, x->tid, want,
+			      perf_pool_size(R->pool));
+			R->quit = true;
+			return;
+		}
+		x->nids = want;
+		if (R->r == TRACE_ROLE_PRODUCER) {
+			if (R->o->write_mode) {
+				struct kvx_engine_write w = {.transfer_id = x->tid, .peer = R->peer,
+							     .local_blocks = x->ids, .n = x->nids};
+				rc = kvx_xfer_write_begin(R->e, &w);
+				x->st = RX_FILLING;
+			} else {
+				for (uint32_t l = 0; l < R->m.num_layers; l++)
+					fill_layer(R, x, l);
+				struct kvx_engine_serve s = {.transfer_id = x->tid, .local_blocks = x->ids,
+							     .n = x->nids};
+				rc = kvx_xfer_serve(R->e, &s);
+				x->st = RX_SUBMITTED;
+				if (!rc) {
+					struct trace_msg_blocks b = {.idx = x->idx, .blocks = x->blocks,
+								     .hit_blocks = x->hit, .n = x->nids};
+					if (trace_msg_send(R->fd, TRACE_MSG_SERVED, &b, sizeof(b), x->ids,
+							   x->nids * sizeof(uint32_t)))
+						R->quit = true;
+				}
+			}
+		} else if (R->o->write_mode) {
+			struct kvx_engine_announce a = {.transfer_id = x->tid, .peer = R->peer,
+							.local_blocks = x->ids, .n = x->nids};
+			rc = kvx_xfer_announce(R->e, &a);
+			x->st = RX_SUBMITTED;
+		} else {
+			struct kvx_engine_read rd = {.transfer_id = x->tid, .peer = R->peer,
+						     .local_blocks = x->ids, .remote_blocks = x->remote,
+						     .n = x->nids};
+			rc = kvx_xfer_read(R->e, &rd);
+			x->st = RX_SUBMITTED;
+			x->poll_first_layer = x->nids > 0 && !R->first_layer_unsupported;
+		}
+		if (rc) {
+			/* Rejected at submission: nothing is in flight, the blocks go straight back. */
+			char d[160];
+			snprintf(d, sizeof(d), "%s: engine rejected the submission: %s", x->tid,
+				 kvx_strerror(rc));
+			x->status = rc;
+			rx_finish(R, x, d);
+		}
+	}
+}
+
+/* WRITE producer: compute one layer of the oldest filling request. */
+static bool fill_step(struct role *R)
+{
+	struct rx *x = NULL;
+	for (size_t i = 0; i < R->nrx; i++)
+		if (R->rx[i].st == RX_FILLING && (!x || R->rx[i].seq < x->seq))
+			x = &R->rx[i];
+	if (!x)
+		return false;
+	uint32_t l = x->next_layer++;
+	fill_layer(R, x, l);
+	if (R->o->layer_us) {
+		struct timespec ts = {.tv_sec = R->o->layer_us / 1000000u,
+				      .tv_nsec = (long)(R->o->layer_us % 1000000u) * 1000};
+		nanosleep(&ts, NULL);
+	}
+	int rc = kvx_xfer_layer_ready(R->e, x->tid, l, NULL);
+	if (rc == 0 && l == 0 && !R->first_layer_unsupported)
+		x->poll_first_layer = true;
+	if (rc == 0 && x->next_layer == R->m.num_layers) {
+		rc = kvx_xfer_seal(R->e, x->tid, R->m.num_layers);
+		x->st = RX_SUBMITTED;
+	}
+	if (rc) {
+		/* The engine owns the transfer now: abort it and wait for its completions. */
+		fprintf(stderr, "kvxfer-perf trace (producer): %s layer %u: %s; aborting it\n", x->tid,
+			l, kvx_strerror(rc));
+		x->st = RX_SUBMITTED;
+		kvx_xfer_abort(R->e, x->tid);
+	}
+	return true;
+}
+
+static void poll_first_layers(struct role *R)
+{
+	for (size_t i = 0; i < R->nrx; i++) {
+		struct rx *x = &R->rx[i];
+		if (x->st == RX_FREE || !x->poll_first_layer)
+			continue;
+		int rc = kvx_xfer_layer_poll(R->e, x->tid, 0);
+		if (rc == 1) {
+			x->t_first_layer = kvx_now_ns();
+			x->poll_first_layer = false;
+		} else if (rc == -EBUSY || rc == -ENOTSUP || (rc == -ENOENT && !x->got_xfer)) {
+			/* This role/mode has no per-layer completion in this engine build. */
+			R->first_layer_unsupported = true;
+			x->poll_first_layer = false;
+		} else if (rc < 0) {
+			x->poll_first_layer = false;
+		}
+	}
+}
+
+static void handle_cpl(struct role *R, const struct kvx_completion *c)
+{
+	uint64_t idx;
+	struct rx *x = NULL;
+	if (trace_xfer_id_parse(c->transfer_id, &idx) == 0)
+		x = rx_get(R, idx);
+	if (!x || (x->st != RX_SUBMITTED && x->st != RX_FILLING)) {
+		fprintf(stderr, "kvxfer-perf trace: completion for unknown transfer '%s' (kind %d)\n",
+			c->transfer_id, (int)c->kind);
+		return;
+	}
+	/* Terminal while the producer was still computing layers (timeout, peer abort): stop. */
+	x->st = RX_SUBMITTED;
+	if (c->kind == KVX_CPL_TRANSFER) {
+		if (x->got_xfer)
+			return;
+		x->got_xfer = true;
+		x->status = cpl_errno(c);
+		x->bytes = c->bytes;
+		x->elapsed_ns = kvx_now_ns() - x->t_recv;
+		/* A full prefix hit ends with `release` and no data: the producer's transfer may
+		 * terminate as aborted; that is the protocol's expected outcome (PROTOCOL.md §5.7). */
+		if (R->r == TRACE_ROLE_PRODUCER && x->hit == x->blocks && x->status == -ECANCELED)
+			x->status = 0;
+	} else if (c->kind == KVX_CPL_BLOCKS_RELEASED) {
+		x->got_released = true;
+	}
+	if (x->poll_first_layer && x->got_xfer && x->status == 0) {
+		/* Terminal before we saw layer 0 alone: layer 0 landed no later than now. */
+		x->t_first_layer = kvx_now_ns();
+		x->poll_first_layer = false;
+	}
+	if (R->r == TRACE_ROLE_PRODUCER) {
+		if (x->got_xfer && x->got_released) {
+			char d[160];
+			snprintf(d, sizeof(d), "%s: producer: %s", x->tid, kvx_strerror(x->status));
+			rx_finish(R, x, x->status ? d : NULL);
+		}
+		return;
+	}
+	/* consumer */
+	if (!x->got_xfer)
+		return;
+	if (x->status == 0) {
+		char detail[160] = "";
+		if (R->o->verify) {
+			uint64_t bad = verify_rx(R, x, detail, sizeof(detail));
+			if (bad) {
+				R->verify_bad += bad;
+				x->status = -EIO;
+			}
+		}
+		rx_finish(R, x, x->status ? detail : NULL);
+	} else if (x->got_released || x->nids == 0) {
+		char d[160];
+		snprintf(d, sizeof(d), "%s: consumer: %s", x->tid, kvx_strerror(x->status));
+		rx_finish(R, x, d);
+	}
+}
+
+static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
+{
+	switch (h->type) {
+	case TRACE_MSG_PEER: {
+		if (h->len != sizeof(struct trace_msg_peer))
+			break;
+		const struct trace_msg_peer *pm = p;
+		snprintf(R->peer_host, sizeof(R->peer_host), "%s", pm->host);
+		R->peer = (struct kvx_engine_peer){.host = R->peer_host,
+						   .handshake_port = pm->handshake_port,
+						   .notify_port = pm->notify_port};
+		R->have_peer = true;
+		return;
+	}
+	case TRACE_MSG_REQ: {
+		if (h->len != sizeof(struct trace_msg_req) || !R->have_peer)
+			break;
+		const struct trace_msg_req *q = p;
+		if (q->hit_blocks > q->blocks || !rx_new(R, q->idx, q->blocks, q->hit_blocks)) {
+			fatal(R, "bad or duplicate request tx-%06" PRIu64, q->idx);
+			R->quit = true;
+		}
+		return;
+	}
+	case TRACE_MSG_READ: {
+		const struct trace_msg_blocks *b = p;
+		if (h->len < sizeof(*b) || h->len != sizeof(*b) + b->n * sizeof(uint32_t))
+			break;
+		struct rx *x = rx_get(R, b->idx);
+		if (!x || x->st != RX_WAIT_POOL || x->got_read || b->n + b->hit_blocks != x->blocks) {
+			fatal(R, "READ for tx-%06" PRIu64 " does not match its request", b->idx);
+			R->quit = true;
+			return;
+		}
+		/* PROTOCOL.md §6 item 8: with c cached blocks read remote[c : c + len(local)]. */
+		x->nremote = b->n;
+		x->got_read = true;
+		x->remote = malloc((b->n ? b->n : 1) * sizeof(uint32_t));
+		if (!x->remote) {
+			R->quit = true;
+			return;
+		}
+		memcpy(x->remote, (const uint32_t *)(b + 1), b->n * sizeof(uint32_t));
+		return;
+	}
+	case TRACE_MSG_STATS_REQ: {
+		struct kvx_engine_stats st;
+		kvx_engine_get_stats(R->e, &st);
+		/* Control messages = notifications (remote_blocks, write_done, release); dropped =
+		 * notifications that arrived for an already terminal transfer. */
+		struct trace_msg_stats s = {.lcore_util = -1, .ctl_sent = st.notifications_sent,
+					    .ctl_recv = st.notifications_received,
+					    .ctl_dropped = st.late_notifications,
+					    .verify_bad = R->verify_bad,
+					    .pool_exhausted = perf_pool_exhausted(R->pool)};
+		if (st.n_lcores) {
+			double u = 0;
+			for (uint32_t i = 0; i < st.n_lcores; i++)
+				u += st.lcores[i].utilization;
+			s.lcore_util = u / st.n_lcores;
+		}
+		s.transfers_failed = st.transfers_failed + st.transfers_aborted + st.transfers_timed_out;
+		if (trace_msg_send(R->fd, TRACE_MSG_STATS, &s, sizeof(s), NULL, 0))
+			R->quit = true;
+		return;
+	}
+	case TRACE_MSG_QUIT:
+		R->quit = true;
+		return;
+	default:
+		break;
+	}
+	fatal(R, "unexpected driver message type %u (%u bytes)", h->type, h->len);
+	R->quit = true;
+}
+
+static int setup_engine(struct role *R)
+{
+	const struct trace_opts *o = R->o;
+	char err[256] = "";
+	struct kvx_engine_params p;
+	kvx_engine_params_init(&p);
+	p.role = R->r == TRACE_ROLE_PRODUCER ? KVX_SCHED_PRODUCER : KVX_SCHED_CONSUMER;
+	p.mode = o->write_mode ? KVX_SCHED_MODE_WRITE : KVX_SCHED_MODE_READ;
+	p.transport = o->transport;
+	p.lcores = o->lcores;
+	p.control_lcore = o->control_lcore;
+	p.idle = o->idle_busy ? KVX_ENGINE_IDLE_BUSY : KVX_ENGINE_IDLE_ADAPTIVE;
+	p.host = o->host;
+	p.handshake_port = 0;
+	p.notify_port = 0;
+	p.transfer_timeout_ms = o->timeout_ms;
+	p.defer_timeout_ms = 2 * o->timeout_ms;
+	p.max_transfers = (uint32_t)R->nrx + 16;
+	p.max_blocks = o->max_blocks ? o->max_blocks : (uint32_t)(R->nb < 65536 ? R->nb : 65536);
+	int rc = kvx_engine_create(&p, &R->e, err, sizeof(err));
+	if (rc) {
+		fatal(R, "kvx_engine_create: %s: %s", kvx_strerror(rc), err);
+		return rc;
+	}
+	for (uint32_t l = 0; l < R->m.num_layers; l++) {
+		char name[32];
+		snprintf(name, sizeof(name), "model.layers.%u.attn", l);
+		struct kvx_engine_layer L = {.name = name, .base = R->layer[l], .mem = KVX_ENGINE_MEM_HOST};
+		L.tensor.elem_size = PERF_MODEL_ELEM_BYTES;
+		L.spec.block_size = o->block_tokens;
+		if (R->m.mla) {
+			/* [NB, BS, latent] */
+			uint64_t d = R->m.mla_latent_dim;
+			L.tensor.ndim = 3;
+			uint64_t shape[3] = {R->nb, o->block_tokens, d};
+			uint64_t stride[3] = {o->block_tokens * d, d, 1};
+			memcpy(L.tensor.shape, shape, sizeof(shape));
+			memcpy(L.tensor.stride, stride, sizeof(stride));
+			L.spec.is_mla = true;
+		} else {
+			/* split K/V, NHD: [2, NB, BS, H, HD] */
+			uint64_t H = R->m.num_kv_heads, HD = R->m.head_dim, BS = o->block_tokens;
+			L.tensor.ndim = 5;
+			uint64_t shape[5] = {2, R->nb, BS, H, HD};
+			uint64_t stride[5] = {R->nb * BS * H * HD, BS * H * HD, H * HD, HD, 1};
+			memcpy(L.tensor.shape, shape, sizeof(shape));
+			memcpy(L.tensor.stride, stride, sizeof(stride));
+			L.spec.num_kv_heads = (uint32_t)H;
+			L.spec.head_size = (uint32_t)HD;
+		}
+		rc = kvx_engine_register_layer(R->e, &L);
+		if (rc < 0) {
+			fatal(R, "kvx_engine_register_layer(%s): %s", name, kvx_strerror(rc));
+			return rc;
+		}
+	}
+	rc = kvx_engine_start(R->e);
+	if (rc) {
+		fatal(R, "kvx_engine_start: %s", kvx_strerror(rc));
+		return rc;
+	}
+	return 0;
+}
+
+int trace_role_main(const struct trace_opts *o, int fd)
+{
+	struct role R = {.o = o, .fd = fd, .r = o->role, .nb = o->pool_blocks};
+	char err[512] = "";
+	int rc = perf_model_find(o->models_csv, o->model, &R.m, err, sizeof(err));
+	if (rc) {
+		fatal(&R, "%s", err);
+		return 1;
+	}
+	R.block_len = perf_model_block_len(&R.m, o->block_tokens);
+	R.layer_bytes = R.block_len * R.m.planes * R.nb;
+	R.nrx = (size_t)o->concurrency * 2 + 8;
+	R.rx = calloc(R.nrx, sizeof(*R.rx));
+	R.layer = calloc(R.m.num_layers, sizeof(*R.layer));
+	if (!R.rx || !R.layer || perf_pool_create(R.nb, &R.pool)) {
+		fatal(&R, "cannot allocate the pool bookkeeping for %" PRIu64 " blocks", R.nb);
+		return 1;
+	}
+	int exit_code = 1;
+	for (uint32_t l = 0; l < R.m.num_layers; l++) {
+		/* Untouched pages cost nothing: only blocks in use get backed by memory. */
+		void *m = mmap(NULL, R.layer_bytes, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (m == MAP_FAILED) {
+			fatal(&R, "mmap of %" PRIu64 " bytes for layer %u: %s", R.layer_bytes, l,
+			      strerror(errno));
+			goto out;
+		}
+		R.layer[l] = m;
+	}
+	if (setup_engine(&R))
+		goto out;
+	struct trace_msg_hello hello = {
+		.magic = TRACE_MSG_MAGIC,
+		.role = (uint32_t)R.r,
+		.write_mode = o->write_mode,
+		.pool_blocks = R.nb,
+		.block_bytes = perf_model_block_bytes(&R.m, o->block_tokens),
+		.num_layers = R.m.num_layers,
+		.block_tokens = o->block_tokens,
+	};
+	kvx_engine_ports(R.e, &hello.handshake_port, &hello.notify_port);
+	snprintf(hello.host, sizeof(hello.host), "%s", o->host);
+	snprintf(hello.model, sizeof(hello.model), "%s", R.m.name);
+	snprintf(hello.transport, sizeof(hello.transport), "%s", o->transport);
+	if (trace_msg_send(fd, TRACE_MSG_HELLO, &hello, sizeof(hello), NULL, 0))
+		goto out;
+	while (!R.quit) {
+		bool busy = fill_step(&R);
+		struct kvx_completion cpl[32];
+		size_t n = kvx_engine_poll_completions(R.e, cpl, KVX_ARRAY_SIZE(cpl));
+		for (size_t i = 0; i < n; i++)
+			handle_cpl(&R, &cpl[i]);
+		poll_first_layers(&R);
+		start_queued(&R);
+		bool waiting = false;
+		for (size_t i = 0; i < R.nrx && !waiting; i++)
+			waiting = R.rx[i].st == RX_SUBMITTED || R.rx[i].st == RX_FILLING;
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		/* The worker thread polls completions; with nothing in flight it sleeps on the
+		 * driver channel instead of spinning (2-core machines). */
+		int to = (busy || n) ? 0 : (waiting ? 0 : 50);
+		int pr = waiting && !busy && !n ? ppoll(&pfd, 1, &(struct timespec){0, 100000}, NULL)
+						: poll(&pfd, 1, to);
+		if (pr < 0 && errno != EINTR)
+			break;
+		if (pr > 0) {
+			struct trace_msg_hdr h;
+			void *p;
+			rc = trace_msg_recv(fd, &h, &p);
+			if (rc) {
+				fprintf(stderr, "kvxfer-perf trace (%s): driver channel closed: %s\n",
+					R.r == TRACE_ROLE_PRODUCER ? "producer" : "consumer",
+					kvx_strerror(rc));
+				free(p);
+				goto out;
+			}
+			handle_msg(&R, &h, p);
+			free(p);
+		}
+	}
+	exit_code = 0;
+out:
+	if (R.e)
+		kvx_engine_destroy(R.e);
+	for (uint32_t l = 0; l < R.m.num_layers && R.layer; l++)
+		if (R.layer[l])
+			munmap(R.layer[l], R.layer_bytes);
+	for (size_t i = 0; i < R.nrx && R.rx; i++) {
+		free(R.rx[i].ids);
+		free(R.rx[i].remote);
+	}
+	free(R.rx);
+	free(R.layer);
+	perf_pool_destroy(R.pool);
+	return exit_code;
+}
