@@ -457,3 +457,14 @@ KVX_API size_t kvx_plan_cache_size(const struct kvx_plan_cache *c)
 {
 	return c->used;
 }
+
+KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads,
+				       bool is_mla)
+{
+	if (tp_local == 0 || tp_remote == 0)
+		return -EINVAL;
+	if (is_mla || tp_local == tp_remote)
+		return 0;
+	uint32_t m = tp_local < tp_remote ? tp_local : tp_remote;
+	return m >= total_kv_heads ? 0 : -ENOTSUP;
+}

@@ -201,6 +201,25 @@ KVX_API int kvx_plan_merge(uint64_t *loc, uint64_t *rem, uint64_t *size, size_t 
 KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t cached_blocks,
 					 size_t *remote_start);
 
+/**
+ * Check that a heterogeneous-TP pair can move whole blocks (PROTOCOL.md §4.3, §4.5, vector T24).
+ *
+ * Block transfers between different TP sizes are only valid when every rank's per-rank KV
+ * tensor has the same shape: MLA (latent replicated) or min(tp_local, tp_remote) >= total KV
+ * heads. Equal TP sizes always pass.
+ *
+ * @param tp_local        Local TP size, > 0.
+ * @param tp_remote       Peer TP size, > 0.
+ * @param total_kv_heads  The model's total KV heads (unsharded).
+ * @param is_mla          true for MLA layers.
+ * @return                0 if transferable.
+ * @retval -EINVAL        A TP size is 0.
+ * @retval -ENOTSUP       Replicated KV heads would have to be split ("replicated KV heads").
+ * @par Thread safety  Pure.
+ */
+KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads,
+				       bool is_mla);
+
 /** Opaque per-transfer plan cache (one merged plan per distinct geometry). */
 struct kvx_plan_cache;
 

@@ -333,23 +333,17 @@ Test(runtime_vectors, t23_remote_tp_rank)
 	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 4, 6, &r, NULL, 0), -EINVAL);
 }
 
-/* T24 head guard: replicated KV heads are rejected for non-MLA unless min(tp) >= heads. */
-static int head_guard(uint32_t tp_local, uint32_t tp_remote, uint32_t heads, bool mla)
-{
-	if (mla || tp_local == tp_remote)
-		return 0;
-	uint32_t m = tp_local < tp_remote ? tp_local : tp_remote;
-	return m >= heads ? 0 : -ENOTSUP;
-}
-
 Test(runtime_vectors, t24_head_guard)
 {
-	cr_assert_eq(head_guard(4, 8, 4, false), 0);
-	cr_assert_eq(head_guard(8, 4, 4, false), 0);
-	cr_assert_eq(head_guard(4, 8, 4, false), 0);
-	cr_assert_eq(head_guard(4, 2, 4, false), -ENOTSUP);
-	cr_assert_eq(head_guard(2, 4, 4, false), -ENOTSUP);
-	cr_assert_eq(head_guard(2, 4, 4, true), 0);
+	/* (tp_local, tp_remote, kv heads): (4,4,8), (8,4,4), (4,8,4) pass; (4,2,4), (2,4,4) are
+	 * replicated KV heads; MLA (2,4,4) passes. */
+	cr_assert_eq(kvx_layout_check_hetero_tp(4, 4, 8, false), 0);
+	cr_assert_eq(kvx_layout_check_hetero_tp(8, 4, 4, false), 0);
+	cr_assert_eq(kvx_layout_check_hetero_tp(4, 8, 4, false), 0);
+	cr_assert_eq(kvx_layout_check_hetero_tp(4, 2, 4, false), -ENOTSUP);
+	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, false), -ENOTSUP);
+	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, true), 0);
+	cr_assert_eq(kvx_layout_check_hetero_tp(0, 4, 4, false), -EINVAL);
 }
 
 Test(runtime_vectors, t25_expected_acks)
