@@ -22,6 +22,7 @@
 #include "trace_prefix.h"
 #include "trace_replay.h"
 #include "trace_report.h"
+#include "kvxfer/mem.h"
 
 #ifndef KVX_BENCH_DATA_DIR
 #define KVX_BENCH_DATA_DIR "bench/data"
@@ -40,7 +41,7 @@ static void usage(FILE *f)
 "  --model NAME         row of models.csv (default Llama-3.1-8B); split K/V, or MLA latent\n"
 "  --models-csv FILE    model table (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
 "  --trace FILE         Mooncake JSONL or Azure CSV trace (default the Mooncake conversation trace)\n"
-"  --requests N         replay the first N requests (default 8; 0 = all)\n"
+"  --requests N         replay the first N requests (default 6; 0 = all)\n"
 "  --block-size N       tokens per KV block (default 16)\n"
 "  --speed X            scale arrival times: X=2 replays twice as fast; 0 = back to back (default 1)\n"
 "  --concurrency N      transfers in flight at most (default 2)\n"
@@ -58,11 +59,13 @@ static void usage(FILE *f)
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
 "  --verify, --no-verify  check every transferred byte (default on with --local)\n"
-"  --pool-blocks N      KV blocks per side (default: a quarter of available memory each)\n"
+"  --pool-blocks N      KV blocks per side, made resident at start (default: --concurrency x the\n"
+"                       largest request, at most a quarter of the available memory)\n"
 "  --layer-us N         WRITE: simulated compute per layer on the producer, us (default 0)\n"
 "  --timeout-ms N       per-transfer deadline, ms (default 30000)\n"
 "  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot)\n"
-"  --quiet              no progress line\n",
+"  --quiet              no progress line\n"
+"  --mem host|hip[:DEVICE]  KV pool memory (default host)\n",
 		DEFAULT_PORT);
 }
 
@@ -70,7 +73,7 @@ enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
-	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS,
+	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -85,6 +88,30 @@ static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, 
 	}
 	*v = x;
 	return 0;
+}
+
+/* --mem value; NULL or "host" = host KV pools (the only memory the data paths move today). */
+static const char *g_trace_mem;
+
+/*
+ * --mem hip[:N]: open the device and allocate through kvx_mem, so a missing GPU is reported
+ * as "no HIP device"; device KV pools are not wired into the providers' data paths yet.
+ */
+static int trace_mem_check(const char *transport)
+{
+	char why[KVX_MEM_WHY_LEN] = "";
+	struct kvx_mem_buf mb;
+
+	if (!g_trace_mem || strcmp(g_trace_mem, "host") == 0)
+		return 0;
+	if (kvx_mem_buf_init(g_trace_mem, 4096, &mb, why, sizeof(why))) {
+		fprintf(stderr, "kvxfer-perf trace: %s\n", why);
+		return 1;
+	}
+	kvx_mem_buf_fini(&mb);
+	fprintf(stderr, "kvxfer-perf trace: --mem %s: the %s data path does not move device memory "
+			"yet\n", g_trace_mem, transport);
+	return 1;
 }
 
 static int parse_opts(int argc, char **argv, struct trace_opts *o)
@@ -120,6 +147,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"role", required_argument, 0, OPT_ROLE},
 		{"ctl-fd", required_argument, 0, OPT_CTL_FD},
 		{"max-blocks", required_argument, 0, OPT_MAX_BLOCKS},
+		{"mem", required_argument, 0, OPT_MEM},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -128,7 +156,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		.models_csv = KVX_BENCH_DATA_DIR "/models.csv",
 		.trace = DEFAULT_TRACE,
 		.block_tokens = 16,
-		.requests = 8,
+		.requests = 6,
 		.speed = 1,
 		.concurrency = 2,
 		.write_mode = true,
@@ -147,6 +175,17 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 	while ((c = getopt_long(argc, argv, "m:t:l:h", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_MODEL: o->model = optarg; break;
+		case OPT_MEM: {
+			struct kvx_mem_type mt;
+
+			if (kvx_mem_parse_type(optarg, &mt)) {
+				fprintf(stderr, "kvxfer-perf trace: --mem '%s': expected host, hip or "
+						"hip:<DEVICE>\n", optarg);
+				return -EINVAL;
+			}
+			g_trace_mem = optarg;
+			break;
+		}
 		case OPT_MODELS_CSV: o->models_csv = optarg; break;
 		case OPT_TRACE: o->trace = optarg; break;
 		case OPT_REQUESTS:
@@ -638,7 +677,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	}
 	D.n = D.t->n;
 	D.block_bytes = perf_model_block_bytes(&D.m, o->block_tokens);
-	D.pool_blocks = o->pool_blocks ? o->pool_blocks : default_pool_blocks(D.block_bytes);
+	D.pool_blocks = o->pool_blocks;
 	D.rec = calloc(D.n, sizeof(*D.rec));
 	D.dr = calloc(D.n, sizeof(*D.dr));
 	if (!D.rec || !D.dr) {
@@ -646,13 +685,24 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		goto out;
 	}
 	for (uint64_t i = 0; i < D.n; i++) {
+		uint64_t b = perf_model_blocks_for_tokens(D.t->reqs[i].input_tokens, o->block_tokens);
+		if (b > D.max_req_blocks)
+			D.max_req_blocks = b;
+	}
+	if (!D.pool_blocks) {
+		/* Enough for --concurrency of the largest requests in flight, within a quarter of the
+		 * available memory per side; the pool is made resident up front. */
+		uint64_t fit = default_pool_blocks(D.block_bytes);
+		D.pool_blocks = D.max_req_blocks * o->concurrency;
+		if (D.pool_blocks > fit)
+			D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+	}
+	for (uint64_t i = 0; i < D.n; i++) {
 		const struct perf_trace_req *tr = &D.t->reqs[i];
 		D.rec[i].idx = i;
 		D.rec[i].line = tr->line;
 		D.rec[i].input_tokens = tr->input_tokens;
 		D.rec[i].blocks = perf_model_blocks_for_tokens(tr->input_tokens, o->block_tokens);
-		if (D.rec[i].blocks > D.max_req_blocks)
-			D.max_req_blocks = D.rec[i].blocks;
 		if (D.rec[i].blocks > D.pool_blocks) {
 			fprintf(stderr,
 				"kvxfer-perf trace: %s:%u: request needs %" PRIu64 " blocks (%.2f GB) but the pool has %" PRIu64
@@ -742,9 +792,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			goto out;
 	}
 	fprintf(stderr, "kvxfer-perf trace: %s %s, %" PRIu64 " requests from %s, %s mode, transport %s, pool %" PRIu64
-			" blocks/side\n",
+			" blocks/side (%.2f GB, resident in %.1f s / %.1f s)\n",
 		D.m.name, D.m.mla ? "MLA" : "split K/V", D.n, o->trace, o->write_mode ? "WRITE" : "READ",
-		hp->transport, hp->pool_blocks);
+		hp->transport, hp->pool_blocks, (double)hp->pool_blocks * (double)D.block_bytes / 1e9,
+		hp->prefault_ms / 1e3, hc->prefault_ms / 1e3);
 
 	/* Replay. */
 	struct perf_progress prog;
@@ -896,6 +947,8 @@ int kvx_perf_trace_main(int argc, char **argv)
 	int rc = parse_opts(argc, argv, &o);
 	if (rc)
 		return rc > 0 ? 0 : 2;
+	if ((rc = trace_mem_check(o.transport)) != 0)
+		return rc;
 	if (o.role != TRACE_ROLE_DRIVER) {
 		if (o.ctl_fd < 0 || !o.pool_blocks) {
 			fprintf(stderr, "kvxfer-perf trace: --role is internal (set by the driver)\n");

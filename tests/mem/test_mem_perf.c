@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvxfer-perf --mem (bench/perf_bw.c through kvx_mem_buf_init): run the real binary and check
+ * kvxfer-perf --mem (bench/perf_bw.c, bench/perf_trace.c through kvx_mem_buf_init): run the real binary and check
  * the exit status and message. Without a GPU, `--mem hip` must exit 1 with "no HIP device"
  * (no crash, no hang); a malformed value is a usage error (2).
  */
@@ -46,9 +46,9 @@ static int run_perf(char *const argv[], char *err, size_t err_len)
 	return st;
 }
 
-Test(mem_perf, bw_and_lat_with_hip_and_no_gpu_exit_1_no_hip_device)
+Test(mem_perf, bw_lat_trace_with_hip_and_no_gpu_exit_1_no_hip_device)
 {
-	static const char *cmds[] = {"bw", "lat"};
+	static const char *cmds[] = {"bw", "lat", "trace"};
 	struct kvx_mem_type t = {.kind = KVX_MEM_HIP, .device = 0};
 	char err[1024];
 
@@ -56,15 +56,14 @@ Test(mem_perf, bw_and_lat_with_hip_and_no_gpu_exit_1_no_hip_device)
 		cr_skip_test("built without HIP (libamdhip64 not found)");
 	if (kvx_mem_probe(&t, NULL, 0) == 0)
 		cr_skip_test("a HIP device is present: the no-device path is not reachable");
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 3; i++) {
 		char *argv[] = {"kvxfer-perf", (char *)cmds[i], "--mem", "hip", "--local", NULL};
 		int st = run_perf(argv, err, sizeof(err));
 
 		cr_assert(WIFEXITED(st), "%s: killed by signal %d", cmds[i],
 			  WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 		cr_assert_eq(WEXITSTATUS(st), 1, "%s: exit status", cmds[i]);
-		cr_assert(strstr(err, "kvxfer-perf: --mem hip: no HIP device") != NULL, "%s: %s",
-			  cmds[i], err);
+		cr_assert(strstr(err, "--mem hip: no HIP device") != NULL, "%s: %s", cmds[i], err);
 	}
 }
 
