@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* QSBR helpers and the read-mostly table over cds_lfht (RUNTIME_GUIDE.md §4.2, gotcha 5). */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +62,11 @@ struct rt_node {
 	struct rcu_head rcu;
 	struct kvx_rcu_table *t;
 	struct rt_node *next; /* destroy's private list */
+	/* Set (release) before the node is published; read (acquire) by readers before any other
+	 * field. liburcu's publication (rcu_assign_pointer in an uninstrumented library) orders
+	 * this already on every CPU we support; the explicit pair makes the edge C11-visible, so
+	 * TSan sees that the node and the value were initialised before a reader uses them. */
+	_Atomic uint32_t published;
 	void *value;
 	uint64_t key;
 	char skey[]; /* string tables */
@@ -94,13 +100,15 @@ static uint64_t hash_str(const char *s)
 
 static int match_u64(struct cds_lfht_node *n, const void *key)
 {
-	const struct rt_node *rn = caa_container_of(n, struct rt_node, node);
+	struct rt_node *rn = caa_container_of(n, struct rt_node, node);
+	(void)atomic_load_explicit(&rn->published, memory_order_acquire); /* pairs with add */
 	return rn->key == ((const struct rt_key *)key)->u;
 }
 
 static int match_str(struct cds_lfht_node *n, const void *key)
 {
-	const struct rt_node *rn = caa_container_of(n, struct rt_node, node);
+	struct rt_node *rn = caa_container_of(n, struct rt_node, node);
+	(void)atomic_load_explicit(&rn->published, memory_order_acquire); /* pairs with add */
 	return !strcmp(rn->skey, ((const struct rt_key *)key)->s);
 }
 
@@ -180,6 +188,9 @@ static struct rt_node *node_new(struct kvx_rcu_table *t, const struct rt_key *k,
 	rn->key = k->u;
 	if (extra)
 		memcpy(rn->skey, k->s, extra);
+	/* Release: node fields and the caller's writes to *value happen-before a reader's
+	 * acquire in match_u64()/match_str(). */
+	atomic_store_explicit(&rn->published, 1, memory_order_release);
 	return rn;
 }
 

@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Lcore threads (affinity, launch/wait/stop), poll loop accounting, idle policies. */
+#ifdef KVX_TSAN_RUNNER
+#include "tsan_runner.h" /* Criterion cannot start under TSan: see that header */
+#else
 #include <criterion/criterion.h>
+#endif
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>

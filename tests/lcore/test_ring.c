@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Rings: boundaries, wrap near UINT32_MAX, content integrity, MPMC conservation under stress. */
+#ifdef KVX_TSAN_RUNNER
+#include "tsan_runner.h" /* Criterion cannot start under TSan: see that header */
+#else
 #include <criterion/criterion.h>
+#endif
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
