@@ -41,7 +41,7 @@ static void usage(FILE *f)
 "  --model NAME         row of models.csv (default Llama-3.1-8B); split K/V, or MLA latent\n"
 "  --models-csv FILE    model table (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
 "  --trace FILE         Mooncake JSONL or Azure CSV trace (default the Mooncake conversation trace)\n"
-"  --requests N         replay the first N requests (default 8; 0 = all)\n"
+"  --requests N         replay the first N requests (default 6; 0 = all)\n"
 "  --block-size N       tokens per KV block (default 16)\n"
 "  --speed X            scale arrival times: X=2 replays twice as fast; 0 = back to back (default 1)\n"
 "  --concurrency N      transfers in flight at most (default 2)\n"
@@ -59,9 +59,10 @@ static void usage(FILE *f)
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
 "  --verify, --no-verify  check every transferred byte (default on with --local)\n"
-"  --pool-blocks N      KV blocks per side (default: a quarter of available memory each)\n"
+"  --pool-blocks N      KV blocks per side, made resident at start (default: the largest\n"
+"                       request + 25%%, at most a quarter of the available memory)\n"
 "  --layer-us N         WRITE: simulated compute per layer on the producer, us (default 0)\n"
-"  --timeout-ms N       per-transfer deadline, ms (default 30000)\n"
+"  --timeout-ms N       per-transfer deadline, ms (default 120000)\n"
 "  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot)\n"
 "  --quiet              no progress line\n"
 "  --mem host|hip[:DEVICE]  KV pool memory (default host)\n",
@@ -155,7 +156,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		.models_csv = KVX_BENCH_DATA_DIR "/models.csv",
 		.trace = DEFAULT_TRACE,
 		.block_tokens = 16,
-		.requests = 8,
+		.requests = 6,
 		.speed = 1,
 		.concurrency = 2,
 		.write_mode = true,
@@ -164,7 +165,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		.host = "127.0.0.1",
 		.control_lcore = UINT32_MAX,
 		.verify = -1,
-		.timeout_ms = 30000,
+		.timeout_ms = 120000,
 		.role = TRACE_ROLE_DRIVER,
 		.ctl_fd = -1,
 	};
@@ -676,7 +677,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	}
 	D.n = D.t->n;
 	D.block_bytes = perf_model_block_bytes(&D.m, o->block_tokens);
-	D.pool_blocks = o->pool_blocks ? o->pool_blocks : default_pool_blocks(D.block_bytes);
+	D.pool_blocks = o->pool_blocks;
 	D.rec = calloc(D.n, sizeof(*D.rec));
 	D.dr = calloc(D.n, sizeof(*D.dr));
 	if (!D.rec || !D.dr) {
@@ -684,13 +685,25 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		goto out;
 	}
 	for (uint64_t i = 0; i < D.n; i++) {
+		uint64_t b = perf_model_blocks_for_tokens(D.t->reqs[i].input_tokens, o->block_tokens);
+		if (b > D.max_req_blocks)
+			D.max_req_blocks = b;
+	}
+	if (!D.pool_blocks) {
+		/* The largest request plus 25%: smaller requests overlap, large ones wait for blocks
+		 * (pool exhaustion and reuse, as under an engine's scheduler). Capped at a quarter of
+		 * the available memory per side; the pool is made resident before the replay. */
+		uint64_t fit = default_pool_blocks(D.block_bytes);
+		D.pool_blocks = D.max_req_blocks + (D.max_req_blocks + 3) / 4;
+		if (D.pool_blocks > fit)
+			D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+	}
+	for (uint64_t i = 0; i < D.n; i++) {
 		const struct perf_trace_req *tr = &D.t->reqs[i];
 		D.rec[i].idx = i;
 		D.rec[i].line = tr->line;
 		D.rec[i].input_tokens = tr->input_tokens;
 		D.rec[i].blocks = perf_model_blocks_for_tokens(tr->input_tokens, o->block_tokens);
-		if (D.rec[i].blocks > D.max_req_blocks)
-			D.max_req_blocks = D.rec[i].blocks;
 		if (D.rec[i].blocks > D.pool_blocks) {
 			fprintf(stderr,
 				"kvxfer-perf trace: %s:%u: request needs %" PRIu64 " blocks (%.2f GB) but the pool has %" PRIu64
@@ -780,9 +793,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			goto out;
 	}
 	fprintf(stderr, "kvxfer-perf trace: %s %s, %" PRIu64 " requests from %s, %s mode, transport %s, pool %" PRIu64
-			" blocks/side\n",
+			" blocks/side (%.2f GB, resident in %.1f s / %.1f s)\n",
 		D.m.name, D.m.mla ? "MLA" : "split K/V", D.n, o->trace, o->write_mode ? "WRITE" : "READ",
-		hp->transport, hp->pool_blocks);
+		hp->transport, hp->pool_blocks, (double)hp->pool_blocks * (double)D.block_bytes / 1e9,
+		hp->prefault_ms / 1e3, hc->prefault_ms / 1e3);
 
 	/* Replay. */
 	struct perf_progress prog;

@@ -59,7 +59,7 @@ struct trace_opts {
 	const char *json;         /**< --json FILE. */
 	const char *csv;          /**< --csv FILE. */
 	const char *plot;         /**< --plot FILE.png. */
-	uint64_t pool_blocks;     /**< --pool-blocks N per side; 0 = fit memory. */
+	uint64_t pool_blocks;     /**< --pool-blocks N per side; 0 = largest request + 25%, at most a quarter of memory. */
 	uint32_t layer_us;        /**< --layer-us: simulated compute per layer (WRITE producer), us. */
 	uint32_t timeout_ms;      /**< --timeout-ms: per-transfer deadline, ms. */
 	bool quiet;               /**< --quiet: no progress line. */
@@ -105,6 +105,7 @@ struct trace_msg_hello {
 	uint32_t block_tokens;   /**< Tokens per block. */
 	uint16_t handshake_port; /**< Engine handshake port. */
 	uint16_t notify_port;    /**< Engine notify port. */
+	uint32_t prefault_ms;    /**< Time to make the pool resident, ms. */
 	char host[64];           /**< Advertised engine host. */
 	char model[PERF_MODEL_NAME_MAX]; /**< Model name. */
 	char transport[16];      /**< Transport name the engine reports (or the requested one). */
