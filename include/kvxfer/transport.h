@@ -635,7 +635,8 @@ KVX_API int kvx_xport_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
  * @param ctx         Context; not NULL.
  * @param timeout_ms  Longest wait, ms; 0 = do not block; -1 = no limit.
  * @return            1 if woken by an event, 0 on timeout; never blocks longer than asked.
- * @retval -ENOTSUP   The provider has no target-side events (returns at once).
+ * @retval -ENOTSUP   The provider has no target-side events (returns at once). verbs waits
+ *                    on the device's async-event fd (the only work of its progress()).
  * @par Thread safety  The thread that calls kvx_xport_progress() for this context.
  * @par Context  Idle path of a poller (a syscall that sleeps).
  */

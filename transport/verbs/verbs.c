@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -396,6 +397,20 @@ static int verbs_progress(struct kvx_xport_ctx *ctx)
 	return done;
 }
 
+/* progress() only reads device async events: an idle progress poller sleeps on their fd
+ * (the NIC serves peers' READ/WRITE without the target's CPU). */
+static int verbs_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
+{
+	struct vctx *c = (struct vctx *)ctx;
+	struct pollfd pf = {.fd = c->ibctx->async_fd, .events = POLLIN};
+	int rc = poll(&pf, 1, timeout_ms);
+	if (rc < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (rc > 0)
+		c->async_next_ns = 0; /* the next progress() reads the event at once */
+	return rc > 0 ? 1 : 0;
+}
+
 const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.name = "verbs",
 	.id = KVX_XPORT_PROV_VERBS,
@@ -412,9 +427,9 @@ const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.post = verbs_post,
 	.poll = verbs_poll,
 	.progress = verbs_progress,
-	/* No target-side work (needs_progress false): no wait fd. Pollers spin on the CQ; a
-	 * completion-channel wait is not implemented (-ENOTSUP). */
+	/* needs_progress is false: no wait fd is advertised; ctx_wait sleeps on async events.
+	 * Pollers spin on the CQ; a completion-channel ep_wait is not implemented (-ENOTSUP). */
 	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
-	.ctx_wait = kvx_xport_enotsup_ctx_wait,
+	.ctx_wait = verbs_ctx_wait,
 	.ep_wait = kvx_xport_enotsup_ep_wait,
 };
