@@ -48,6 +48,7 @@ fi
 
 if [ "${KVX_SKIP_VM:-0}" != 1 ] && [ -x tests/rxe/run-vm.sh ]; then
   stage "verbs on Soft-RoCE (QEMU VM)"
-  bash tests/rxe/run-vm.sh
+  # The full verbs job takes ~8-9 min under TCG emulation; allow headroom on a loaded machine.
+  KVX_VM_TIMEOUT="${KVX_VM_TIMEOUT:-1200}" bash tests/rxe/run-vm.sh
 fi
 stage "all test stages passed"
