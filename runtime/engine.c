@@ -14,6 +14,7 @@
  * poller->app `cpl`. A peer's transport state is written by the control thread before it
  * enqueues PEER_READY; the ring's release/acquire pair publishes it to the poller. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,10 +92,12 @@ struct peer {
 	struct kvx_xport_rmr **rmr;
 	struct kvx_layout_geom *geom;
 	uint64_t remote_num_blocks;
+	uint64_t epoch; /* the peer's kvx_epoch from the last successful handshake */
 	int hs_error;
 	/* Poller-owned. */
 	bool ready;
 	bool listed;
+	bool stale; /* endpoint in error state: drain, then re-handshake (PROTOCOL.md §6 item 18) */
 	uint32_t outstanding;
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
@@ -121,6 +124,9 @@ struct xf {
 	const atomic_uint *ready_flag[KVX_ENGINE_MAX_LAYERS];
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
 	bool reported, released, failed, aborted, timed_out, done_posting, release_sent;
+	bool fence_pending; /* P READ: defer timeout passed, blocks held until the wire is fenced */
+	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
+	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
 	int error;
 	uint64_t bytes;
 	uint64_t quarantine_deadline;
@@ -146,7 +152,8 @@ struct kvx_engine {
 	struct kvx_xfer_table *reg;
 	struct peer *peers[KVX_ENGINE_MAX_PEERS];
 	uint32_t n_peers;
-	/* control thread */
+	/* control thread; the poller destroys them to fence readers (acc_lock, trylock only) */
+	pthread_mutex_t acc_lock;
 	struct kvx_xport_ep **accepted;
 	uint32_t n_accepted, cap_accepted;
 	/* poller */
@@ -161,8 +168,10 @@ struct kvx_engine {
 	struct peer *ready_peers[KVX_ENGINE_MAX_PEERS];
 	uint32_t n_ready;
 	uint64_t next_scan_ns;
+	uint32_t n_fence_pending;
+	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; 0 = off */
 	_Atomic uint64_t st_bytes, st_ops, st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar,
-		st_notify_drop;
+		st_notify_drop, st_fences, st_peer_resets;
 	uint64_t st_dup;
 };
 
@@ -274,6 +283,12 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		free(e);
 		return rc;
 	}
+	rc = -pthread_mutex_init(&e->acc_lock, NULL);
+	if (rc) {
+		kvx_xfer_table_destroy(e->reg);
+		free(e);
+		return rc;
+	}
 	*out = e;
 	return 0;
 }
@@ -378,10 +393,24 @@ static void on_notify(void *arg, const struct kvx_msg_notify *msg)
 	cin_push(e, &m);
 }
 
-/* Blob B = [u32 xport_len][xport blob B][u32 n_regions][n x RDESC][u64 num_blocks]. */
+static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
+			  size_t *len_b);
+
+/* Every control-thread transport call runs under acc_lock: the poller's fence destroys target
+ * endpoints on the same context (transport.h: control-path calls one thread at a time). */
 static int on_connect(void *arg, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b, size_t *len_b)
 {
 	struct kvx_engine *e = arg;
+	pthread_mutex_lock(&e->acc_lock);
+	int rc = connect_locked(e, blob_a, len_a, blob_b, len_b);
+	pthread_mutex_unlock(&e->acc_lock);
+	return rc;
+}
+
+/* Blob B = [u32 xport_len][xport blob B][u32 n_regions][n x RDESC][u64 num_blocks]. */
+static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
+			  size_t *len_b)
+{
 	size_t cap = *len_b;
 	size_t need = 4 + KVX_XPORT_BLOB_MAX + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8;
 	if (cap < need)
@@ -423,11 +452,16 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
 	(void)dp_rank;
 	(void)remote;
 	struct peer *pr = arg;
+	/* A re-handshake (stale peer): the poller drained and unlisted the old endpoint before it
+	 * queued this job, so nothing else touches it. */
+	pthread_mutex_lock(&pr->e->acc_lock);
 	if (pr->ep) {
 		kvx_xport_ep_destroy(pr->ep);
 		pr->ep = NULL;
 	}
-	return kvx_xport_ep_create(pr->e->xctx, &pr->ep, blob_a, cap, len_a);
+	int rc = kvx_xport_ep_create(pr->e->xctx, &pr->ep, blob_a, cap, len_a);
+	pthread_mutex_unlock(&pr->e->acc_lock);
+	return rc;
 }
 
 static int peer_setup(struct peer *pr, const struct kvx_ctl_hs_rank *r)
@@ -455,14 +489,15 @@ static int peer_setup(struct peer *pr, const struct kvx_ctl_hs_rank *r)
 	memcpy(&nb, b + off + (size_t)nreg * KVX_XPORT_RDESC_BYTES, 8);
 	if (nb == 0)
 		return -EPROTO;
+	pthread_mutex_lock(&e->acc_lock);
 	int rc = kvx_xport_ep_connect(pr->ep, b + 4, xl);
+	for (uint32_t i = 0; !rc && i < nreg; i++)
+		rc = kvx_xport_rmr_import(pr->ep, b + off + (size_t)i * KVX_XPORT_RDESC_BYTES, KVX_XPORT_RDESC_BYTES,
+					  &pr->rmr[i]);
+	pthread_mutex_unlock(&e->acc_lock);
 	if (rc)
 		return rc;
 	for (uint32_t i = 0; i < nreg; i++) {
-		rc = kvx_xport_rmr_import(pr->ep, b + off + (size_t)i * KVX_XPORT_RDESC_BYTES, KVX_XPORT_RDESC_BYTES,
-					  &pr->rmr[i]);
-		if (rc)
-			return rc;
 		pr->geom[i] = e->layers[i].geom;
 		kvx_layout_set_remote_blocks(&pr->geom[i], nb);
 	}
@@ -479,6 +514,13 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 		rc = peer_setup(pr, &res->ranks[0]);
 	else if (rc == 0)
 		rc = -EPROTO;
+	if (rc == 0 && res->ranks[0].meta) {
+		uint64_t ep_new = res->ranks[0].meta->epoch;
+		if (pr->epoch && ep_new != pr->epoch)
+			kvx_log(KVX_LOG_INFO, "engine: peer %s:%u dp %u restarted (epoch %llu -> %llu)", pr->host,
+				pr->hs_port, pr->dp_rank, (unsigned long long)pr->epoch, (unsigned long long)ep_new);
+		pr->epoch = ep_new; /* published to the poller by the PEER_READY enqueue below */
+	}
 	if (rc)
 		kvx_log(KVX_LOG_WARN, "engine: handshake with %s:%u dp %u failed: %s%s%s", pr->host, pr->hs_port,
 			pr->dp_rank, kvx_strerror(rc), res->error[0] ? ": " : "", res->error);
@@ -486,6 +528,39 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr};
 	cin_push(e, &m);
 	atomic_store_explicit(&pr->hs_state, rc ? HS_FAILED : HS_READY, memory_order_release);
+}
+
+/* Start a handshake with @p pr through inbox @p ib if its state is still @p from (CAS, so the
+ * app thread and the poller never both start one). -EALREADY: another thread won. */
+static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from)
+{
+	uint32_t rtp = 0, ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
+	int rc = kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, ptp, &rtp, NULL, 0);
+	if (rc)
+		return rc;
+	if (!atomic_compare_exchange_strong_explicit(&pr->hs_state, &from, HS_PENDING, memory_order_acq_rel,
+						     memory_order_acquire))
+		return -EALREADY;
+	uint32_t rank = pr->dp_rank;
+	struct kvx_ctl_hs_params hp = {
+		.host = pr->host,
+		.handshake_base_port = pr->hs_port,
+		.dp_size = pr->dp_rank + 1,
+		.dp_size_local = pr->dp_size_local,
+		.tp_rank = rtp,
+		.tp_size = ptp,
+		.port_mode = e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE,
+		.ranks = &rank,
+		.num_ranks = 1,
+		.timeout_ms = e->p.handshake_timeout_ms,
+		.make_blob = make_blob,
+		.on_done = on_hs_done,
+		.arg = pr,
+	};
+	rc = kvx_ctl_handshake_start(ib, &hp);
+	if (rc)
+		atomic_store_explicit(&pr->hs_state, from, memory_order_release);
+	return rc;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -697,10 +772,16 @@ static void read_progress(struct kvx_engine *e, struct xf *x)
 		}
 		return;
 	}
-	if (!x->peer->ready)
+	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
+	if (x->await_rehs || (!x->failed && !x->peer->ready))
 		return;
-	kvx_plan_cache_reset(e->pc);
-	while (!x->failed && x->next_layer < e->n_layers) {
+	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
+	uint32_t limit = hold && hold < e->n_layers ? hold : e->n_layers;
+	if (x->next_layer == 0)
+		x->peer_epoch = x->peer->epoch;
+	if (!x->failed)
+		kvx_plan_cache_reset(e->pc);
+	while (!x->failed && x->next_layer < limit) {
 		if (post_layer(e, x, x->next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
 			break;
 		x->next_layer++;
@@ -902,6 +983,35 @@ static void handle_notify(struct kvx_engine *e, struct emsg *m)
 	}
 }
 
+/* The peer's endpoint is in error state (transport.h: every op fails from now on): stop using
+ * it, drain it, then re-handshake (poll_fn) so later transfers get a fresh endpoint
+ * (PROTOCOL.md §6 item 18). */
+static void peer_stale(struct kvx_engine *e, struct peer *pr)
+{
+	if (pr->stale)
+		return;
+	pr->stale = true;
+	pr->ready = false;
+	atomic_fetch_add_explicit(&e->st_peer_resets, 1, memory_order_relaxed);
+}
+
+/* After a re-handshake: retry a READ that moved nothing only against a new peer epoch (the old
+ * incarnation's blocks are gone either way); the same epoch means the producer fenced us (its
+ * defer timeout) or the link failed, and the blocks may have been reused: fail. */
+static void rehs_decide(struct peer *pr, struct xf *x)
+{
+	x->await_rehs = false;
+	if (pr->epoch != x->peer_epoch && x->bytes == 0 && x->batches_out == 0) {
+		x->next_layer = 0;
+		x->done_posting = false;
+		memset(x->layer_batches, 0, sizeof(x->layer_batches));
+		return;
+	}
+	x->failed = true;
+	x->error = -ECONNRESET;
+	x->done_posting = true;
+}
+
 static void handle_cpl(struct kvx_engine *e, struct peer *pr, const struct kvx_xport_cpl *c)
 {
 	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
@@ -914,9 +1024,19 @@ static void handle_cpl(struct kvx_engine *e, struct peer *pr, const struct kvx_x
 	x->bytes += c->bytes;
 	atomic_fetch_add_explicit(&e->st_bytes, c->bytes, memory_order_relaxed);
 	atomic_fetch_add_explicit(&pr->bytes, c->bytes, memory_order_relaxed);
-	if (c->status && !x->failed) {
-		x->failed = true;
-		x->error = c->status;
+	if (c->status) {
+		bool ep_dead = kvx_xport_ep_status(pr->ep) != 0;
+		if (ep_dead)
+			peer_stale(e, pr);
+		/* Nothing of this READ landed and the endpoint is dead: the peer may have restarted
+		 * before the first op (a new epoch at re-handshake makes a retry equivalent to a fresh
+		 * transfer); decided in rehs_decide(). */
+		if (x->kind == XK_READ && ep_dead && x->bytes == 0 && !x->failed)
+			x->await_rehs = true;
+		else if (!x->failed) {
+			x->failed = true;
+			x->error = c->status;
+		}
 	}
 	if (x->layer_batches[layer] == 0 && !x->failed) {
 		if (x->kind == XK_READ) {
@@ -1007,6 +1127,7 @@ static void handle_cin(struct kvx_engine *e, struct emsg *m)
 		handle_notify(e, m);
 		return;
 	}
+	pr->stale = false;
 	if (m->type == M_PEER_READY) {
 		pr->ready = true;
 		list_peer(e, pr);
@@ -1015,10 +1136,39 @@ static void handle_cin(struct kvx_engine *e, struct emsg *m)
 		struct xf *x = e->live[i];
 		uint32_t before = e->n_live;
 		if (x->peer == pr && !x->reported) {
+			if (m->type == M_PEER_READY && x->kind == XK_READ && x->await_rehs)
+				rehs_decide(pr, x);
 			if (m->type == M_PEER_FAILED && (x->kind == XK_READ || x->kind == XK_WRITE))
 				report(e, x, KVX_CPL_FAILED, m->status ? m->status : -ECONNREFUSED, x->batches_out == 0);
 			else
 				progress(e, x);
+		}
+		if (e->n_live == before)
+			i++;
+	}
+}
+
+/* P READ defer timeout (PROTOCOL.md §5.4 with §6 item 11): the producer cannot see one-sided
+ * reads, so it revokes them: destroying the target endpoints makes every consumer's further
+ * access impossible (verbs: the QPs are gone; tcp: the next kvx_xport_progress(), on this
+ * thread, closes their connections before serving anything else), and only then are the
+ * blocks reported reusable. shm cannot be revoked by the target (see engine.h). */
+static void fence_readers(struct kvx_engine *e)
+{
+	if (pthread_mutex_trylock(&e->acc_lock))
+		return; /* the control thread is inside a transport call: retry at the next scan */
+	for (uint32_t i = 0; i < e->n_accepted; i++)
+		kvx_xport_ep_destroy(e->accepted[i]);
+	e->n_accepted = 0;
+	pthread_mutex_unlock(&e->acc_lock);
+	atomic_fetch_add_explicit(&e->st_fences, 1, memory_order_relaxed);
+	for (uint32_t i = 0; i < e->n_live;) {
+		struct xf *x = e->live[i];
+		uint32_t before = e->n_live;
+		if (x->fence_pending) {
+			x->fence_pending = false;
+			e->n_fence_pending--;
+			report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, true);
 		}
 		if (e->n_live == before)
 			i++;
@@ -1056,7 +1206,11 @@ static void scan_timeouts(struct kvx_engine *e, uint64_t now)
 					struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
 					if (t && t->state == KVX_XFER_S_LIVE)
 						kvx_xfer_make_terminal(e->tab, t);
-					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, true);
+					/* A consumer's one-sided READ may still be in flight: the blocks stay
+					 * held until fence_readers() revoked every reader at the wire. */
+					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+					x->fence_pending = true;
+					e->n_fence_pending++;
 				} else {
 					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
 					read_progress(e, x);
@@ -1068,6 +1222,8 @@ static void scan_timeouts(struct kvx_engine *e, uint64_t now)
 		if (e->n_live == before)
 			i++;
 	}
+	if (e->n_fence_pending)
+		fence_readers(e);
 }
 
 static int poll_fn(void *arg)
@@ -1086,6 +1242,15 @@ static int poll_fn(void *arg)
 	struct kvx_xport_cpl c[32];
 	for (uint32_t p = 0; p < e->n_ready; p++) {
 		struct peer *pr = e->ready_peers[p];
+		if (pr->stale && !pr->outstanding) {
+			/* Drained: unlist first (the handshake job destroys the endpoint on the control
+			 * thread; the inbox enqueue orders our last use before it), then re-handshake. */
+			if (hs_start(e, e->poll_ib, pr, HS_READY) == 0) {
+				pr->listed = false;
+				e->ready_peers[p--] = e->ready_peers[--e->n_ready];
+			}
+			continue;
+		}
 		if (!pr->outstanding)
 			continue;
 		int k = kvx_xport_poll_burst(pr->ep, c, 32);
@@ -1389,6 +1554,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	kvx_plan_cache_destroy(e->pc);
 	kvx_xfer_table_destroy(e->tab);
 	kvx_xfer_table_destroy(e->reg);
+	pthread_mutex_destroy(&e->acc_lock);
 	free(e->ops);
 	free(e->live);
 	free(e->slots);
@@ -1446,32 +1612,11 @@ static struct peer *peer_get(struct kvx_engine *e, const struct kvx_engine_peer 
 	}
 	int st = atomic_load_explicit(&pr->hs_state, memory_order_acquire);
 	if (handshake && (st == HS_IDLE || st == HS_FAILED)) {
-		uint32_t rtp = 0, ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
-		*rc = kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, ptp, &rtp, NULL, 0);
-		if (*rc)
+		*rc = hs_start(e, e->app_ib, pr, st);
+		if (*rc == -EALREADY)
+			*rc = 0;
+		else if (*rc)
 			return NULL;
-		uint32_t rank = pr->dp_rank;
-		struct kvx_ctl_hs_params hp = {
-			.host = pr->host,
-			.handshake_base_port = pr->hs_port,
-			.dp_size = pr->dp_rank + 1,
-			.dp_size_local = pr->dp_size_local,
-			.tp_rank = rtp,
-			.tp_size = ptp,
-			.port_mode = e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE,
-			.ranks = &rank,
-			.num_ranks = 1,
-			.timeout_ms = e->p.handshake_timeout_ms,
-			.make_blob = make_blob,
-			.on_done = on_hs_done,
-			.arg = pr,
-		};
-		atomic_store_explicit(&pr->hs_state, HS_PENDING, memory_order_relaxed);
-		*rc = kvx_ctl_handshake_start(e->app_ib, &hp);
-		if (*rc) {
-			atomic_store_explicit(&pr->hs_state, HS_IDLE, memory_order_relaxed);
-			return NULL;
-		}
 	}
 	return pr;
 }
@@ -1703,6 +1848,8 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	st->late_notifications = atomic_load_explicit(&((struct kvx_engine *)e)->st_late, memory_order_relaxed);
 	st->quarantined = atomic_load_explicit(&((struct kvx_engine *)e)->st_quar, memory_order_relaxed);
 	st->duplicates_rejected = e->st_dup;
+	st->fences = atomic_load_explicit(&((struct kvx_engine *)e)->st_fences, memory_order_relaxed);
+	st->peer_resets = atomic_load_explicit(&((struct kvx_engine *)e)->st_peer_resets, memory_order_relaxed);
 	if (e->ctl) {
 		struct kvx_ctl_counters cc;
 		kvx_ctl_counters_get(e->ctl, &cc);
@@ -1740,4 +1887,9 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 		o->transfers = atomic_load_explicit(&pr->transfers, memory_order_relaxed);
 		o->failures = atomic_load_explicit(&pr->failures, memory_order_relaxed);
 	}
+}
+
+void kvx_engine_test_hold_read(struct kvx_engine *e, uint32_t n_layers)
+{
+	atomic_store_explicit(&e->test_hold_layers, n_layers, memory_order_relaxed);
 }

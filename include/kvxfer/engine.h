@@ -30,6 +30,30 @@
  * consumer gets KVX_CPL_BLOCKS_RELEASED for the destination blocks of a failed/aborted
  * transfer once they are out of quarantine.
  *
+ * Reader fence (P READ, PROTOCOL.md §5.4 and §6 item 11): a producer cannot see the
+ * consumer's one-sided READs, so when a served transfer's defer_timeout passes without
+ * `release` it first revokes access at the wire: its polling lcore destroys every target
+ * (accepted) endpoint of the engine (verbs: the responder QPs are gone; tcp: the connections
+ * are closed before the target services another request). Only then does the transfer's
+ * KVX_CPL_BLOCKS_RELEASED follow its KVX_CPL_TRANSFER (TIMED_OUT); stats.fences counts
+ * fences. Cost: the producer cannot tell which consumer reads which blocks, so every
+ * consumer connected to it loses its endpoint: their in-flight READs (of any transfer) fail
+ * with -ECONNRESET and each consumer re-handshakes before its next transfer (below). shm
+ * cannot be fenced by the target (the consumer reads with process_vm_readv under the
+ * same-host, same-user trust model, DESIGN.md §3): there the release relies on the consumer
+ * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
+ * transfer_timeout_ms.
+ *
+ * Endpoint errors and peer restarts (PROTOCOL.md §6 item 18): when an op completes with the
+ * peer's endpoint in error state (peer lost, restarted, fenced, op timeout), the poller stops
+ * using the cached peer, drains its endpoint and re-handshakes (new endpoint, new remote
+ * regions, the peer's current epoch); transfers submitted meanwhile wait for it.
+ * stats.peer_resets counts these. A READ transfer that already moved bytes fails; one that
+ * moved nothing is re-posted on the new endpoint only if the peer's epoch changed (it
+ * restarted, so nothing of the old incarnation was read), and fails with -ECONNRESET if the
+ * epoch is the same (the producer fenced it: its blocks may be reused). WRITE transfers whose
+ * ops failed end FAILED; later ones use the new endpoint.
+ *
  * Thread model: one application thread (the engine's worker thread) owns the engine and makes
  * every call in this header; the calls never block except kvx_xfer_layer_wait() and
  * kvx_engine_stop(). Internally each call is a descriptor pushed onto an SPSC ring to a polling
@@ -210,6 +234,8 @@ struct kvx_engine_stats {
 	uint64_t quarantined;           /**< Block frees held back while ops could be in flight. */
 	uint64_t notifications_sent;    /**< Notify frames handed to the control plane's DEALERs. */
 	uint64_t notifications_received; /**< Valid notifications received. */
+	uint64_t fences;                /**< P READ: reader fences (target endpoints torn down at a defer timeout). */
+	uint64_t peer_resets;           /**< Peers whose endpoint entered error state (re-handshaken). */
 };
 
 struct kvx_engine;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvxfer/engine.h"
+#include "runtime/runtime_internal.h"
 
 TestSuite(runtime_engine, .timeout = 60.0);
 
@@ -395,5 +396,135 @@ Test(runtime_engine, read_fan_in_two_consumer_tp_ranks)
 		}
 	eng_free(&D1);
 	eng_free(&D0);
+	eng_free(&P);
+}
+
+Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
+{
+	/* P's defer timeout fires while D's READ is in flight (layer 0 read, layer 1 held back on
+	 * D's poller). P must revoke D's access at the wire before reporting the blocks released;
+	 * the blocks are then reused (overwritten) and D's later reads must fail, never deliver the
+	 * new contents as a completed layer. */
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	pp.defer_timeout_ms = 400;
+	dp.transfer_timeout_ms = 20000;
+	eng_start(&P, &pp, 0x5a);
+	eng_start(&D, &dp, 0);
+	kvx_engine_test_hold_read(D.e, 1);
+	const uint32_t pb[2] = {3, 4}, db[2] = {5, 6};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-f", .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-f",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				    .local_blocks = db,
+				    .remote_blocks = pb,
+				    .n = 2};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	/* The read is provably started (layer 0 landed) and still in flight (layer 1 held). */
+	cr_assert_eq(kvx_xfer_layer_wait(D.e, "tx-f", 0, 20000), 0);
+	cr_assert_eq(kvx_xfer_layer_poll(D.e, "tx-f", 1), 0);
+	for (int k = 0; k < 2 * 128; k++)
+		cr_assert_eq(D.mem[0][5 * 128 + k], 0x5a);
+	/* P: TIMED_OUT, then BLOCKS_RELEASED only after the fence. */
+	struct seen sp = {.transfer = -1};
+	uint64_t end = kvx_now_ns() + 20000000000ull;
+	while (!sp.released && kvx_now_ns() < end) {
+		struct kvx_completion c[4];
+		size_t n = kvx_engine_poll_completions(P.e, c, 4);
+		for (size_t i = 0; i < n; i++) {
+			cr_assert_str_eq(c[i].transfer_id, "tx-f");
+			struct kvx_engine_stats st;
+			kvx_engine_get_stats(P.e, &st);
+			if (c[i].kind == KVX_CPL_TRANSFER) {
+				cr_assert_eq(sp.transfer, -1);
+				sp.transfer = (int)c[i].status;
+				sp.error = c[i].error;
+			} else {
+				cr_assert_eq(sp.transfer, KVX_CPL_TIMED_OUT, "released before the terminal completion");
+				cr_assert_eq(st.fences, 1, "blocks released before the reader was fenced");
+				sp.released++;
+			}
+		}
+		if (!n)
+			usleep(200); /* application polling cadence; the condition is the completion */
+	}
+	cr_assert_eq(sp.transfer, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(sp.error, -ETIMEDOUT);
+	cr_assert_eq(sp.released, 1);
+	/* The producer reuses the blocks for another request. */
+	for (int l = 0; l < NL; l++)
+		memset(P.mem[l] + 3 * 128, 0xee, 2 * 128);
+	kvx_engine_test_hold_read(D.e, 0);
+	struct seen sd = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-f", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_FAILED, "the fenced read must fail, got status %d", sd.transfer);
+	cr_assert_eq(sd.error, -ECONNRESET, "error %d", sd.error);
+	cr_assert_lt(kvx_xfer_layer_poll(D.e, "tx-f", 1), 0);
+	for (int k = 0; k < 2 * 128; k++) {
+		cr_assert_eq(D.mem[0][5 * 128 + k], 0x5a, "layer 0 byte %d", k);
+		cr_assert_eq(D.mem[1][5 * 128 + k], 0, "layer 1 byte %d: reused producer bytes reached D", k);
+	}
+	struct kvx_engine_stats sts;
+	kvx_engine_get_stats(D.e, &sts);
+	cr_assert_eq(sts.transfers_failed, 1);
+	cr_assert_eq(sts.transfers_done, 0);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, producer_restart_between_transfers_second_succeeds)
+{
+	/* PROTOCOL.md §6 item 18: D caches P's endpoint after the first transfer; P restarts on
+	 * the same ports (new epoch, new tcp data port, new regions). D's second READ must not be
+	 * poisoned by the stale endpoint: it re-handshakes and completes byte-exact. */
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	eng_start(&P, &pp, 0x31);
+	eng_start(&D, &dp, 0);
+	uint16_t hs = P.hs, nt = P.nt;
+	const uint32_t pb[2] = {1, 2}, db[2] = {7, 8};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-r1", .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-r1",
+				    .peer = {.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt},
+				    .local_blocks = db,
+				    .remote_blocks = pb,
+				    .n = 2};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen sd = {.transfer = -1}, sp = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-r1", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_DONE);
+	cr_assert(wait_for(P.e, "tx-r1", &sp, true, 20000000000ull));
+	cr_assert_eq(sp.transfer, KVX_CPL_DONE);
+
+	/* Restart P on the same handshake and notify ports. */
+	eng_free(&P);
+	pp.handshake_port = hs;
+	pp.notify_port = nt;
+	eng_start(&P, &pp, 0x77);
+	cr_assert_eq(P.hs, hs);
+	sv.transfer_id = "tx-r2";
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	r.transfer_id = "tx-r2";
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen sd2 = {.transfer = -1}, sp2 = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-r2", &sd2, false, 20000000000ull));
+	cr_assert_eq(sd2.transfer, KVX_CPL_DONE, "second transfer status %d error %d", sd2.transfer, sd2.error);
+	cr_assert(wait_for(P.e, "tx-r2", &sp2, true, 20000000000ull));
+	cr_assert_eq(sp2.transfer, KVX_CPL_DONE);
+	for (int l = 0; l < NL; l++)
+		for (int k = 0; k < 2 * 128; k++)
+			cr_assert_eq(D.mem[l][7 * 128 + k], 0x77, "layer %d byte %d", l, k);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(D.e, &st);
+	cr_assert_eq(st.transfers_done, 2);
+	cr_assert_eq(st.transfers_failed, 0);
+	cr_assert_eq(st.peer_resets, 1);
+	eng_free(&D);
 	eng_free(&P);
 }
