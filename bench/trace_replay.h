@@ -108,7 +108,7 @@ struct trace_msg_hello {
 	uint32_t prefault_ms;    /**< Time to make the pool resident, ms. */
 	char host[64];           /**< Advertised engine host. */
 	char model[PERF_MODEL_NAME_MAX]; /**< Model name. */
-	char transport[16];      /**< Transport name the engine reports (or the requested one). */
+	char transport[24];      /**< Provider in use, e.g. "tcp" or "tcp (auto)". */
 };
 
 /** PEER: the other role's engine. */

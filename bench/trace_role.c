@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvxfer/engine.h"
+#include "kvxfer/transport.h"
 #include "trace_pattern.h"
 #include "trace_pool.h"
 #include "trace_replay.h"
@@ -561,7 +562,13 @@ int trace_role_main(const struct trace_opts *o, int fd)
 	kvx_engine_ports(R.e, &hello.handshake_port, &hello.notify_port);
 	snprintf(hello.host, sizeof(hello.host), "%s", o->host);
 	snprintf(hello.model, sizeof(hello.model), "%s", R.m.name);
-	snprintf(hello.transport, sizeof(hello.transport), "%s", o->transport);
+	/* engine.h does not report the provider it opened; for `auto` it resolves exactly as
+	 * kvx_xport_select("auto", peer_same_host = false) does at kvx_engine_start(). */
+	const char *prov = o->transport;
+	if (!strcmp(prov, "auto") && kvx_xport_select("auto", false, &prov) == 0)
+		snprintf(hello.transport, sizeof(hello.transport), "%s (auto)", prov);
+	else
+		snprintf(hello.transport, sizeof(hello.transport), "%s", o->transport);
 	if (trace_msg_send(fd, TRACE_MSG_HELLO, &hello, sizeof(hello), NULL, 0))
 		goto out;
 	unsigned idle_rounds = 0;
