@@ -169,6 +169,8 @@ struct kvx_engine {
 	uint32_t n_ready;
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
+	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the poller wakes it */
+	bool app_w_init;
 	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; 0 = off */
 	_Atomic uint64_t st_bytes, st_ops, st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar,
 		st_notify_drop, st_fences, st_peer_resets;
@@ -680,6 +682,7 @@ static void report(struct kvx_engine *e, struct xf *x, enum kvx_cpl_status st, i
 		x->reported = true;
 		atomic_store_explicit(&x->final_error, error, memory_order_relaxed);
 		atomic_store_explicit(&x->final, 1 + (int)st, memory_order_release);
+		kvx_waiter_wake(&e->app_w);
 		count_terminal(e, x, st);
 		bool release_cpl = x->kind == XK_WRITE || x->kind == XK_SERVE || st != KVX_CPL_DONE;
 		build(e, x, &c[n++], KVX_CPL_TRANSFER, st, error, release_now && !release_cpl);
@@ -1042,6 +1045,7 @@ static void handle_cpl(struct kvx_engine *e, struct peer *pr, const struct kvx_x
 		if (x->kind == XK_READ) {
 			/* Per-layer barrier: release pairs with the acquire in kvx_xfer_layer_poll(). */
 			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
+			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
 		} else if (x->kind == XK_WRITE && !x->reported) {
 			int32_t dp = -1;
 			struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
@@ -1365,6 +1369,9 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	rp.elem_size = sizeof(struct cmsg);
 	if ((rc = kvx_ring_create(&rp, &e->cpl)))
 		return rc;
+	if ((rc = kvx_waiter_init(&e->app_w)))
+		return rc;
+	e->app_w_init = true;
 	kvx_ring_set_waiter(e->sub, kvx_lcore_waiter(e->poll_lc));
 	kvx_ring_set_waiter(e->cin, kvx_lcore_waiter(e->poll_lc));
 
@@ -1555,6 +1562,8 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	kvx_xfer_table_destroy(e->tab);
 	kvx_xfer_table_destroy(e->reg);
 	pthread_mutex_destroy(&e->acc_lock);
+	if (e->app_w_init)
+		kvx_waiter_fini(&e->app_w);
 	free(e->ops);
 	free(e->live);
 	free(e->slots);
@@ -1795,17 +1804,28 @@ KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, u
 KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, uint32_t layer, uint32_t timeout_ms)
 {
 	uint64_t deadline = kvx_now_ns() + ms_ns(timeout_ms);
-	long pause_ns = 1000;
+	int rc = kvx_xfer_layer_poll(e, transfer_id, layer);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (!e->app_w_init)
+		return -EBUSY;
 	for (;;) {
-		int rc = kvx_xfer_layer_poll(e, transfer_id, layer);
-		if (rc)
+		/* Announce the sleep, then re-check (the poller's wake after its release store can
+		 * then not be lost: lcore.h waiter protocol). */
+		kvx_waiter_prepare(&e->app_w);
+		rc = kvx_xfer_layer_poll(e, transfer_id, layer);
+		if (rc) {
+			kvx_waiter_cancel(&e->app_w);
 			return rc == 1 ? 0 : rc;
-		if (kvx_now_ns() >= deadline)
+		}
+		uint64_t now = kvx_now_ns();
+		if (now >= deadline) {
+			kvx_waiter_cancel(&e->app_w);
 			return -ETIMEDOUT;
-		struct timespec ts = {0, pause_ns};
-		nanosleep(&ts, NULL);
-		if (pause_ns < 100000)
-			pause_ns *= 2;
+		}
+		int sr = kvx_waiter_sleep(&e->app_w, deadline - now);
+		if (sr < 0)
+			return sr;
 	}
 }
 

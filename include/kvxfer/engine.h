@@ -330,8 +330,14 @@ KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, u
 /**
  * D: wait until layer @p layer of a READ transfer is complete (PROTOCOL.md §1.4 step 9), so
  * compute on that layer can start while later layers are in flight.
+ * The caller sleeps on the engine's waiter (an eventfd, include/kvxfer/lcore.h) that the
+ * polling lcore signals when a layer lands or a transfer ends (PROTOCOL.md §6 item 1): no
+ * polling loop; a wake for another layer or transfer costs one re-check.
  * @param timeout_ms  Upper bound, ms.
- * @return 0 complete (the layer's bytes are visible), -ETIMEDOUT, or as kvx_xfer_layer_poll().
+ * @return 0 complete (the layer's bytes are visible), -ETIMEDOUT, or as kvx_xfer_layer_poll();
+ *         -EBUSY if the engine was never started.
+ * @par Thread safety  One thread at a time per engine (the waiter has one consumer).
+ * @par Context  Blocking (ppoll on the eventfd).
  */
 KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
 				uint32_t timeout_ms);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -525,6 +526,52 @@ Test(runtime_engine, producer_restart_between_transfers_second_succeeds)
 	cr_assert_eq(st.transfers_done, 2);
 	cr_assert_eq(st.transfers_failed, 0);
 	cr_assert_eq(st.peer_resets, 1);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, g_layer_wait_sleeps_until_the_layer_lands)
+{
+	/* kvx_xfer_layer_wait() sleeps on the engine's waiter (PROTOCOL.md §6 item 1: no busy or
+	 * backoff polling): while layer 1 is held back it neither returns nor wakes up repeatedly,
+	 * and it returns 0 with the layer's bytes visible once the poller completes the layer. */
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	eng_start(&P, &pp, 0x6b);
+	eng_start(&D, &dp, 0);
+	kvx_engine_test_hold_read(D.e, 1);
+	const uint32_t pb[1] = {9}, db[1] = {10};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-w", .local_blocks = pb, .n = 1};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-w",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				    .local_blocks = db,
+				    .remote_blocks = pb,
+				    .n = 1};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	cr_assert_eq(kvx_xfer_layer_wait(D.e, "tx-w", 0, 20000), 0);
+	/* Held: a bounded wait times out, and sleeps rather than polls while doing so (the old
+	 * nanosleep backoff made thousands of voluntary switches in 300 ms). */
+	struct rusage r0, r1;
+	cr_assert_eq(getrusage(RUSAGE_THREAD, &r0), 0);
+	uint64_t t0 = kvx_now_ns();
+	int rc = kvx_xfer_layer_wait(D.e, "tx-w", 1, 300);
+	uint64_t dt = kvx_now_ns() - t0;
+	cr_assert_eq(getrusage(RUSAGE_THREAD, &r1), 0);
+	cr_assert_eq(rc, -ETIMEDOUT);
+	cr_assert_geq(dt, 300000000ull);
+	long nvcsw = r1.ru_nvcsw - r0.ru_nvcsw;
+	cr_assert_leq(nvcsw, 8, "the waiting thread woke %ld times", nvcsw);
+	/* Released: the wait returns with the layer's bytes visible. */
+	kvx_engine_test_hold_read(D.e, 0);
+	cr_assert_eq(kvx_xfer_layer_wait(D.e, "tx-w", 1, 20000), 0);
+	for (int k = 0; k < 128; k++)
+		cr_assert_eq(D.mem[1][10 * 128 + k], 0x6b, "layer 1 byte %d", k);
+	struct seen sd = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-w", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_DONE);
 	eng_free(&D);
 	eng_free(&P);
 }
