@@ -611,94 +611,163 @@ static void bw_row(const struct px_cfg *c, uint64_t size, uint64_t n, double pea
 			mpps);
 }
 
-static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *json,
-		  bool first)
+/*
+ * One phase of the bw loop. Keeps up to `depth` ops outstanding; posts `nops` ops, or, when
+ * `end_ns` is set, posts until the clock passes it (at least one batch); returns once every
+ * posted op has completed, so no op of this phase overlaps the next one. For op indices below
+ * `cap`, `tpost` gets the clock read just before its batch's post and `tcpl` the clock read
+ * just after the poll that returned its completion: the interval [tpost, tcpl] contains the
+ * op's real post-to-completion interval, so rates computed from them never overstate.
+ */
+struct bw_phase {
+	uint64_t nops, end_ns, depth, cap;
+	uint64_t *tpost, *tcpl;                /* Array[cap] ns, or NULL (warm-up) */
+	uint64_t posted, done, first_post, last_cpl; /* out: ops, ops, ns, ns */
+};
+
+static int bw_phase_run(const struct px_cfg *c, struct px_sess *s, const struct kvx_xport_op *ops,
+			struct bw_phase *ph)
 {
-	uint64_t iters = c->iters ? c->iters : 1000;
-	uint64_t tcap = 1u << 20;
-	uint64_t *ts = malloc(tcap * sizeof(*ts)); /* completion time per op (peak windows) */
-	struct kvx_xport_op *ops = calloc(c->batch, sizeof(*ops));
-	if (!ts || !ops) {
-		free(ts);
-		free(ops);
-		return -ENOMEM;
-	}
-	for (uint32_t i = 0; i < c->batch; i++)
-		ops[i] = (struct kvx_xport_op){.lmr = s->lmr, .rmr = s->rmr, .len = size};
-	uint64_t depth = c->depth < c->batch ? c->batch : c->depth;
-	uint64_t warm = 16, posted = 0, done = 0, rec = 0;
-	uint64_t t0 = 0, end_ns = 0, idle_since = 0;
-	bool timed = c->duration_s > 0;
 	struct kvx_xport_cpl cpl[64];
-	int rc = 0;
+	uint64_t idle_since = 0;
+	bool stop_post = false;
+	ph->posted = ph->done = ph->first_post = ph->last_cpl = 0;
 	for (;;) {
-		bool stop_post = timed ? (t0 && kvx_now_ns() >= end_ns) : posted >= iters + warm;
-		while (!stop_post && posted - done + c->batch <= depth) {
+		while (!stop_post && ph->posted - ph->done + c->batch <= ph->depth) {
+			uint64_t now = kvx_now_ns();
 			uint32_t k = c->batch;
-			if (!timed && iters + warm - posted < k)
-				k = (uint32_t)(iters + warm - posted);
-			rc = kvx_xport_post_bulk(s->ep, c->mode, ops, k, posted);
+			if (ph->end_ns) {
+				if (ph->posted && now >= ph->end_ns) {
+					stop_post = true;
+					break;
+				}
+			} else if (ph->nops - ph->posted < k) {
+				k = (uint32_t)(ph->nops - ph->posted);
+			}
+			int rc = kvx_xport_post_bulk(s->ep, c->mode, ops, k, ph->posted);
 			if (rc == -ENOBUFS)
 				break;
 			if (rc) {
 				fprintf(stderr, "kvxfer-perf bw: post: %s\n", kvx_strerror(rc));
-				goto out;
+				return rc;
 			}
-			posted += k;
-			stop_post = !timed && posted >= iters + warm;
+			if (!ph->posted)
+				ph->first_post = now;
+			for (uint64_t j = ph->posted; j < ph->posted + k && j < ph->cap && ph->tpost; j++)
+				ph->tpost[j] = now;
+			ph->posted += k;
+			stop_post = !ph->end_ns && ph->posted >= ph->nops;
 		}
 		int n = kvx_xport_poll_burst(s->ep, cpl, 64);
+		uint64_t now = kvx_now_ns();
 		if (!n) {
 			/* Adaptive idle as in the server: spin 20 us, then wait for socket events. */
-			uint64_t now = kvx_now_ns();
 			if (!idle_since)
 				idle_since = now;
 			else if (now - idle_since > 20000)
 				kvx_xport_ep_wait(s->ep, 1);
-		} else {
-			idle_since = 0;
+			continue;
 		}
-		if (n) {
-			uint64_t now = kvx_now_ns();
-			for (int i = 0; i < n; i++) {
-				if (cpl[i].status) {
-					fprintf(stderr, "kvxfer-perf bw: op failed: %s\n",
-						kvx_strerror(cpl[i].status));
-					rc = cpl[i].status;
-					goto out;
-				}
-				for (uint32_t j = 0; j < cpl[i].n_ops; j++, done++) {
-					if (done + 1 == warm) {
-						t0 = now;
-						end_ns = t0 + (uint64_t)(c->duration_s * 1e9);
-					} else if (done + 1 > warm && rec < tcap) {
-						ts[rec++] = now;
-					}
-				}
+		idle_since = 0;
+		for (int i = 0; i < n; i++) {
+			if (cpl[i].status) {
+				fprintf(stderr, "kvxfer-perf bw: op failed: %s\n",
+					kvx_strerror(cpl[i].status));
+				return cpl[i].status;
 			}
+			if (cpl[i].cookie + cpl[i].n_ops > ph->posted) {
+				fprintf(stderr, "kvxfer-perf bw: completion cookie %llu (%u ops) was "
+						"never posted\n", (unsigned long long)cpl[i].cookie,
+					cpl[i].n_ops);
+				return -EPROTO;
+			}
+			for (uint64_t j = cpl[i].cookie; j < cpl[i].cookie + cpl[i].n_ops; j++)
+				if (j < ph->cap && ph->tcpl)
+					ph->tcpl[j] = now;
+			ph->done += cpl[i].n_ops;
 		}
-		if (done == posted && (timed ? (t0 && kvx_now_ns() >= end_ns) : posted >= iters + warm))
-			break;
+		ph->last_cpl = now;
+		if (stop_post && ph->done == ph->posted)
+			return 0;
 	}
-	uint64_t measured = done - warm;
-	double secs = (double)(ts[rec - 1] - t0) * 1e-9;
-	double avg = (double)size * (double)measured / secs / 1e9;
-	/* Peak: best window of 1/10 of the run, and at least the pipeline depth (completions
-	 * polled together share a timestamp, so shorter windows measure bursts, not rate). */
-	uint64_t w = rec / 10;
-	if (w < depth)
-		w = depth < rec / 2 ? depth : rec / 2;
-	if (!w)
-		w = 1;
+}
+
+/*
+ * BW peak: the best rate over windows of `w` consecutive ops, each window timed from the post
+ * of its first op to the latest completion among the ops up to its last (the window's bytes
+ * were all moved inside that interval). Windows are at least max(depth, rec/10) ops, so a
+ * burst of completions polled together cannot shrink a window below one pipeline's worth of
+ * post-to-completion time. The whole run is one such window, so peak >= average; with fewer
+ * recorded ops than one window, peak = average. `tcpl` is turned into its running maximum.
+ */
+static double bw_peak(const uint64_t *tpost, uint64_t *tcpl, uint64_t rec, uint64_t depth,
+		      uint64_t size, double avg)
+{
+	uint64_t w = rec / 10 > depth ? rec / 10 : depth;
 	double peak = avg;
-	for (uint64_t i = 0; i + w < rec; i += w) {
-		double dt = (double)(ts[i + w] - ts[i]) * 1e-9;
-		if (dt > 0 && (double)size * (double)w / dt / 1e9 > peak)
-			peak = (double)size * (double)w / dt / 1e9;
+	if (w >= rec)
+		return peak;
+	for (uint64_t i = 1; i < rec; i++)
+		if (tcpl[i] < tcpl[i - 1])
+			tcpl[i] = tcpl[i - 1];
+	for (uint64_t i = 0; i + w <= rec; i++) {
+		uint64_t dt = tcpl[i + w - 1] - tpost[i];
+		double r = dt ? (double)size * (double)w / (double)dt : 0;
+		if (r > peak)
+			peak = r;
 	}
+	return peak;
+}
+
+/*
+ * Bandwidth of one size. A warm-up of 16 ops runs to completion first; then the timed phase
+ * (-n ops, or -D seconds of posting) runs to completion. BW average = bytes of the timed ops /
+ * (last completion - first post), as perftest's bw tests time from the first post; MsgRate =
+ * ops / that interval. An interval of 0 ns cannot give a rate: error, non-zero exit.
+ */
+static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *json,
+		  bool first)
+{
+	uint64_t iters = c->iters ? c->iters : 1000;
+	uint64_t cap = c->duration_s > 0 || iters > (1u << 20) ? (1u << 20) : iters;
+	uint64_t *tpost = malloc(cap * sizeof(*tpost));
+	uint64_t *tcpl = malloc(cap * sizeof(*tcpl));
+	struct kvx_xport_op *ops = calloc(c->batch, sizeof(*ops));
+	int rc = -ENOMEM;
+	if (!tpost || !tcpl || !ops) {
+		fprintf(stderr, "kvxfer-perf bw: out of memory for %llu timestamps\n",
+			(unsigned long long)cap);
+		goto out;
+	}
+	for (uint32_t i = 0; i < c->batch; i++)
+		ops[i] = (struct kvx_xport_op){.lmr = s->lmr, .rmr = s->rmr, .len = size};
+	uint64_t depth = c->depth < c->batch ? c->batch : c->depth;
+	struct bw_phase warm = {.nops = 16, .depth = depth};
+	if ((rc = bw_phase_run(c, s, ops, &warm)))
+		goto out;
+	struct bw_phase ph = {.nops = iters, .depth = depth, .cap = cap, .tpost = tpost,
+			      .tcpl = tcpl};
+	if (c->duration_s > 0)
+		ph.end_ns = kvx_now_ns() + (uint64_t)(c->duration_s * 1e9);
+	if ((rc = bw_phase_run(c, s, ops, &ph)))
+		goto out;
+	uint64_t measured = ph.done;
+	uint64_t dt = ph.last_cpl - ph.first_post;
+	if (!measured || !dt) {
+		fprintf(stderr, "kvxfer-perf bw: %llu ops completed in %llu ns: no rate to report "
+				"(clock resolution?)\n", (unsigned long long)measured,
+			(unsigned long long)dt);
+		rc = -ERANGE;
+		goto out;
+	}
+	double secs = (double)dt * 1e-9;
+	double avg = (double)size * (double)measured / (double)dt; /* bytes/ns = GB/s */
+	double peak = bw_peak(tpost, tcpl, measured < cap ? measured : cap, depth, size, avg);
 	bw_row(c, size, measured, peak, avg, (double)measured / secs / 1e6, json, first);
+	rc = 0;
 out:
-	free(ts);
+	free(tpost);
+	free(tcpl);
 	free(ops);
 	return rc;
 }

@@ -41,7 +41,9 @@ int px_lat_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *j
 	uint64_t warm = 16, n = 0;
 	uint64_t end_ns = c->duration_s > 0 ? kvx_now_ns() + (uint64_t)(c->duration_s * 1e9) : 0;
 	for (uint64_t i = 0;; i++) {
-		if (end_ns ? (i >= warm && kvx_now_ns() >= end_ns) || n == cap : n == iters)
+		/* -D stops only once at least one timed sample exists (min/avg/percentiles
+		 * of zero samples are undefined). */
+		if (end_ns ? (n && kvx_now_ns() >= end_ns) || n == cap : n == iters)
 			break;
 		uint64_t t0 = kvx_now_ns();
 		int rc = kvx_xport_post_bulk(s->ep, c->mode, &op, 1, i);

@@ -1,0 +1,269 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * End to end: `kvxfer-perf bw --local` and `kvxfer-perf lat --local` as real processes (client
+ * and forked server) on loopback, checking that every printed number is finite and consistent
+ * and that the bandwidth lies between two bounds the test measures itself:
+ * - lower: the timed ops' bytes / the wall time of the whole process (the timed interval, first
+ *   post to last completion, lies inside the process's lifetime);
+ * - upper: 3x the best single-core memcpy rate of this machine at the same size. tcp and shm
+ *   with one channel move every byte through at least one CPU copy on one core
+ *   (process_vm_writev/readv, or the socket copies), so neither the average nor any honest
+ *   peak window can beat a hot memcpy by that factor.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#ifndef KVX_PERF_BIN
+#error KVX_PERF_BIN must name the kvxfer-perf binary
+#endif
+
+TestSuite(bench_perf_bw, .timeout = 240.0);
+
+struct run {
+	int status;
+	double wall_s; /* fork to reap, seconds */
+	char out[16384];
+	char err[8192];
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void slurp(int fd, char *buf, size_t cap)
+{
+	FILE *f = fdopen(fd, "r");
+	cr_assert_not_null(f);
+	rewind(f);
+	size_t n = fread(buf, 1, cap - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+}
+
+/* Run kvxfer-perf with args (NULL-terminated); capture stdout, stderr and the wall time. */
+static void run_perf(struct run *r, const char *const *args)
+{
+	char outp[] = "/tmp/kvx_bw_out_XXXXXX", errp[] = "/tmp/kvx_bw_err_XXXXXX";
+	int fo = mkstemp(outp), fe = mkstemp(errp);
+	cr_assert_geq(fo, 0);
+	cr_assert_geq(fe, 0);
+	uint64_t t0 = mono_ns();
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		dup2(fo, 1);
+		dup2(fe, 2);
+		const char *av[64];
+		int k = 0;
+		av[k++] = KVX_PERF_BIN;
+		for (int i = 0; args[i] && k < 62; i++)
+			av[k++] = args[i];
+		av[k] = NULL;
+		execv(KVX_PERF_BIN, (char *const *)av);
+		_exit(127);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	r->wall_s = (double)(mono_ns() - t0) * 1e-9;
+	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	slurp(fo, r->out, sizeof(r->out));
+	slurp(fe, r->err, sizeof(r->err));
+	unlink(outp);
+	unlink(errp);
+}
+
+/* shm needs CMA (ptrace permission); the provider names the sysctl when it is refused. */
+static void skip_if_no_cma(const struct run *r)
+{
+	if (r->status && strstr(r->err, "ptrace_scope"))
+		cr_skip_test("shm: CMA not permitted here: %s", r->err);
+}
+
+/* The first data row under the header line starting with `hdr`. */
+static const char *row_after(const char *out, const char *hdr)
+{
+	const char *h = strstr(out, hdr);
+	cr_assert_not_null(h, "no '%s' header in:\n%s", hdr, out);
+	const char *nl = strchr(h, '\n');
+	cr_assert_not_null(nl);
+	return nl + 1;
+}
+
+/* Best single-core memcpy rate at `size` bytes, GB/s (bytes/ns), over ~50 ms of copies. */
+static double memcpy_gbps(uint64_t size)
+{
+	uint8_t *a = malloc(size), *b = malloc(size);
+	cr_assert(a && b);
+	memset(a, 0x11, size);
+	memset(b, 0x22, size);
+	double best = 0;
+	uint64_t until = mono_ns() + 50000000ull;
+	for (int i = 0; i < 5 || mono_ns() < until; i++) {
+		uint64_t t0 = mono_ns();
+		memcpy(b, a, size);
+		__asm__ volatile("" : : "r"(b) : "memory");
+		uint64_t dt = mono_ns() - t0;
+		if (dt && (double)size / (double)dt > best)
+			best = (double)size / (double)dt;
+	}
+	free(a);
+	free(b);
+	return best;
+}
+
+static void check_bw(const char *transport, const char *size_arg, uint64_t size, const char *n_arg,
+		     uint64_t n)
+{
+	const char *args[] = {"bw", "--local", "-t", transport, "-s", size_arg, "-n", n_arg, NULL};
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "bw -t %s -s %s -n %s exited %d:\n%s\n%s", transport, size_arg,
+		     n_arg, r->status, r->out, r->err);
+	const char *row = row_after(r->out, " #bytes     #iterations    BW peak[GB/s]");
+	unsigned long long bytes, iters;
+	double peak, avg, mpps;
+	cr_assert_eq(sscanf(row, "%llu %llu %lf %lf %lf", &bytes, &iters, &peak, &avg, &mpps), 5,
+		     "unparsable row: %s", row);
+	cr_assert_eq(bytes, size);
+	cr_assert_eq(iters, n);
+	cr_assert(isfinite(peak) && isfinite(avg) && isfinite(mpps), "non-finite: %s", row);
+	cr_assert(peak > 0 && avg > 0 && mpps > 0, "non-positive: %s", row);
+	/* Both printed with 2 decimals from peak >= avg: rounding keeps the order. */
+	cr_assert_geq(peak, avg, "peak %.2f < average %.2f", peak, avg);
+	/* MsgRate and average are the same ops over the same interval: avg = mpps * size / 1e3
+	 * (up to the printed rounding of avg, 0.005 GB/s, and of mpps, 5e-7 Mpps). */
+	double tol = 0.0051 + 5e-7 * (double)size / 1e3 + 1e-6 * avg;
+	cr_assert(fabs(avg - mpps * (double)size / 1e3) <= tol, "avg %.4f vs mpps %.6f x %llu B",
+		  avg, mpps, (unsigned long long)size);
+	double lower = (double)size * (double)n / (r->wall_s * 1e9);
+	cr_assert_geq(avg + 0.0051, lower, "avg %.2f GB/s below bytes/process wall time %.4f GB/s",
+		      avg, lower);
+	double mc = memcpy_gbps(size);
+	cr_assert_leq(peak, 3 * mc, "peak %.2f GB/s above 3x single-core memcpy (%.2f GB/s): %s",
+		      peak, mc, row);
+	cr_assert_leq(avg, 3 * mc, "avg %.2f GB/s above 3x single-core memcpy (%.2f GB/s)", avg,
+		      mc);
+	free(r);
+}
+
+Test(bench_perf_bw, tcp_finite_bounded_with_5_iters)
+{
+	check_bw("tcp", "65536", 65536, "5", 5);
+}
+
+Test(bench_perf_bw, tcp_finite_bounded_with_10_iters)
+{
+	check_bw("tcp", "65536", 65536, "10", 10);
+}
+
+Test(bench_perf_bw, tcp_finite_bounded_with_8m_size)
+{
+	check_bw("tcp", "8M", 8u << 20, "10", 10);
+}
+
+Test(bench_perf_bw, shm_finite_bounded_with_5_iters)
+{
+	check_bw("shm", "65536", 65536, "5", 5);
+}
+
+Test(bench_perf_bw, shm_finite_bounded_with_10_iters)
+{
+	check_bw("shm", "65536", 65536, "10", 10);
+}
+
+Test(bench_perf_bw, shm_finite_bounded_with_100_iters)
+{
+	check_bw("shm", "65536", 65536, "100", 100);
+}
+
+Test(bench_perf_bw, shm_finite_bounded_with_8m_size)
+{
+	check_bw("shm", "8M", 8u << 20, "10", 10);
+}
+
+/* Duration mode: the iteration count is whatever completed; the same bounds hold. */
+Test(bench_perf_bw, shm_finite_bounded_with_duration)
+{
+	const char *args[] = {"bw", "--local", "-t", "shm", "-D", "0.2", NULL};
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "exited %d:\n%s\n%s", r->status, r->out, r->err);
+	const char *row = row_after(r->out, " #bytes     #iterations    BW peak[GB/s]");
+	unsigned long long bytes, iters;
+	double peak, avg, mpps;
+	cr_assert_eq(sscanf(row, "%llu %llu %lf %lf %lf", &bytes, &iters, &peak, &avg, &mpps), 5);
+	cr_assert_eq(bytes, 65536);
+	cr_assert_gt(iters, 0);
+	cr_assert(isfinite(peak) && isfinite(avg) && peak > 0 && avg > 0, "row: %s", row);
+	cr_assert_geq(peak, avg);
+	cr_assert_geq(avg + 0.0051, 65536.0 * (double)iters / (r->wall_s * 1e9));
+	cr_assert_leq(peak, 3 * memcpy_gbps(65536), "row: %s", row);
+	free(r);
+}
+
+/* lat: t_min <= t_typical, t_avg, 99%, 99.9% <= t_max, all finite; -D shorter than one op still
+ * reports one sample (it crashed on zero samples before). */
+static void check_lat(const char *transport, const char *const *extra, uint64_t n)
+{
+	const char *args[16] = {"lat", "--local", "-t", transport};
+	int k = 4;
+	for (int i = 0; extra[i]; i++)
+		args[k++] = extra[i];
+	args[k] = NULL;
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "lat exited %d:\n%s\n%s", r->status, r->out, r->err);
+	const char *row = row_after(r->out, " #bytes #iterations    t_min[usec]");
+	unsigned long long bytes, iters;
+	double v[7]; /* min max typical avg stdev p99 p99.9 */
+	cr_assert_eq(sscanf(row, "%llu %llu %lf %lf %lf %lf %lf %lf %lf", &bytes, &iters, &v[0],
+			    &v[1], &v[2], &v[3], &v[4], &v[5], &v[6]),
+		     9, "unparsable row: %s", row);
+	cr_assert_eq(bytes, 2);
+	if (n)
+		cr_assert_eq(iters, n);
+	else
+		cr_assert_gt(iters, 0);
+	for (int i = 0; i < 7; i++)
+		cr_assert(isfinite(v[i]) && v[i] >= 0, "column %d: %s", i, row);
+	cr_assert_gt(v[0], 0, "t_min: %s", row);
+	for (int i = 2; i < 7; i++)
+		if (i != 4)
+			cr_assert(v[0] <= v[i] && v[i] <= v[1], "column %d outside [min, max]: %s", i,
+				  row);
+	/* Every sample is inside the process's lifetime. */
+	cr_assert_leq(v[1], r->wall_s * 1e6, "t_max %.2f us > process wall time", v[1]);
+	free(r);
+}
+
+Test(bench_perf_bw, lat_shm_ordered_with_5_iters)
+{
+	const char *extra[] = {"-n", "5", NULL};
+	check_lat("shm", extra, 5);
+}
+
+Test(bench_perf_bw, lat_tcp_ordered_with_5_iters)
+{
+	const char *extra[] = {"-n", "5", NULL};
+	check_lat("tcp", extra, 5);
+}
+
+Test(bench_perf_bw, lat_shm_one_sample_with_tiny_duration)
+{
+	const char *extra[] = {"-D", "0.000001", NULL};
+	check_lat("shm", extra, 0);
+}
