@@ -171,7 +171,7 @@ struct kvx_engine {
 	uint32_t n_fence_pending;
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the poller wakes it */
 	bool app_w_init;
-	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; 0 = off */
+	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
 	_Atomic uint64_t st_bytes, st_ops, st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar,
 		st_notify_drop, st_fences, st_peer_resets;
 	uint64_t st_dup;
@@ -285,6 +285,7 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		free(e);
 		return rc;
 	}
+	atomic_init(&e->test_hold_layers, UINT32_MAX);
 	rc = -pthread_mutex_init(&e->acc_lock, NULL);
 	if (rc) {
 		kvx_xfer_table_destroy(e->reg);
@@ -779,7 +780,7 @@ static void read_progress(struct kvx_engine *e, struct xf *x)
 	if (x->await_rehs || (!x->failed && !x->peer->ready))
 		return;
 	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
-	uint32_t limit = hold && hold < e->n_layers ? hold : e->n_layers;
+	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
 	if (x->next_layer == 0)
 		x->peer_epoch = x->peer->epoch;
 	if (!x->failed)
@@ -1909,7 +1910,7 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	}
 }
 
-void kvx_engine_test_hold_read(struct kvx_engine *e, uint32_t n_layers)
+void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers)
 {
-	atomic_store_explicit(&e->test_hold_layers, n_layers, memory_order_relaxed);
+	atomic_store_explicit(&e->test_hold_layers, on ? n_layers : UINT32_MAX, memory_order_relaxed);
 }

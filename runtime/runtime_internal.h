@@ -136,10 +136,10 @@ int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid);
 /* Pop everything queued, in order, into out (Array[cap]); returns the count. */
 size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap);
 
-/* Test hook (tests/runtime only): a consumer engine posts the READ ops of at most n_layers
- * layers of each transfer until the hold is lifted (n_layers 0), so a test can keep a read
- * provably in flight. Any thread; takes effect at the poller's next iteration. */
+/* Test hook (tests/runtime only): while on, a consumer engine posts the READ ops of at most
+ * n_layers layers (0 = none) of each transfer, so a test can keep a read provably in flight;
+ * off lifts the hold. Any thread; takes effect at the poller's next iteration. */
 struct kvx_engine;
-void kvx_engine_test_hold_read(struct kvx_engine *e, uint32_t n_layers);
+void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers);
 
 #endif /* KVX_RUNTIME_INTERNAL_H */

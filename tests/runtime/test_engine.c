@@ -414,7 +414,7 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	dp.transfer_timeout_ms = 20000;
 	eng_start(&P, &pp, 0x5a);
 	eng_start(&D, &dp, 0);
-	kvx_engine_test_hold_read(D.e, 1);
+	kvx_engine_test_hold_read(D.e, true, 1);
 	const uint32_t pb[2] = {3, 4}, db[2] = {5, 6};
 	struct kvx_engine_serve sv = {.transfer_id = "tx-f", .local_blocks = pb, .n = 2};
 	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
@@ -458,7 +458,7 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	/* The producer reuses the blocks for another request. */
 	for (int l = 0; l < NL; l++)
 		memset(P.mem[l] + 3 * 128, 0xee, 2 * 128);
-	kvx_engine_test_hold_read(D.e, 0);
+	kvx_engine_test_hold_read(D.e, false, 0);
 	struct seen sd = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-f", &sd, false, 20000000000ull));
 	cr_assert_eq(sd.transfer, KVX_CPL_FAILED, "the fenced read must fail, got status %d", sd.transfer);
@@ -541,7 +541,7 @@ Test(runtime_engine, g_layer_wait_sleeps_until_the_layer_lands)
 	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
 	eng_start(&P, &pp, 0x6b);
 	eng_start(&D, &dp, 0);
-	kvx_engine_test_hold_read(D.e, 1);
+	kvx_engine_test_hold_read(D.e, true, 1);
 	const uint32_t pb[1] = {9}, db[1] = {10};
 	struct kvx_engine_serve sv = {.transfer_id = "tx-w", .local_blocks = pb, .n = 1};
 	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
@@ -565,13 +565,72 @@ Test(runtime_engine, g_layer_wait_sleeps_until_the_layer_lands)
 	long nvcsw = r1.ru_nvcsw - r0.ru_nvcsw;
 	cr_assert_leq(nvcsw, 8, "the waiting thread woke %ld times", nvcsw);
 	/* Released: the wait returns with the layer's bytes visible. */
-	kvx_engine_test_hold_read(D.e, 0);
+	kvx_engine_test_hold_read(D.e, false, 0);
 	cr_assert_eq(kvx_xfer_layer_wait(D.e, "tx-w", 1, 20000), 0);
 	for (int k = 0; k < 128; k++)
 		cr_assert_eq(D.mem[1][10 * 128 + k], 0x6b, "layer 1 byte %d", k);
 	struct seen sd = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-w", &sd, false, 20000000000ull));
 	cr_assert_eq(sd.transfer, KVX_CPL_DONE);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
+{
+	/* D's first op hits P's fence (P's defer timeout passed before D posted anything): D's
+	 * endpoint dies, D re-handshakes and finds the same epoch, so its blocks may have been
+	 * reused: the transfer fails instead of being re-posted against the reused blocks. */
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	pp.defer_timeout_ms = 300;
+	dp.transfer_timeout_ms = 20000;
+	eng_start(&P, &pp, 0x5a);
+	eng_start(&D, &dp, 0);
+	/* A first transfer connects D to P (so the fence has an endpoint to revoke). */
+	const uint32_t pb[2] = {3, 4}, db[2] = {5, 6};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-a", .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-a",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				    .local_blocks = db,
+				    .remote_blocks = pb,
+				    .n = 2};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen sa = {.transfer = -1}, spa = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-a", &sa, false, 20000000000ull));
+	cr_assert_eq(sa.transfer, KVX_CPL_DONE);
+	cr_assert(wait_for(P.e, "tx-a", &spa, true, 20000000000ull));
+	/* Second transfer: D posts nothing until P's defer timeout fenced it. */
+	kvx_engine_test_hold_read(D.e, true, 0);
+	for (int l = 0; l < NL; l++)
+		memset(D.mem[l] + 5 * 128, 0, 2 * 128);
+	sv.transfer_id = "tx-b";
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	r.transfer_id = "tx-b";
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen sp = {.transfer = -1};
+	cr_assert(wait_for(P.e, "tx-b", &sp, true, 20000000000ull));
+	cr_assert_eq(sp.transfer, KVX_CPL_TIMED_OUT);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.fences, 1);
+	for (int l = 0; l < NL; l++)
+		memset(P.mem[l] + 3 * 128, 0xee, 2 * 128); /* reused */
+	kvx_engine_test_hold_read(D.e, false, 0);
+	struct seen sd = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-b", &sd, false, 20000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_FAILED, "status %d", sd.transfer);
+	cr_assert_eq(sd.error, -ECONNRESET, "error %d", sd.error);
+	for (int l = 0; l < NL; l++)
+		for (int k = 0; k < 2 * 128; k++)
+			cr_assert_eq(D.mem[l][5 * 128 + k], 0, "layer %d byte %d: reused bytes reached D", l, k);
+	kvx_engine_get_stats(D.e, &st);
+	cr_assert_eq(st.peer_resets, 1);
+	cr_assert_eq(st.transfers_done, 1);
+	cr_assert_eq(st.transfers_failed, 1);
 	eng_free(&D);
 	eng_free(&P);
 }
