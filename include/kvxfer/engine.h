@@ -375,7 +375,9 @@ KVX_API int kvx_xfer_seal(struct kvx_engine *e, const char *transfer_id, uint32_
 
 /**
  * P READ: serve a transfer's blocks until the consumer's `release` (fan-in over the consumer
- * TP ranks) or defer_timeout; then KVX_CPL_TRANSFER and KVX_CPL_BLOCKS_RELEASED.
+ * TP ranks) or defer_timeout; then KVX_CPL_TRANSFER and KVX_CPL_BLOCKS_RELEASED. After a
+ * defer_timeout (TIMED_OUT) the release follows only once the readers are fenced at the wire
+ * (see "Reader fence" in the file overview: every connected consumer re-handshakes).
  * @return As kvx_xfer_read().
  */
 KVX_API int kvx_xfer_serve(struct kvx_engine *e, const struct kvx_engine_serve *s);
