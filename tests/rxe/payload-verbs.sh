@@ -9,9 +9,15 @@
 #      (KVX_VM_PERF_REPS), each pair printed with the ratio
 #      (written to $KVX_VM_OUT/perf-ratios.txt). The ratios are reported, not enforced
 #      (a TCG VM on a shared 2-core host is too noisy for a pass/fail threshold).
+# Step 1 also runs the runtime engine over verbs (issue 6): the engine e2e tests restricted to
+# verbs (test_runtime_engine_e2e runtime_e2e/verbs_*: two processes, READ and WRITE, split /
+# interleaved / MLA layouts, byte-exact; a skip counts as a failure here) and one short
+# `kvxfer-perf trace --local -t verbs` replay per mode (Llama-3.1-8B, first 2 requests of the
+# Azure conversation trace, back to back, every byte verified). These decide the exit status too.
 # Env: KVX_BUILD_DIR (set by run-vm.sh), KVX_VM_SKIP_PERF=1 to run only step 1,
 #      KVX_VM_PERF_REPS (default 3). Argument --perf-only: step 2 only
-#      (tests/rxe/run-vm.sh tests/rxe/payload-verbs.sh --perf-only).
+#      (tests/rxe/run-vm.sh tests/rxe/payload-verbs.sh --perf-only); --engine-only: only the
+#      engine e2e tests and trace replays over verbs (about a minute).
 set -uo pipefail
 B="$KVX_BUILD_DIR"
 OUT="${KVX_VM_OUT:-/tmp}"
@@ -27,9 +33,39 @@ suite() { # suite NAME CHANNELS BINARY
   KVX_XPORT_PROVIDERS=verbs KVX_XPORT_CHANNELS=$2 "$t" -j1 --verbose=1 || { rc=1; echo "===== $1: FAILED"; }
   echo "===== $1 ($2 QPs): $(( $(date +%s) - s ))s"
 }
+engine() { # the runtime engine over verbs: e2e tests, then a trace replay per mode
+  local t="$B/tests/runtime/test_runtime_engine_e2e" s want log
+  if [ ! -x "$t" ] || [ ! -x "$B/bench/kvxfer-perf" ]; then
+    echo "payload-verbs: missing $t or $B/bench/kvxfer-perf (build $B first)"; rc=1; return
+  fi
+  echo "===== engine e2e over verbs (runtime_e2e/verbs_*)"
+  s=$(date +%s)
+  want=$("$t" --list | grep -c 'verbs_')
+  log=/tmp/engine-e2e-verbs.log
+  "$t" --filter 'runtime_e2e/verbs_*' -j1 --verbose=1 2>&1 | tee "$log"
+  # Every verbs case must have run and passed: a skip (provider unavailable) is a failure here.
+  if ! grep -Eq "Synthesis: Tested: $want \| Passing: $want \| Failing: 0 \| Crashing: 0" "$log"; then
+    rc=1; echo "===== engine e2e over verbs: FAILED (want $want run and passing)"
+  fi
+  echo "===== engine e2e over verbs: $(( $(date +%s) - s ))s"
+  local mode
+  for mode in write read; do
+    echo "===== kvxfer-perf trace --local -t verbs -m $mode"
+    s=$(date +%s)
+    "$B/bench/kvxfer-perf" trace --local -t verbs -m $mode --model Llama-3.1-8B --requests 2 \
+      --trace "$KVX_REPO/bench/data/traces/azure_llm_2023_conv.csv" --speed 0 --quiet \
+      --json "$OUT/trace-verbs-$mode.json" || { rc=1; echo "===== trace $mode: FAILED"; }
+    echo "===== trace $mode: $(( $(date +%s) - s ))s"
+  done
+}
 PERF_ONLY=0
 [ "${1:-}" = "--perf-only" ] && PERF_ONLY=1
+if [ "${1:-}" = "--engine-only" ]; then
+  engine
+  exit $rc
+fi
 [ $PERF_ONLY = 1 ] || {
+engine
 suite test_verbs_provider "1..8" "$B/tests/verbs/test_verbs_provider"
 suite test_conformance 1 "$B/tests/transport/test_conformance"
 suite test_conformance 8 "$B/tests/transport/test_conformance"
