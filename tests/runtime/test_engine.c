@@ -417,7 +417,6 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	kvx_engine_test_hold_read(D.e, true, 1);
 	const uint32_t pb[2] = {3, 4}, db[2] = {5, 6};
 	struct kvx_engine_serve sv = {.transfer_id = "tx-f", .local_blocks = pb, .n = 2};
-	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
 	struct kvx_engine_read r = {.transfer_id = "tx-f",
 				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
 				    .local_blocks = db,
@@ -429,6 +428,9 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	cr_assert_eq(kvx_xfer_layer_poll(D.e, "tx-f", 1), 0);
 	for (int k = 0; k < 2 * 128; k++)
 		cr_assert_eq(D.mem[0][5 * 128 + k], 0x5a);
+	/* P serves from now on: its defer timeout (400 ms from here, however slow the handshake
+	 * was) fires while D's read is in flight. */
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
 	/* P: TIMED_OUT, then BLOCKS_RELEASED only after the fence. */
 	struct seen sp = {.transfer = -1};
 	uint64_t end = kvx_now_ns() + 20000000000ull;
@@ -592,7 +594,6 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	/* A first transfer connects D to P (so the fence has an endpoint to revoke). */
 	const uint32_t pb[2] = {3, 4}, db[2] = {5, 6};
 	struct kvx_engine_serve sv = {.transfer_id = "tx-a", .local_blocks = pb, .n = 2};
-	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
 	struct kvx_engine_read r = {.transfer_id = "tx-a",
 				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
 				    .local_blocks = db,
@@ -602,7 +603,11 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	struct seen sa = {.transfer = -1}, spa = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-a", &sa, false, 20000000000ull));
 	cr_assert_eq(sa.transfer, KVX_CPL_DONE);
+	/* Served only now (D's release is parked on P), so P's short defer timeout cannot race the
+	 * first handshake on a slow machine. */
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
 	cr_assert(wait_for(P.e, "tx-a", &spa, true, 20000000000ull));
+	cr_assert_eq(spa.transfer, KVX_CPL_DONE);
 	/* Second transfer: D posts nothing until P's defer timeout fenced it. */
 	kvx_engine_test_hold_read(D.e, true, 0);
 	for (int l = 0; l < NL; l++)
