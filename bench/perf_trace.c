@@ -550,6 +550,7 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 	}
 	if (h->type == TRACE_MSG_STATS && h->len == sizeof(struct trace_msg_stats)) {
 		D->s[s].stats = *(const struct trace_msg_stats *)p;
+		D->s[s].stats.transport[sizeof(D->s[s].stats.transport) - 1] = '\0';
 		D->s[s].have_stats = true;
 		return;
 	}
@@ -871,9 +872,21 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	}
 	if (!have_ctl)
 		c.ctl_sent = c.ctl_recv = c.ctl_dropped = UINT64_MAX;
+	/* The provider the engines report after the run (both ends agree on it per connection);
+	 * "P/D" if they differ, the request only if no role reported. */
+	char xport[64];
+	const char *tp = D.s[0].have_stats ? D.s[0].stats.transport : "";
+	const char *td = D.s[1].have_stats ? D.s[1].stats.transport : "";
+	const char *auto_sfx = !strcmp(o->transport, "auto") ? " (auto)" : "";
+	if (tp[0] && td[0] && strcmp(tp, td))
+		snprintf(xport, sizeof(xport), "%s/%s%s", tp, td, auto_sfx);
+	else if (tp[0] || td[0])
+		snprintf(xport, sizeof(xport), "%s%s", tp[0] ? tp : td, auto_sfx);
+	else
+		snprintf(xport, sizeof(xport), "%s", hp->transport);
 	struct perf_trace_run_info info = {
 		.model = D.m.name, .layout = D.m.mla ? "MLA latent" : "split K/V", .trace = o->trace,
-		.mode = o->write_mode ? "WRITE" : "READ", .transport = hp->transport,
+		.mode = o->write_mode ? "WRITE" : "READ", .transport = xport,
 		.block_tokens = o->block_tokens, .block_bytes = D.block_bytes,
 		.pool_blocks = hp->pool_blocks, .concurrency = o->concurrency, .speed = o->speed,
 		.prefix_cache = o->prefix_cache,

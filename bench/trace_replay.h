@@ -154,6 +154,7 @@ struct trace_msg_stats {
 	uint64_t verify_bad;     /**< Block planes that failed verification. */
 	uint64_t pool_exhausted; /**< Times a request waited for free blocks. */
 	uint64_t transfers_failed; /**< Engine: failed + aborted + timed out. */
+	char transport[24];      /**< kvx_engine_transport_name() at the end: provider in use. */
 };
 
 /** Send one message (blocking, handles short writes). @return 0 or -errno. */

@@ -430,6 +430,7 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 			s.lcore_util = u / st.n_lcores;
 		}
 		s.transfers_failed = st.transfers_failed + st.transfers_aborted + st.transfers_timed_out;
+		snprintf(s.transport, sizeof(s.transport), "%s", kvx_engine_transport_name(R->e));
 		if (trace_msg_send(R->fd, TRACE_MSG_STATS, &s, sizeof(s), NULL, 0))
 			R->quit = true;
 		return;
@@ -562,13 +563,9 @@ int trace_role_main(const struct trace_opts *o, int fd)
 	kvx_engine_ports(R.e, &hello.handshake_port, &hello.notify_port);
 	snprintf(hello.host, sizeof(hello.host), "%s", o->host);
 	snprintf(hello.model, sizeof(hello.model), "%s", R.m.name);
-	/* engine.h does not report the provider it opened; for `auto` it resolves exactly as
-	 * kvx_xport_select("auto", peer_same_host = false) does at kvx_engine_start(). */
-	const char *prov = o->transport;
-	if (!strcmp(prov, "auto") && kvx_xport_select("auto", false, &prov) == 0)
-		snprintf(hello.transport, sizeof(hello.transport), "%s (auto)", prov);
-	else
-		snprintf(hello.transport, sizeof(hello.transport), "%s", o->transport);
+	/* `auto` is resolved per peer at the first handshake (engine.h kvx_engine_transport_name()):
+	 * the hello carries the request; STATS carries the provider actually used. */
+	snprintf(hello.transport, sizeof(hello.transport), "%s", o->transport);
 	if (trace_msg_send(fd, TRACE_MSG_HELLO, &hello, sizeof(hello), NULL, 0))
 		goto out;
 	unsigned idle_rounds = 0;

@@ -76,7 +76,7 @@ struct layer {
 	struct kvx_layout_spec spec;
 	struct kvx_layout_geom geom;
 	uint64_t span;
-	struct kvx_xport_mr *mr;
+	struct kvx_xport_mr *mr[2]; /* per transport context (engine xctx[]) */
 };
 
 struct kvx_engine;
@@ -89,6 +89,8 @@ struct peer {
 	atomic_int hs_state; /* enum hs_state; control thread writes, app thread reads */
 	/* Written by the control thread before PEER_READY, then owned by the poller. */
 	struct kvx_xport_ep *ep;
+	struct kvx_xport_ep *ep_alt; /* initiator: the offered candidate the responder did not take */
+	uint32_t xi;                 /* index of ep's context in the engine's xctx[] */
 	struct kvx_xport_rmr **rmr;
 	struct kvx_layout_geom *geom;
 	uint64_t remote_num_blocks;
@@ -143,8 +145,13 @@ struct kvx_engine {
 	struct layer layers[KVX_ENGINE_MAX_LAYERS];
 	struct kvx_lcore_set *set;
 	struct kvx_lcore *poll_lc;
-	struct kvx_xport_ctx *xctx;
-	struct kvx_xport_caps caps;
+	/* xctx[0]: the provider named by `transport` (auto: verbs if usable, else tcp); xctx[1]:
+	 * auto only, shm for same-host peers when CMA is permitted (NULL otherwise). */
+	struct kvx_xport_ctx *xctx[2];
+	struct kvx_xport_caps caps[2];
+	uint32_t n_xctx;
+	bool has_hip; /* a layer is HIP memory: `auto` does not add shm (CMA reads host memory) */
+	_Atomic(const char *) last_xport; /* provider of the latest peer connection set up */
 	struct kvx_ctl *ctl;
 	struct kvx_ctl_inbox *app_ib, *poll_ib;
 	struct kvx_ring *sub, *cin, *cpl;
@@ -176,6 +183,13 @@ struct kvx_engine {
 		st_notify_drop, st_fences, st_peer_resets;
 	uint64_t st_dup;
 };
+
+/* KVX_ENGINE_AUTO_NO_SHM=1 (engine.h): `auto` never uses shm, even for a same-host peer. */
+static bool auto_shm_disabled(void)
+{
+	const char *v = getenv("KVX_ENGINE_AUTO_NO_SHM");
+	return v && v[0] && strcmp(v, "0");
+}
 
 static uint64_t ms_ns(uint32_t ms)
 {
@@ -342,6 +356,7 @@ KVX_API int kvx_engine_register_layer(struct kvx_engine *e, const struct kvx_eng
 	}
 	if (l->mem == KVX_ENGINE_MEM_HIP && !strcmp(e->transport, "tcp"))
 		return -ENOTSUP;
+	e->has_hip |= l->mem == KVX_ENGINE_MEM_HIP;
 	strcpy(ly->name, l->name);
 	ly->base = l->base;
 	ly->t = l->tensor;
@@ -410,12 +425,36 @@ static int on_connect(void *arg, const uint8_t *blob_a, size_t len_a, uint8_t *b
 	return rc;
 }
 
-/* Blob B = [u32 xport_len][xport blob B][u32 n_regions][n x RDESC][u64 num_blocks]. */
+/* Provider codes in the engine's connection blobs (stable wire values). */
+static uint8_t xport_code(const char *name)
+{
+	return !strcmp(name, "tcp") ? 1 : !strcmp(name, "shm") ? 2 : !strcmp(name, "verbs") ? 3 : 0;
+}
+
+static const char *xport_code_name(uint8_t code)
+{
+	return code == 1 ? "tcp" : code == 2 ? "shm" : code == 3 ? "verbs" : "?";
+}
+
+/* Index of this engine's context for provider @p code, or -1. */
+static int xctx_index(const struct kvx_engine *e, uint8_t code)
+{
+	for (uint32_t i = 0; i < e->n_xctx; i++)
+		if (xport_code(kvx_xport_name(e->xctx[i])) == code)
+			return (int)i;
+	return -1;
+}
+
+/* Blob A = [u8 n_candidates] n x ([u8 provider code][u32 len][xport blob A]), in the initiator's
+ * order of preference. The responder takes the first candidate it has a context for and whose
+ * accept succeeds (shm checks same host and CMA there), so a wrong same-host guess degrades to
+ * the next candidate (tcp) instead of failing the handshake.
+ * Blob B = [u8 provider code][u32 xport_len][xport blob B][u32 n_regions][n x RDESC][u64 num_blocks]. */
 static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
 			  size_t *len_b)
 {
 	size_t cap = *len_b;
-	size_t need = 4 + KVX_XPORT_BLOB_MAX + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8;
+	size_t need = 1 + 4 + KVX_XPORT_BLOB_MAX + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8;
 	if (cap < need)
 		return -EMSGSIZE;
 	if (e->n_accepted == e->cap_accepted) {
@@ -426,19 +465,52 @@ static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t le
 		e->accepted = na;
 		e->cap_accepted = nc;
 	}
-	struct kvx_xport_ep *ep;
-	size_t xl = 0;
-	int rc = kvx_xport_ep_accept(e->xctx, blob_a, len_a, &ep, blob_b + 4, KVX_XPORT_BLOB_MAX, &xl);
-	if (rc)
+	struct kvx_xport_ep *ep = NULL;
+	size_t xl = 0, pos = 1;
+	int rc = -EPROTO, xi = -1;
+	char offered[64] = "";
+	if (len_a < 1 || blob_a[0] == 0 || blob_a[0] > 4) {
+		kvx_log(KVX_LOG_WARN, "engine: connect: blob A has %u transport candidates (1..4)",
+			len_a ? blob_a[0] : 0u);
+		return -EPROTO;
+	}
+	for (uint8_t c = 0; c < blob_a[0] && !ep; c++) {
+		uint32_t cl;
+		if (len_a < pos + 5)
+			return -EPROTO;
+		uint8_t code = blob_a[pos];
+		memcpy(&cl, blob_a + pos + 1, 4);
+		pos += 5;
+		if (cl > len_a - pos)
+			return -EPROTO;
+		size_t ol = strlen(offered);
+		snprintf(offered + ol, sizeof(offered) - ol, "%s%s", ol ? "," : "", xport_code_name(code));
+		xi = xctx_index(e, code);
+		if (xi >= 0) {
+			rc = kvx_xport_ep_accept(e->xctx[xi], blob_a + pos, cl, &ep, blob_b + 5, KVX_XPORT_BLOB_MAX,
+						 &xl);
+			if (rc && c + 1 < blob_a[0])
+				kvx_log(KVX_LOG_INFO, "engine: connect: %s not usable with this peer (%s), trying the next",
+					xport_code_name(code), kvx_strerror(rc));
+		}
+		pos += cl;
+	}
+	if (!ep) {
+		if (rc == -EPROTO)
+			kvx_log(KVX_LOG_ERROR, "engine: connect: peer offers transport %s, this engine uses %s",
+				offered, e->transport);
 		return rc;
+	}
 	e->accepted[e->n_accepted++] = ep;
+	blob_b[0] = xport_code(kvx_xport_name(e->xctx[xi]));
+	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[xi]));
 	uint32_t x32 = (uint32_t)xl, nreg = e->n_layers;
-	memcpy(blob_b, &x32, 4);
-	size_t off = 4 + xl;
+	memcpy(blob_b + 1, &x32, 4);
+	size_t off = 5 + xl;
 	memcpy(blob_b + off, &nreg, 4);
 	off += 4;
 	for (uint32_t i = 0; i < nreg; i++) {
-		rc = kvx_xport_mr_export(e->layers[i].mr, blob_b + off, KVX_XPORT_RDESC_BYTES, NULL);
+		rc = kvx_xport_mr_export(e->layers[i].mr[xi], blob_b + off, KVX_XPORT_RDESC_BYTES, NULL);
 		if (rc)
 			return rc;
 		off += KVX_XPORT_RDESC_BYTES;
@@ -457,13 +529,43 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
 	struct peer *pr = arg;
 	/* A re-handshake (stale peer): the poller drained and unlisted the old endpoint before it
 	 * queued this job, so nothing else touches it. */
-	pthread_mutex_lock(&pr->e->acc_lock);
-	if (pr->ep) {
-		kvx_xport_ep_destroy(pr->ep);
-		pr->ep = NULL;
+	struct kvx_engine *e = pr->e;
+	pthread_mutex_lock(&e->acc_lock);
+	kvx_xport_ep_destroy(pr->ep);
+	kvx_xport_ep_destroy(pr->ep_alt);
+	pr->ep = pr->ep_alt = NULL;
+	/* Candidates: shm first when this engine has it (auto), then the primary provider. */
+	struct kvx_xport_ep *eps[2] = {NULL, NULL};
+	size_t pos = 1;
+	int rc = 0;
+	uint8_t n = 0;
+	for (uint32_t k = 0; k < e->n_xctx && !rc; k++) {
+		uint32_t xi = e->n_xctx - 1 - k;
+		size_t xl = 0;
+		if (cap < pos + 5) {
+			rc = -EMSGSIZE;
+			break;
+		}
+		rc = kvx_xport_ep_create(e->xctx[xi], &eps[xi], blob_a + pos + 5, cap - pos - 5, &xl);
+		if (rc)
+			break;
+		uint32_t x32 = (uint32_t)xl;
+		blob_a[pos] = xport_code(kvx_xport_name(e->xctx[xi]));
+		memcpy(blob_a + pos + 1, &x32, 4);
+		pos += 5 + xl;
+		n++;
 	}
-	int rc = kvx_xport_ep_create(pr->e->xctx, &pr->ep, blob_a, cap, len_a);
-	pthread_mutex_unlock(&pr->e->acc_lock);
+	if (rc) {
+		kvx_xport_ep_destroy(eps[0]);
+		kvx_xport_ep_destroy(eps[1]);
+	} else {
+		blob_a[0] = n;
+		*len_a = pos;
+		pr->ep = eps[0];
+		pr->ep_alt = eps[1];
+		pr->xi = 0;
+	}
+	pthread_mutex_unlock(&e->acc_lock);
 	return rc;
 }
 
@@ -474,8 +576,16 @@ static int peer_setup(struct peer *pr, const struct kvx_ctl_hs_rank *r)
 	size_t len = r->blob_b_len, off = 0;
 	uint32_t xl, nreg;
 	uint64_t nb;
-	if (!b || len < 4)
+	if (!b || len < 5)
 		return -EPROTO;
+	int xi = xctx_index(e, b[0]);
+	if (xi < 0 || (xi == 0 ? !pr->ep : !pr->ep_alt)) {
+		kvx_log(KVX_LOG_ERROR, "engine: peer %s:%u chose transport %s, which this engine did not offer",
+			pr->host, pr->hs_port, xport_code_name(b[0]));
+		return -EPROTO;
+	}
+	b++;
+	len--;
 	memcpy(&xl, b, 4);
 	if (xl > KVX_XPORT_BLOB_MAX || len < 4 + (size_t)xl + 4)
 		return -EPROTO;
@@ -493,7 +603,17 @@ static int peer_setup(struct peer *pr, const struct kvx_ctl_hs_rank *r)
 	if (nb == 0)
 		return -EPROTO;
 	pthread_mutex_lock(&e->acc_lock);
+	if (xi == 1) {
+		struct kvx_xport_ep *t = pr->ep;
+		pr->ep = pr->ep_alt;
+		pr->ep_alt = t;
+	}
+	kvx_xport_ep_destroy(pr->ep_alt);
+	pr->ep_alt = NULL;
+	pr->xi = (uint32_t)xi;
 	int rc = kvx_xport_ep_connect(pr->ep, b + 4, xl);
+	if (!rc)
+		atomic_store(&e->last_xport, kvx_xport_name(e->xctx[xi]));
 	for (uint32_t i = 0; !rc && i < nreg; i++)
 		rc = kvx_xport_rmr_import(pr->ep, b + off + (size_t)i * KVX_XPORT_RDESC_BYTES, KVX_XPORT_RDESC_BYTES,
 					  &pr->rmr[i]);
@@ -731,12 +851,12 @@ static int post_layer(struct kvx_engine *e, struct xf *x, uint32_t layer, enum k
 	int rc = kvx_plan_cache_get(e->pc, &pr->geom[layer], lids, rids, n, &plan);
 	if (rc < 0)
 		return rc;
-	uint32_t maxb = e->caps.max_batch ? e->caps.max_batch : 1;
+	uint32_t maxb = e->caps[pr->xi].max_batch ? e->caps[pr->xi].max_batch : 1;
 	uint32_t nb = (uint32_t)((plan.n + maxb - 1) / maxb);
 	if (nb == 0)
 		return 0;
 	for (size_t i = 0; i < plan.n; i++) {
-		e->ops[i] = (struct kvx_xport_op){.lmr = e->layers[layer].mr, .rmr = pr->rmr[layer],
+		e->ops[i] = (struct kvx_xport_op){.lmr = e->layers[layer].mr[pr->xi], .rmr = pr->rmr[layer],
 						  .loff = plan.loc[i], .roff = plan.rem[i], .len = plan.size[i]};
 	}
 	uint64_t cookie = ((uint64_t)x->slot << 16) | layer;
@@ -1273,8 +1393,9 @@ static int poll_fn(void *arg)
 		if (e->n_live == before)
 			i++;
 	}
-	if (e->caps.needs_progress)
-		busy |= kvx_xport_progress(e->xctx) > 0;
+	for (uint32_t i = 0; i < e->n_xctx; i++)
+		if (e->caps[i].needs_progress)
+			busy |= kvx_xport_progress(e->xctx[i]) > 0;
 	uint64_t now = kvx_now_ns();
 	if (now >= e->next_scan_ns) {
 		e->next_scan_ns = now + 1000000ull;
@@ -1320,29 +1441,41 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	}
 	e->poll_lc = kvx_lcore_set_at(e->set, 0);
 
-	const char *prov = e->transport;
-	if (!strcmp(prov, "auto") && kvx_xport_select("auto", false, &prov))
+	/* DESIGN.md §3 `auto`: verbs if usable; else tcp, plus shm for same-host peers when CMA is
+	 * permitted (chosen per peer at the handshake: see connect_locked()). */
+	const char *prov = e->transport, *provs[2] = {NULL, NULL};
+	bool is_auto = !strcmp(prov, "auto");
+	if (is_auto && kvx_xport_select("auto", false, &prov))
 		prov = "tcp";
+	provs[0] = prov;
+	if (is_auto && strcmp(prov, "verbs") && !e->has_hip && !auto_shm_disabled() &&
+	    kvx_xport_provider_probe("shm", NULL, 0) == 0)
+		provs[1] = "shm";
 	struct kvx_xport_ctx_params xp;
 	kvx_xport_ctx_params_init(&xp);
 	xp.tcp_addr = e->host;
 	xp.op_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
-	rc = kvx_xport_open(prov, &xp, &e->xctx);
-	if (rc) {
-		kvx_log(KVX_LOG_ERROR, "engine: transport '%s': %s", prov, kvx_strerror(rc));
-		return rc;
-	}
-	kvx_xport_query_caps(e->xctx, &e->caps);
-	for (uint32_t i = 0; i < e->n_layers; i++) {
-		struct layer *ly = &e->layers[i];
-		struct kvx_xport_mr_params mp = {.addr = ly->base, .len_bytes = ly->span, .access = KVX_XPORT_ACCESS_ALL,
-						 .mem_type = KVX_XPORT_MEM_HOST};
-		rc = kvx_xport_mr_register(e->xctx, &mp, &ly->mr);
+	for (uint32_t k = 0; k < 2 && provs[k]; k++) {
+		rc = kvx_xport_open(provs[k], &xp, &e->xctx[k]);
 		if (rc) {
-			kvx_log(KVX_LOG_ERROR, "engine: register layer '%s': %s", ly->name, kvx_strerror(rc));
+			kvx_log(KVX_LOG_ERROR, "engine: transport '%s': %s", provs[k], kvx_strerror(rc));
 			return rc;
 		}
+		e->n_xctx = k + 1;
+		kvx_xport_query_caps(e->xctx[k], &e->caps[k]);
+		for (uint32_t i = 0; i < e->n_layers; i++) {
+			struct layer *ly = &e->layers[i];
+			struct kvx_xport_mr_params mp = {.addr = ly->base, .len_bytes = ly->span,
+							 .access = KVX_XPORT_ACCESS_ALL, .mem_type = KVX_XPORT_MEM_HOST};
+			rc = kvx_xport_mr_register(e->xctx[k], &mp, &ly->mr[k]);
+			if (rc) {
+				kvx_log(KVX_LOG_ERROR, "engine: register layer '%s' (%s): %s", ly->name, provs[k],
+					kvx_strerror(rc));
+				return rc;
+			}
+		}
 	}
+	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[0]));
 	size_t maxops = 2 * (size_t)e->p.max_blocks;
 	e->ops = calloc(maxops, sizeof(*e->ops));
 	e->live = calloc(e->p.max_transfers, sizeof(*e->live));
@@ -1419,7 +1552,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	snprintf(meta.attn_backend, sizeof(meta.attn_backend), "kvxfer");
 	meta.has_kvx = true;
 	meta.version = KVX_MSG_PROTO_VERSION;
-	snprintf(meta.transport, sizeof(meta.transport), "%s", kvx_xport_name(e->xctx));
+	snprintf(meta.transport, sizeof(meta.transport), "%s", kvx_xport_name(e->xctx[0]));
 	snprintf(meta.layout, sizeof(meta.layout), "%s",
 		 e->layers[0].geom.kind == KVX_LAYOUT_KIND_MLA	   ? "mla"
 		 : e->layers[0].geom.kind == KVX_LAYOUT_KIND_SPLIT ? "split"
@@ -1433,7 +1566,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	lm.descs = descs;
 	for (uint32_t i = 0; i < e->n_layers; i++) {
 		regs[i] = (struct kvx_msg_region){(uint64_t)(uintptr_t)e->layers[i].base, e->layers[i].span,
-						  kvx_xport_mr_key(e->layers[i].mr)};
+						  kvx_xport_mr_key(e->layers[i].mr[0])};
 		snprintf(descs[i].layer, sizeof(descs[i].layer), "%s", e->layers[i].name);
 		descs[i].id = i;
 		descs[i].device_id = -1;
@@ -1545,6 +1678,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	for (uint32_t i = 0; i < e->n_peers; i++) {
 		struct peer *pr = e->peers[i];
 		kvx_xport_ep_destroy(pr->ep);
+		kvx_xport_ep_destroy(pr->ep_alt);
 		free(pr->rmr);
 		free(pr->geom);
 		free(pr);
@@ -1552,9 +1686,12 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	for (uint32_t i = 0; i < e->n_accepted; i++)
 		kvx_xport_ep_destroy(e->accepted[i]);
 	free(e->accepted);
-	for (uint32_t i = 0; i < e->n_layers; i++)
-		kvx_xport_mr_unregister(e->layers[i].mr);
-	kvx_xport_close(e->xctx);
+	for (uint32_t k = 0; k < 2; k++) {
+		for (uint32_t i = 0; i < e->n_layers; i++)
+			if (e->layers[i].mr[k])
+				kvx_xport_mr_unregister(e->layers[i].mr[k]);
+		kvx_xport_close(e->xctx[k]);
+	}
 	kvx_lcore_set_destroy(e->set);
 	kvx_ring_destroy(e->sub);
 	kvx_ring_destroy(e->cin);
@@ -1855,6 +1992,15 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 		}
 	}
 	return got;
+}
+
+KVX_API const char *kvx_engine_transport_name(const struct kvx_engine *e)
+{
+	if (!e)
+		return NULL;
+	if (!e->started)
+		return e->transport;
+	return atomic_load(&((struct kvx_engine *)e)->last_xport);
 }
 
 KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_stats *st)

@@ -413,6 +413,27 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
  */
 KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_stats *st);
 
+/**
+ * Transport provider this engine actually uses (DESIGN.md §3, `auto` rule).
+ *
+ * With `transport` "verbs", "tcp" or "shm" every peer connection uses that provider. With
+ * "auto" the engine opens verbs if a usable RDMA device exists, else tcp; without verbs it also
+ * opens shm when CMA is permitted, and each handshake offers shm first, then tcp: the
+ * responding engine takes shm only if its shm provider accepts the peer (same boot id, i.e.
+ * same host, and CMA readable), else tcp, and both ends use the provider it chose. Setting the
+ * environment variable `KVX_ENGINE_AUTO_NO_SHM=1` before kvx_engine_start() keeps `auto` off
+ * shm (tcp for same-host peers too); so do HIP layers (CMA reads host memory only).
+ *
+ * @param e  Engine; NULL returns NULL.
+ * @return Static string: before kvx_engine_start(), the requested name ("auto", ...); after it,
+ *         the primary provider ("verbs" or "tcp" for auto) until a peer connection is set up,
+ *         then the provider of the most recent peer connection set up by either side
+ *         ("verbs", "tcp" or "shm").
+ * @par Thread safety  Safe from any thread (atomic read). @par Context  Control path.
+ * @par Source  DESIGN.md §3 (providers, `auto`).
+ */
+KVX_API const char *kvx_engine_transport_name(const struct kvx_engine *e);
+
 #ifdef __cplusplus
 }
 #endif

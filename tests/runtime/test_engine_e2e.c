@@ -190,6 +190,11 @@ struct ports {
 	uint16_t hs, nt;
 };
 
+/* Provider both engines must report after the transfer (kvx_engine_transport_name()), or NULL
+ * for no check; and the producer's own requested transport when it differs from the consumer's. */
+static const char *g_want_xport;
+static const char *g_prov_p;
+
 /* Producer process body: returns the exit code (0 ok). */
 static int producer_main(enum kvx_sched_mode mode, const char *prov, enum lay l, int to_d, int from_d)
 {
@@ -225,6 +230,10 @@ static int producer_main(enum kvx_sched_mode mode, const char *prov, enum lay l,
 	}
 	if (wait_done(s.e, "tx-e2e", true, &st))
 		return 16;
+	if (g_want_xport && strcmp(kvx_engine_transport_name(s.e), g_want_xport)) {
+		fprintf(stderr, "producer: transport %s, want %s\n", kvx_engine_transport_name(s.e), g_want_xport);
+		return 19;
+	}
 	char ack;
 	if (read_all(from_d, &ack, 1)) /* the consumer has verified: safe to tear down */
 		return 18;
@@ -255,7 +264,7 @@ static void verify_layer(const struct side *s, enum lay l, uint32_t li)
 static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l, bool extra_d_block)
 {
 	char reason[KVX_XPORT_REASON_MAX] = "";
-	if (kvx_xport_provider_probe(prov, reason, sizeof(reason)))
+	if (strcmp(prov, "auto") && kvx_xport_provider_probe(prov, reason, sizeof(reason)))
 		cr_skip_test("provider %s unavailable: %s", prov, reason);
 	int p2d[2], d2p[2];
 	cr_assert_eq(pipe(p2d), 0);
@@ -266,7 +275,7 @@ static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l, bool
 	if (pid == 0) {
 		close(p2d[0]);
 		close(d2p[1]);
-		_exit(producer_main(mode, prov, l, p2d[1], d2p[0]));
+		_exit(producer_main(mode, g_prov_p ? g_prov_p : prov, l, p2d[1], d2p[0]));
 	}
 	close(p2d[1]);
 	close(d2p[0]);
@@ -297,6 +306,8 @@ static void run_e2e(enum kvx_sched_mode mode, const char *prov, enum lay l, bool
 	int st = -1;
 	cr_assert_eq(wait_done(s.e, "tx-e2e", false, &st), 0, "no completion");
 	cr_assert_eq(st, KVX_CPL_DONE);
+	if (g_want_xport)
+		cr_assert_str_eq(kvx_engine_transport_name(s.e), g_want_xport);
 	/* Byte-exact: every paired block equals the producer's, every other block is untouched. */
 	for (uint32_t li = 0; li < NLAYERS; li++)
 		verify_layer(&s, l, li);
@@ -330,3 +341,29 @@ Test(runtime_e2e, verbs_write_split) { run_e2e(KVX_SCHED_MODE_WRITE, "verbs", L_
 Test(runtime_e2e, verbs_write_interleaved) { run_e2e(KVX_SCHED_MODE_WRITE, "verbs", L_INTER, false); }
 Test(runtime_e2e, verbs_write_mla) { run_e2e(KVX_SCHED_MODE_WRITE, "verbs", L_MLA, false); }
 Test(runtime_e2e, verbs_write_consumer_extra_block) { run_e2e(KVX_SCHED_MODE_WRITE, "verbs", L_SPLIT, true); }
+
+/* DESIGN.md §3 `auto` (no RDMA here): two engines on one host agree on shm when CMA is
+ * permitted; KVX_ENGINE_AUTO_NO_SHM=1 keeps them on tcp; an explicit peer wins the agreement. */
+static void run_auto(enum kvx_sched_mode mode, const char *prov_p, bool no_shm, const char *want)
+{
+	char reason[KVX_XPORT_REASON_MAX] = "";
+	if (kvx_xport_provider_probe("verbs", reason, sizeof(reason)) == 0)
+		cr_skip_test("a usable RDMA device exists: auto picks verbs here");
+	if (!strcmp(want, "shm") && kvx_xport_provider_probe("shm", reason, sizeof(reason)))
+		cr_skip_test("shm unavailable: %s", reason);
+	if (no_shm)
+		cr_assert_eq(setenv("KVX_ENGINE_AUTO_NO_SHM", "1", 1), 0);
+	else
+		cr_assert_eq(unsetenv("KVX_ENGINE_AUTO_NO_SHM"), 0);
+	g_want_xport = want;
+	g_prov_p = prov_p;
+	run_e2e(mode, "auto", L_SPLIT, false);
+}
+
+Test(runtime_e2e, auto_read_same_host_uses_shm) { run_auto(KVX_SCHED_MODE_READ, NULL, false, "shm"); }
+Test(runtime_e2e, auto_write_same_host_uses_shm) { run_auto(KVX_SCHED_MODE_WRITE, NULL, false, "shm"); }
+Test(runtime_e2e, auto_read_shm_disabled_uses_tcp) { run_auto(KVX_SCHED_MODE_READ, NULL, true, "tcp"); }
+Test(runtime_e2e, auto_write_shm_disabled_uses_tcp) { run_auto(KVX_SCHED_MODE_WRITE, NULL, true, "tcp"); }
+Test(runtime_e2e, auto_read_tcp_peer_agrees_on_tcp) { run_auto(KVX_SCHED_MODE_READ, "tcp", false, "tcp"); }
+Test(runtime_e2e, auto_write_tcp_peer_agrees_on_tcp) { run_auto(KVX_SCHED_MODE_WRITE, "tcp", false, "tcp"); }
+Test(runtime_e2e, auto_read_shm_peer_agrees_on_shm) { run_auto(KVX_SCHED_MODE_READ, "shm", false, "shm"); }
