@@ -27,6 +27,7 @@
 
 #include "perf.h"
 #include "perf_xport.h"
+#include "trace_report.h"
 #include "kvxfer/mem.h"
 
 #define RESULT_LINE "---------------------------------------------------------------------------------------\n"
@@ -73,7 +74,10 @@ static void usage(bool lat)
 	       lat ? "lat" : "bw", lat ? "2" : "65536", lat ? "1000" : "1000",
 	       lat ? "latency  " : "bandwidth",
 	       lat ? "" : "      --peer cma|memcpy                comparison loop, not kvxfer: "
-			  "process_vm_readv from a child, or memcpy\n");
+			  "process_vm_readv from a child, or memcpy\n"
+			  "      --plot FILE.png                  draw average bandwidth (GB/s) vs size with "
+			  "gnuplot\n"
+			  "                                       (use with -a; writes FILE.png.dat/.gp too)\n");
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -134,7 +138,7 @@ static int mem_check(const char *transport)
 
 static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 {
-	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM };
+	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM, O_PLOT };
 	static const struct option opts[] = {
 		{"transport", required_argument, NULL, 't'}, {"mode", required_argument, NULL, 'm'},
 		{"size", required_argument, NULL, 's'},      {"all", no_argument, NULL, 'a'},
@@ -145,7 +149,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 		{"port", required_argument, NULL, 'p'},      {"json", required_argument, NULL, O_JSON},
 		{"output", required_argument, NULL, O_OUTPUT},
 		{"local", no_argument, NULL, O_LOCAL},       {"peer", required_argument, NULL, O_PEER},
-		{"mem", required_argument, NULL, O_MEM},
+		{"mem", required_argument, NULL, O_MEM},     {"plot", required_argument, NULL, O_PLOT},
 		{"help", no_argument, NULL, 'h'},            {0, 0, 0, 0},
 	};
 	memset(c, 0, sizeof(*c));
@@ -253,6 +257,13 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			break;
 		case O_JSON:
 			c->json = optarg;
+			break;
+		case O_PLOT:
+			if (lat) {
+				fprintf(stderr, "kvxfer-perf lat: --plot is for bw sweeps only\n");
+				return 2;
+			}
+			c->plot = optarg;
 			break;
 		case O_OUTPUT:
 			if (strcmp(optarg, lat ? "latency" : "bandwidth")) {
@@ -726,7 +737,7 @@ static double bw_peak(const uint64_t *tpost, uint64_t *tcpl, uint64_t rec, uint6
  * ops / that interval. An interval of 0 ns cannot give a rate: error, non-zero exit.
  */
 static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *json,
-		  bool first)
+		  bool first, double *gbps_out)
 {
 	uint64_t iters = c->iters ? c->iters : 1000;
 	uint64_t cap = c->duration_s > 0 || iters > (1u << 20) ? (1u << 20) : iters;
@@ -764,6 +775,7 @@ static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE
 	double avg = (double)size * (double)measured / (double)dt; /* bytes/ns = GB/s */
 	double peak = bw_peak(tpost, tcpl, measured < cap ? measured : cap, depth, size, avg);
 	bw_row(c, size, measured, peak, avg, (double)measured / secs / 1e6, json, first);
+	*gbps_out = avg;
 	rc = 0;
 out:
 	free(tpost);
@@ -856,6 +868,10 @@ int px_main(int argc, char **argv, bool lat)
 		return rc == 1 ? 0 : rc;
 	if ((rc = mem_check(c.transport)) != 0)
 		return rc;
+	if (c.peer && c.plot) {
+		fprintf(stderr, "kvxfer-perf bw: --plot draws kvxfer's own sweep; not with --peer %s\n", c.peer);
+		return 2;
+	}
 	if (c.peer)
 		return peer_main(&c);
 	signal(SIGPIPE, SIG_IGN);
@@ -920,11 +936,31 @@ int px_main(int argc, char **argv, bool lat)
 		else
 			bw_header(&c);
 		bool first = true;
+		uint64_t psz[64];
+		double pgbps[64];
+		size_t np = 0;
 		for (uint64_t sz = c.all ? 2 : c.size; !rc && sz <= maxsz; sz *= 2) {
-			rc = lat ? px_lat_run(&c, &s, sz, json, first) : bw_run(&c, &s, sz, json, first);
+			double g = 0;
+			rc = lat ? px_lat_run(&c, &s, sz, json, first) : bw_run(&c, &s, sz, json, first, &g);
+			if (!rc && !lat && np < KVX_ARRAY_SIZE(psz)) {
+				psz[np] = sz;
+				pgbps[np++] = g;
+			}
 			first = false;
 			if (!c.all)
 				break;
+		}
+		if (!rc && c.plot) {
+			char title[96];
+			const char *series[1] = {c.transport};
+			snprintf(title, sizeof(title), "kvxfer-perf bw: %s %s, average bandwidth vs size",
+				 c.transport, c.mode == KVX_XPORT_OP_READ ? "READ" : "WRITE");
+			int prc = perf_plot_bw_sweep(c.plot, title, psz, pgbps, series, np, 1);
+			if (prc) {
+				fprintf(stderr, "kvxfer-perf bw: --plot %s: %s\n", c.plot,
+					prc == -ENOENT ? "gnuplot is not installed" : kvx_strerror(prc));
+				rc = prc;
+			}
 		}
 		if (!c.output_bw)
 			printf(RESULT_LINE);

@@ -23,6 +23,7 @@ struct px_cfg {
 	int cpu_client, cpu_server; /* -1 = not pinned */
 	uint16_t port;
 	const char *json;
+	const char *plot;     /* bw: --plot FILE.png (bandwidth vs size, gnuplot) */
 	const char *host;
 	const char *peer;     /* --peer cma|memcpy: the comparison loops, not kvxfer */
 	bool local;

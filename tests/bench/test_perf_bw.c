@@ -267,3 +267,60 @@ Test(bench_perf_bw, lat_shm_one_sample_with_tiny_duration)
 	const char *extra[] = {"-D", "0.000001", NULL};
 	check_lat("shm", extra, 0);
 }
+
+/* bw -a --plot (issue 7): a PNG of bandwidth vs size, one data row per swept size (2 B .. 8 MiB
+ * = 23 sizes), the option in --help, and lat refusing it. */
+Test(bench_perf_bw, plot_sweep_writes_png_with_shm)
+{
+	if (system("command -v gnuplot >/dev/null 2>&1") != 0)
+		cr_skip_test("gnuplot is not installed");
+	char dir[] = "/tmp/kvx_bw_plot_XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char png[64], dat[72], gp[72];
+	snprintf(png, sizeof(png), "%s/x.png", dir);
+	snprintf(dat, sizeof(dat), "%s.dat", png);
+	snprintf(gp, sizeof(gp), "%s.gp", png);
+	const char *args[] = {"bw", "--local", "-t", "shm", "-a", "-n", "5", "--plot", png, NULL};
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "exited %d:\n%s\n%s", r->status, r->out, r->err);
+	FILE *f = fopen(png, "rb");
+	cr_assert_not_null(f, "no %s", png);
+	unsigned char sig[8] = {0};
+	cr_assert_eq(fread(sig, 1, 8, f), 8);
+	fclose(f);
+	static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+	cr_assert_arr_eq(sig, png_sig, 8);
+	f = fopen(dat, "r");
+	cr_assert_not_null(f, "no %s", dat);
+	char line[256];
+	unsigned rows = 0;
+	unsigned long long want = 2;
+	while (fgets(line, sizeof(line), f)) {
+		if (line[0] == '#')
+			continue;
+		unsigned long long sz;
+		double g;
+		cr_assert_eq(sscanf(line, "%llu %lf", &sz, &g), 2, "bad row: %s", line);
+		cr_assert_eq(sz, want);
+		cr_assert(isfinite(g) && g > 0, "row: %s", line);
+		want *= 2;
+		rows++;
+	}
+	fclose(f);
+	cr_assert_eq(rows, 23);
+	unlink(png);
+	unlink(dat);
+	unlink(gp);
+	rmdir(dir);
+
+	const char *help[] = {"bw", "--help", NULL};
+	run_perf(r, help);
+	cr_assert(strstr(r->out, "--plot FILE.png"), "--help lacks --plot:\n%s", r->out);
+	const char *lat[] = {"lat", "--local", "-t", "shm", "--plot", png, NULL};
+	run_perf(r, lat);
+	cr_assert_eq(r->status, 2, "lat --plot exited %d", r->status);
+	cr_assert(strstr(r->err, "--plot is for bw sweeps only"), "%s", r->err);
+	free(r);
+}
