@@ -5,11 +5,14 @@
  * reports its READ round trip), in microseconds.
  */
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "perf.h"
+#include "perf_util.h"
 #include "perf_xport.h"
 
 #define RESULT_LINE "---------------------------------------------------------------------------------------\n"
@@ -94,7 +97,100 @@ int px_lat_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *j
 	return 0;
 }
 
+static int check_size(const char *sub, const char *opt, const char *v, uint64_t lo, uint64_t hi,
+		      const char *what)
+{
+	uint64_t x;
+	if (perf_parse_size(v, &x) || x < lo || x > hi) {
+		fprintf(stderr, "kvxfer-perf %s: %s '%s': expected %s\n", sub, opt, v, what);
+		return 2;
+	}
+	return 0;
+}
+
+static int check_lcores(const char *sub, const char *v)
+{
+	char *end, err[256] = "";
+	long cpu[2] = {-1, -1};
+	int n = 0;
+	const char *p = v;
+	for (;;) {
+		if (*p < '0' || *p > '9')
+			goto bad;
+		errno = 0;
+		cpu[n++] = strtol(p, &end, 10);
+		if (errno)
+			goto bad;
+		if (*end == '\0')
+			break;
+		if (n == 2 || (*end != ',' && *end != '-'))
+			goto bad;
+		p = end + 1;
+	}
+	for (int i = 0; i < n; i++) {
+		if (cpu[i] >= CPU_SETSIZE) {
+			fprintf(stderr, "kvxfer-perf %s: -l '%s': CPU %ld does not exist on this host\n",
+				sub, v, cpu[i]);
+			return 2;
+		}
+		if (perf_check_cpu(cpu[i], err, sizeof(err))) {
+			fprintf(stderr, "kvxfer-perf %s: -l '%s': %s\n", sub, v, err);
+			return 2;
+		}
+	}
+	return 0;
+bad:
+	fprintf(stderr, "kvxfer-perf %s: -l '%s': expected CPU or CPU,CPU\n", sub, v);
+	return 2;
+}
+
+int px_check_args(int argc, char **argv, bool lat)
+{
+	/* Same option table as px_main's parser (perf_bw.c): which options take a value. */
+	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM };
+	static const struct option opts[] = {
+		{"transport", required_argument, NULL, 't'}, {"mode", required_argument, NULL, 'm'},
+		{"size", required_argument, NULL, 's'},      {"all", no_argument, NULL, 'a'},
+		{"iters", required_argument, NULL, 'n'},     {"duration", required_argument, NULL, 'D'},
+		{"qps", required_argument, NULL, O_QPS},     {"batch", required_argument, NULL, O_BATCH},
+		{"tx-depth", required_argument, NULL, O_DEPTH},
+		{"chunk", required_argument, NULL, O_CHUNK}, {"lcores", required_argument, NULL, 'l'},
+		{"port", required_argument, NULL, 'p'},      {"json", required_argument, NULL, O_JSON},
+		{"output", required_argument, NULL, O_OUTPUT},
+		{"local", no_argument, NULL, O_LOCAL},       {"peer", required_argument, NULL, O_PEER},
+		{"mem", required_argument, NULL, O_MEM},
+		{"help", no_argument, NULL, 'h'},            {0, 0, 0, 0},
+	};
+	const char *sub = lat ? "lat" : "bw";
+	int o, rc = 0, saved_opterr = opterr;
+	opterr = 0; /* unknown options are px_main's to report */
+	optind = 0;
+	while (!rc && (o = getopt_long(argc, argv, "t:m:s:an:D:l:p:h", opts, NULL)) != -1) {
+		switch (o) {
+		case 's':
+			rc = check_size(sub, "-s", optarg, 1, 1ull << 30, "1 .. 1G bytes");
+			break;
+		case 'n':
+			rc = check_size(sub, "-n", optarg, 5, UINT64_MAX / 2,
+					"a positive iteration count >= 5");
+			break;
+		case O_CHUNK:
+			rc = check_size(sub, "--chunk", optarg, 4096, 16u << 20, "4K..16M");
+			break;
+		case 'l':
+			rc = check_lcores(sub, optarg);
+			break;
+		default:
+			break;
+		}
+	}
+	opterr = saved_opterr;
+	optind = 0;
+	return rc;
+}
+
 int kvx_perf_lat_main(int argc, char **argv)
 {
-	return px_main(argc, argv, true);
+	int rc = px_check_args(argc, argv, true);
+	return rc ? rc : px_main(argc, argv, true);
 }

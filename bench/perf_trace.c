@@ -15,6 +15,10 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <libgen.h>
+#include <sys/stat.h>
+
+#include "kvxfer/lcore.h"
 
 #include "kvxfer/common.h"
 #include "perf.h"
@@ -317,8 +321,8 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 	return 0;
 }
 
-/* Blocks per side that fit a quarter of the memory available now. */
-static uint64_t default_pool_blocks(uint64_t block_bytes)
+/* MemAvailable in bytes (4 GiB if /proc is unreadable). */
+static uint64_t mem_available_bytes(void)
 {
 	FILE *f = fopen("/proc/meminfo", "r");
 	uint64_t avail_kb = 0;
@@ -329,9 +333,91 @@ static uint64_t default_pool_blocks(uint64_t block_bytes)
 	if (f)
 		fclose(f);
 	if (!avail_kb)
-		avail_kb = 4ull << 20; /* 4 GiB if /proc is unreadable */
-	uint64_t n = avail_kb * 1024 / 4 / block_bytes;
+		avail_kb = 4ull << 20;
+	return avail_kb * 1024;
+}
+
+/* Blocks per side that fit a quarter of the memory available now. */
+static uint64_t default_pool_blocks(uint64_t block_bytes)
+{
+	uint64_t n = mem_available_bytes() / 4 / block_bytes;
 	return n ? n : 1;
+}
+
+/*
+ * The pools made resident on this machine (@p sides of @p pool blocks) must fit half of
+ * MemAvailable together (the default rule is a quarter per side). Returns 0, or 2 with a message.
+ */
+static int check_pool_fits(const struct trace_opts *o, uint64_t pool, uint64_t block_bytes, int sides)
+{
+	double avail = (double)mem_available_bytes();
+	double per_side = (double)pool * (double)block_bytes;
+	if (per_side * sides <= avail / 2)
+		return 0;
+	fprintf(stderr,
+		"kvxfer-perf trace: %s%" PRIu64 " blocks x %.3f MB (--block-size %u tokens) = %.2f GB per side, "
+		"%d side(s) here = %.2f GB: more than half of MemAvailable (%.2f GB); use a smaller "
+		"--pool-blocks or --block-size\n",
+		o->pool_blocks ? "--pool-blocks " : "pool of ", pool, (double)block_bytes / 1e6,
+		o->block_tokens, per_side / 1e9, sides, per_side * sides / 1e9, avail / 1e9);
+	return 2;
+}
+
+/* An output path must be creatable now, not after the replay. Returns 0, or 2 with a message. */
+static int check_out_path(const char *opt, const char *path)
+{
+	if (!path)
+		return 0;
+	struct stat st;
+	char dir[4096];
+	if (!path[0]) {
+		fprintf(stderr, "kvxfer-perf trace: %s: empty path\n", opt);
+		return 2;
+	}
+	if (stat(path, &st) == 0) {
+		if (S_ISDIR(st.st_mode) || access(path, W_OK)) {
+			fprintf(stderr, "kvxfer-perf trace: %s %s: %s\n", opt, path,
+				S_ISDIR(st.st_mode) ? "is a directory" : strerror(errno));
+			return 2;
+		}
+		return 0;
+	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	const char *d = dirname(dir);
+	if (stat(d, &st) || !S_ISDIR(st.st_mode) || access(d, W_OK | X_OK)) {
+		int e = errno;
+		fprintf(stderr, "kvxfer-perf trace: %s %s: cannot create the file in %s: %s\n", opt, path,
+			d, stat(d, &st) == 0 && !S_ISDIR(st.st_mode) ? "not a directory" : strerror(e));
+		return 2;
+	}
+	return 0;
+}
+
+/*
+ * Validate the lcore options one role will get (-l LIST, --control-lcore, --idle) exactly as its
+ * engine will (kvx_lcore_cfg_from_strings()), before forking. Returns 0, or 2 with a message.
+ */
+static int check_role_lcores(const struct trace_opts *o, const char *lcores, const char *who)
+{
+	char ctl[16], err[256] = "";
+	if (o->control_lcore != UINT32_MAX)
+		snprintf(ctl, sizeof(ctl), "%u", o->control_lcore);
+	struct kvx_lcore_opts_str os = {.lcores = lcores,
+					.control_lcore = o->control_lcore != UINT32_MAX ? ctl : NULL,
+					.idle = o->idle_busy ? "busy" : "adaptive"};
+	struct kvx_lcore_cfg *cfg = calloc(1, sizeof(*cfg));
+	if (!cfg) {
+		fprintf(stderr, "kvxfer-perf trace: out of memory\n");
+		return 1;
+	}
+	int rc = kvx_lcore_cfg_from_strings(&os, 1, cfg, err, sizeof(err));
+	free(cfg);
+	if (!rc)
+		return 0;
+	fprintf(stderr, "kvxfer-perf trace: %s%s%s%s%s (%s lcores): %s\n", lcores ? "-l " : "",
+		lcores ? lcores : "", lcores && os.control_lcore ? " " : "",
+		os.control_lcore ? "--control-lcore " : "", os.control_lcore ? ctl : "", who, err);
+	return 2;
 }
 
 /* ---- driver ---- */
@@ -662,6 +748,17 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	struct driver D = {.o = o, .s = {{.fd = -1, .name = "producer"}, {.fd = -1, .name = "consumer"}}};
 	char err[512] = "";
 	int exit_code = 1;
+	if (check_out_path("--json", o->json) || check_out_path("--csv", o->csv) ||
+	    check_out_path("--plot", o->plot))
+		return 2;
+	if (o->lcores || o->control_lcore != UINT32_MAX) {
+		/* The whole list once (grammar, CPUs exist and are allowed, no duplicates). */
+		struct trace_opts whole = *o;
+		whole.control_lcore = UINT32_MAX;
+		if ((o->lcores && check_role_lcores(&whole, o->lcores, "all")) ||
+		    (!o->local && check_role_lcores(o, o->lcores, "consumer")))
+			return 2;
+	}
 	if (perf_model_find(o->models_csv, o->model, &D.m, err, sizeof(err))) {
 		fprintf(stderr, "kvxfer-perf trace: --model: %s\n", err);
 		return 2;
@@ -698,6 +795,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.pool_blocks = D.max_req_blocks + (D.max_req_blocks + 3) / 4;
 		if (D.pool_blocks > fit)
 			D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+	}
+	if (check_pool_fits(o, D.pool_blocks, D.block_bytes, o->local ? 2 : 1)) {
+		exit_code = 2;
+		goto out;
 	}
 	for (uint64_t i = 0; i < D.n; i++) {
 		const struct perf_trace_req *tr = &D.t->reqs[i];
@@ -751,6 +852,14 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 				lc[s] = lbuf[s];
 			}
 		}
+	}
+	if (o->local && (o->lcores || o->control_lcore != UINT32_MAX)) {
+		/* What each role's engine will be given. */
+		for (int s = 0; s < 2; s++)
+			if (check_role_lcores(o, lc[s] ? lc[s] : o->lcores, s ? "consumer" : "producer")) {
+				exit_code = 2;
+				goto out;
+			}
 	}
 	signal(SIGPIPE, SIG_IGN);
 	if (o->local) {
@@ -928,8 +1037,13 @@ static int run_server(struct trace_opts *o)
 		fprintf(stderr, "kvxfer-perf trace: --model: %s\n", err);
 		return 2;
 	}
+	uint64_t bb = perf_model_block_bytes(&m, o->block_tokens);
+	if (check_pool_fits(o, o->pool_blocks ? o->pool_blocks : default_pool_blocks(bb), bb, 1))
+		return 2;
 	if (!o->pool_blocks)
-		o->pool_blocks = default_pool_blocks(perf_model_block_bytes(&m, o->block_tokens));
+		o->pool_blocks = default_pool_blocks(bb);
+	if ((o->lcores || o->control_lcore != UINT32_MAX) && check_role_lcores(o, o->lcores, "producer"))
+		return 2;
 	int ls = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int one = 1, zero = 0;
 	struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_port = htons(o->port), .sin6_addr = in6addr_any};

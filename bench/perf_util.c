@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Shared helpers of kvxfer-perf: JSON writer, sample statistics, option parsing, topology. */
 #include "perf_util.h"
+#include "kvxfer/lcore.h"
 
 #include <errno.h>
 #include <math.h>
@@ -276,6 +277,49 @@ int perf_parse_u64(const char *s, uint64_t *out)
 		return -EINVAL;
 	*out = (uint64_t)v * mul;
 	return 0;
+}
+
+int perf_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno)
+		return -EINVAL;
+	unsigned shift = 0;
+	if (*end == 'K' || *end == 'k')
+		shift = 10, end++;
+	else if (*end == 'M' || *end == 'm')
+		shift = 20, end++;
+	else if (*end == 'G' || *end == 'g')
+		shift = 30, end++;
+	if (*end == 'B' || *end == 'b')
+		end++;
+	if (*end || (shift && v > (UINT64_MAX >> shift)))
+		return -EINVAL;
+	*out = (uint64_t)v << shift;
+	return 0;
+}
+
+int perf_check_cpu(long cpu, char *err, size_t errlen)
+{
+	char spec[24];
+	struct kvx_lcore_cfg *cfg = calloc(1, sizeof(*cfg));
+	if (!cfg) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	kvx_lcore_cfg_init(cfg);
+	snprintf(spec, sizeof(spec), "%ld", cpu);
+	int rc = kvx_lcore_parse_opt(cfg, "--lcores", spec, err, errlen);
+	if (rc > 0) {
+		cfg->control_mode = KVX_LCORE_CONTROL_NONE;
+		rc = kvx_lcore_cfg_validate(cfg, NULL, NULL, err, errlen);
+	}
+	free(cfg);
+	return rc < 0 ? rc : 0;
 }
 
 int perf_parse_seconds(const char *s, double *out)

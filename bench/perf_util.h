@@ -115,6 +115,23 @@ int perf_opt_value(int argc, char **argv, int *i, const char *name, const char *
 int perf_parse_u64(const char *s, uint64_t *out);
 /** Parse seconds (decimal, > 0). @param s Text. @param[out] out Seconds. @return 0 or -EINVAL. */
 int perf_parse_seconds(const char *s, double *out);
+/**
+ * Parse a byte size or count: decimal digits with an optional binary suffix K, M or G (x1024,
+ * any case) and an optional trailing B. No sign, no blanks: "-5" is rejected, not wrapped.
+ * @param s        Text; may be NULL (rejected).
+ * @param[out] out Value, set only on success.
+ * @return 0, or -EINVAL (not a non-negative number, bad suffix, or overflows 64 bits).
+ */
+int perf_parse_size(const char *s, uint64_t *out);
+/**
+ * Check that @p cpu can host an lcore here: kvx_lcore_cfg_validate() of the one-lcore list
+ * "CPU" (it exists on this host and this process may run on it).
+ * @param cpu      CPU number, >= 0.
+ * @param[out] err Message naming the lcore and CPU on failure; not NULL.
+ * @param errlen   Size of @p err, bytes.
+ * @return 0, -EINVAL (message in @p err), or -ENOMEM.
+ */
+int perf_check_cpu(long cpu, char *err, size_t errlen);
 
 /* ---- topology ----------------------------------------------------------------------------- */
 

@@ -41,6 +41,13 @@ struct px_sess {
 	uint64_t buflen;
 };
 
+/*
+ * Validate the options px_main() cannot trust its own parser with, before anything runs:
+ * -s/--size and --chunk (positive sizes), -n/--iters (a positive count >= 5; "-5" is an error,
+ * not 2^64-5), and -l/--lcores A[,B] (each CPU through kvx_lcore_cfg_validate(), as `kvxfer-perf
+ * ring` does). Prints one message naming the option and value. Returns 0, or 2 (usage error).
+ */
+int px_check_args(int argc, char **argv, bool lat);
 /* Entry point shared by both subcommands. */
 int px_main(int argc, char **argv, bool lat);
 /* Latency of one size: fills the row and appends a JSON object to @p json (may be NULL). */
