@@ -147,7 +147,7 @@ bad:
 int px_check_args(int argc, char **argv, bool lat)
 {
 	/* Same option table as px_main's parser (perf_bw.c): which options take a value. */
-	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM };
+	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM, O_PLOT };
 	static const struct option opts[] = {
 		{"transport", required_argument, NULL, 't'}, {"mode", required_argument, NULL, 'm'},
 		{"size", required_argument, NULL, 's'},      {"all", no_argument, NULL, 'a'},
@@ -158,7 +158,7 @@ int px_check_args(int argc, char **argv, bool lat)
 		{"port", required_argument, NULL, 'p'},      {"json", required_argument, NULL, O_JSON},
 		{"output", required_argument, NULL, O_OUTPUT},
 		{"local", no_argument, NULL, O_LOCAL},       {"peer", required_argument, NULL, O_PEER},
-		{"mem", required_argument, NULL, O_MEM},
+		{"mem", required_argument, NULL, O_MEM},     {"plot", required_argument, NULL, O_PLOT},
 		{"help", no_argument, NULL, 'h'},            {0, 0, 0, 0},
 	};
 	const char *sub = lat ? "lat" : "bw";
