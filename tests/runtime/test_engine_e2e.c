@@ -150,7 +150,8 @@ static int wait_done(struct kvx_engine *e, const char *tid, bool want_release, i
 	while (!(got_t && got_r)) {
 		struct kvx_completion c[4];
 		size_t n = kvx_engine_poll_completions(e, c, 4);
-		for (size_t i = 0; i < n; i++) {
+		/* Bound the index for the compiler too: at -O3 GCC cannot see n <= 4. */
+		for (size_t i = 0; i < n && i < KVX_ARRAY_SIZE(c); i++) {
 			if (strcmp(c[i].transfer_id, tid))
 				continue;
 			if (c[i].kind == KVX_CPL_TRANSFER) {
