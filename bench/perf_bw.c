@@ -27,6 +27,7 @@
 
 #include "perf.h"
 #include "perf_xport.h"
+#include "perf_util.h"
 #include "trace_report.h"
 #include "kvxfer/mem.h"
 
@@ -78,27 +79,6 @@ static void usage(bool lat)
 			  "      --plot FILE.png                  draw average bandwidth (GB/s) vs size with "
 			  "gnuplot\n"
 			  "                                       (use with -a; writes FILE.png.dat/.gp too)\n");
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return -EINVAL;
-	if (*end == 'K' || *end == 'k')
-		v <<= 10, end++;
-	else if (*end == 'M' || *end == 'm')
-		v <<= 20, end++;
-	else if (*end == 'G' || *end == 'g')
-		v <<= 30, end++;
-	if (*end == 'B' || *end == 'b')
-		end++;
-	if (*end)
-		return -EINVAL;
-	*out = v;
-	return 0;
 }
 
 static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
@@ -187,7 +167,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			}
 			break;
 		case 's':
-			if (parse_size(optarg, &v) || v < 1 || v > (1ull << 30)) {
+			if (perf_parse_size(optarg, &v) || v < 1 || v > (1ull << 30)) {
 				fprintf(stderr, "kvxfer-perf: -s '%s': expected 1 .. 1G bytes\n", optarg);
 				return 2;
 			}
@@ -197,7 +177,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			c->all = true;
 			break;
 		case 'n':
-			if (parse_size(optarg, &v) || v < 5) {
+			if (perf_parse_size(optarg, &v) || v < 5) {
 				fprintf(stderr, "kvxfer-perf: -n '%s': expected >= 5 iterations\n", optarg);
 				return 2;
 			}
@@ -229,7 +209,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			}
 			break;
 		case O_CHUNK:
-			if (parse_size(optarg, &v) || v < 4096 || v > (16u << 20)) {
+			if (perf_parse_size(optarg, &v) || v < 4096 || v > (16u << 20)) {
 				fprintf(stderr, "kvxfer-perf: --chunk '%s': expected 4K..16M\n", optarg);
 				return 2;
 			}
@@ -991,5 +971,7 @@ int px_main(int argc, char **argv, bool lat)
 
 int kvx_perf_bw_main(int argc, char **argv)
 {
-	return px_main(argc, argv, false);
+	/* Usage errors (negative or zero counts, CPUs not on this host) exit 2 before anything runs. */
+	int rc = px_check_args(argc, argv, false);
+	return rc ? rc : px_main(argc, argv, false);
 }

@@ -171,6 +171,24 @@ Test(bench_perf_cli, lat_valid_lcore_and_counts_still_run)
 
 /* ---- 3. trace lcores, checked by the driver before forking ------------------------------- */
 
+Test(bench_perf_cli, bw_negative_iters_is_usage_error_naming_n)
+{
+	const char *a[] = {"bw", "--local", "-t", "tcp", "-s", "1M", "-n", "-5", NULL};
+	expect_usage_error(a, "kvxfer-perf bw: -n '-5': expected a positive iteration count >= 5");
+}
+
+Test(bench_perf_cli, bw_zero_size_is_usage_error_naming_s)
+{
+	const char *a[] = {"bw", "--local", "-t", "tcp", "-s", "0", NULL};
+	expect_usage_error(a, "kvxfer-perf bw: -s '0': expected 1 .. 1G bytes");
+}
+
+Test(bench_perf_cli, bw_lcore_not_on_host_is_usage_error_naming_core)
+{
+	const char *a[] = {"bw", "--local", "-t", "tcp", "-l", "0,999", "-n", "10", NULL};
+	expect_usage_error(a, "kvxfer-perf bw: -l '0,999': lcore 999: CPU 999 does not exist");
+}
+
 Test(bench_perf_cli, trace_lcore_not_on_host_is_usage_error)
 {
 	const char *a[] = {"trace", "--local", "-t", "tcp", "-l", "0,999", NULL};
