@@ -83,6 +83,22 @@ ln -s busybox "$STAGE/bin/sh"
 mknod -m 600 "$STAGE/dev/console" c 5 1
 mknod -m 666 "$STAGE/dev/null" c 1 3
 
+# /tmp is a tmpfs inside the VM, which would hide a repository or build directory that lives
+# under the host's /tmp (CI may clone there). Park each such top-level /tmp/<dir> on a spare
+# mount point of the read-only host root before the tmpfs goes on, then move it back on top.
+HOLD=""; RESTORE=""; holders=(/mnt /srv /media); nh=0; seen=" "
+for p in "$REPO" "$BUILD"; do
+  case "$p" in /tmp/?*) ;; *) continue ;; esac
+  top="/tmp/$(echo "${p#/tmp/}" | cut -d/ -f1)"
+  case "$seen" in *" $top "*) continue ;; esac
+  [ "$nh" -lt "${#holders[@]}" ] || die "too many directories under /tmp to expose in the VM"
+  h="${holders[$nh]}"; nh=$((nh + 1)); seen="$seen$top "
+  HOLD="$HOLD
+busybox mount -o bind /newroot$top /newroot$h || echo \"stage1: cannot hold $top\""
+  RESTORE="$RESTORE
+busybox mkdir -p /newroot$top && busybox mount -o move /newroot$h /newroot$top || echo \"stage1: cannot expose $top\""
+done
+
 # Stage 1 (initramfs): load modules, mount the host root read-only and the output share,
 # then switch_root into the host's filesystem and run stage 2 (vm-init.sh) from there.
 cat > "$STAGE/init" <<INIT
@@ -96,12 +112,14 @@ for m in ${order[*]}; do
 done
 busybox mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose hostroot /newroot \
   || { echo "stage1: mounting the host root failed"; busybox poweroff -f; }
+$HOLD
+busybox mount -t tmpfs -o size=512m tmp /newroot/tmp
+$RESTORE
 busybox mount -t 9p -o trans=virtio,version=9p2000.L,rw kvxout /newroot$OUT \
   || { echo "stage1: mounting the output share failed"; busybox poweroff -f; }
 busybox mount -t devtmpfs dev /newroot/dev
 busybox mount -t proc proc /newroot/proc
 busybox mount -t sysfs sys /newroot/sys
-busybox mount -t tmpfs -o size=512m tmp /newroot/tmp
 busybox mount -t tmpfs tmp /newroot/run
 exec busybox switch_root /newroot /bin/bash $HERE/vm-init.sh
 INIT
