@@ -1581,6 +1581,26 @@ static int router_recv(void *sock, zmq_msg_t *id, zmq_msg_t *payload, int *nfram
 	return -1;
 }
 
+/* Receive the next message of a ROUTER and account it to its sender. Returns router_recv()'s
+ * value; on 0 (nothing pending) both messages are already closed. @p addr is the sender's
+ * address as libzmq reports it (may be NULL). */
+static int router_next(struct kvx_ctl *ctl, void *sock, zmq_msg_t *id, zmq_msg_t *pl, int *nf,
+		       const char **addr, struct peer_stat **ps)
+{
+	zmq_msg_init(id);
+	zmq_msg_init(pl);
+	int r = router_recv(sock, id, pl, nf);
+	if (r == 0) {
+		zmq_msg_close(id);
+		zmq_msg_close(pl);
+		return 0;
+	}
+	*addr = zmq_msg_gets(*nf >= 2 ? pl : id, "Peer-Address");
+	*ps = peer_of(ctl, *addr);
+	atomic_fetch_add_explicit(&(*ps)->rx, 1, memory_order_relaxed);
+	return r;
+}
+
 static void count_bad(struct kvx_ctl *ctl, struct peer_stat *ps, int rc)
 {
 	CINC(ctl, malformed);
@@ -1594,17 +1614,11 @@ static void notify_rx(struct kvx_ctl *ctl)
 	for (int k = 0; k < RX_BATCH; k++) {
 		zmq_msg_t id, pl;
 		int nf;
-		zmq_msg_init(&id);
-		zmq_msg_init(&pl);
-		int r = router_recv(ctl->nt_router, &id, &pl, &nf);
-		if (r == 0) {
-			zmq_msg_close(&id);
-			zmq_msg_close(&pl);
+		const char *addr;
+		struct peer_stat *ps;
+		int r = router_next(ctl, ctl->nt_router, &id, &pl, &nf, &addr, &ps);
+		if (r == 0)
 			return;
-		}
-		const char *addr = zmq_msg_gets(nf >= 2 ? &pl : &id, "Peer-Address");
-		struct peer_stat *ps = peer_of(ctl, addr);
-		atomic_fetch_add_explicit(&ps->rx, 1, memory_order_relaxed);
 		if (r < 0) {
 			count_bad(ctl, ps, -EPROTO);
 			warn_rl(ctl, "notify: dropped a %d-frame message from %s (want 2 frames)", nf,
@@ -1649,17 +1663,11 @@ static void hs_rx(struct kvx_ctl *ctl)
 	for (int k = 0; k < RX_BATCH; k++) {
 		zmq_msg_t id, pl;
 		int nf;
-		zmq_msg_init(&id);
-		zmq_msg_init(&pl);
-		int r = router_recv(ctl->hs_router, &id, &pl, &nf);
-		if (r == 0) {
-			zmq_msg_close(&id);
-			zmq_msg_close(&pl);
+		const char *addr;
+		struct peer_stat *ps;
+		int r = router_next(ctl, ctl->hs_router, &id, &pl, &nf, &addr, &ps);
+		if (r == 0)
 			return;
-		}
-		const char *addr = zmq_msg_gets(nf >= 2 ? &pl : &id, "Peer-Address");
-		struct peer_stat *ps = peer_of(ctl, addr);
-		atomic_fetch_add_explicit(&ps->rx, 1, memory_order_relaxed);
 		size_t len = zmq_msg_size(&pl);
 		const uint8_t *d = zmq_msg_data(&pl);
 		if (r < 0) {
