@@ -35,8 +35,8 @@ int kvx_mem_parse_type(const char *s, struct kvx_mem_type *out)
 
 	if (!s || !out)
 		return -EINVAL;
-	if (strcmp(s, "host") == 0) {
-		out->kind = KVX_MEM_HOST;
+	if (strcmp(s, "host") == 0 || strcmp(s, "hostdev") == 0) {
+		out->kind = s[4] ? KVX_MEM_HOSTDEV : KVX_MEM_HOST;
 		out->device = 0;
 		return 0;
 	}
@@ -69,6 +69,8 @@ const char *kvx_mem_type_str(const struct kvx_mem_type *t, char *buf, size_t len
 		snprintf(buf, len, "host");
 	else if (t->kind == KVX_MEM_HIP)
 		snprintf(buf, len, "hip:%d", t->device);
+	else if (t->kind == KVX_MEM_HOSTDEV)
+		snprintf(buf, len, "hostdev");
 	else
 		snprintf(buf, len, "unknown(%d)", (int)t->kind);
 	return buf;
@@ -92,6 +94,10 @@ static int ops_for(const struct kvx_mem_type *t, const struct kvx_mem_ops **ops,
 	}
 	if (t->kind == KVX_MEM_HOST) {
 		*ops = &kvx_mem_host_ops;
+		return 0;
+	}
+	if (t->kind == KVX_MEM_HOSTDEV) {
+		*ops = &kvx_mem_hostdev_ops;
 		return 0;
 	}
 	if (t->kind != KVX_MEM_HIP) {
@@ -366,7 +372,7 @@ int kvx_mem_ipc_export(struct kvx_mem *m, const void *ptr, size_t len,
 	out->alloc_len = info.alloc_len;
 	out->offset = info.offset;
 	out->len = len;
-	if (m->type.kind == KVX_MEM_HIP)
+	if (kvx_mem_kind_is_device(m->type.kind))
 		return m->ops->ipc_get(m, (void *)info.base, out->hip);
 	return 0;
 }
@@ -380,7 +386,7 @@ struct ipc_entry {
 	uint64_t alloc_len;
 	uint8_t hip[KVX_MEM_IPC_HIP_BYTES];
 	uint32_t refs;
-	void *local_base; /* HIP: hipIpcOpenMemHandle result; host: NULL */
+	void *local_base; /* device kinds: the opened mapping (hipIpcOpenMemHandle); host: NULL */
 };
 
 struct kvx_mem_ipc_cache {
@@ -412,7 +418,7 @@ static void ipc_entry_close(struct kvx_mem_ipc_cache *c, struct ipc_entry *e)
 {
 	int rc;
 
-	if (e->kind == KVX_MEM_HIP) {
+	if (kvx_mem_kind_is_device(e->kind)) {
 		rc = c->m->ops->ipc_close(c->m, e->local_base);
 		if (rc)
 			kvx_log(KVX_LOG_WARN, "mem: closing the IPC mapping of pid %u failed: %s",
@@ -445,7 +451,7 @@ static int ipc_validate(const struct kvx_mem_ipc_cache *c, const struct kvx_mem_
 {
 	const char *bad = NULL;
 
-	if (h->kind != KVX_MEM_HOST && h->kind != KVX_MEM_HIP)
+	if (h->kind != KVX_MEM_HOST && !kvx_mem_kind_is_device(h->kind))
 		bad = "kind";
 	else if (h->kind != (uint32_t)c->m->type.kind)
 		bad = "kind (does not match the cache's memory type)";
@@ -463,6 +469,8 @@ static int ipc_validate(const struct kvx_mem_ipc_cache *c, const struct kvx_mem_
 		bad = "device/hip (must be zero for host memory)";
 	else if (h->kind == KVX_MEM_HIP && h->device < 0)
 		bad = "device";
+	else if (h->kind == KVX_MEM_HOSTDEV && h->device != 0)
+		bad = "device (hostdev has only device 0)";
 	if (bad) {
 		kvx_log(KVX_LOG_WARN, "mem: rejected IPC handle from pid %u: bad field %s", h->pid,
 			bad);
@@ -517,11 +525,11 @@ int kvx_mem_ipc_cache_open(struct kvx_mem_ipc_cache *c, const struct kvx_mem_ipc
 			return -ENOBUFS;
 		e = slot;
 		e->local_base = NULL;
-		if (h->kind == KVX_MEM_HIP) {
+		if (kvx_mem_kind_is_device(h->kind)) {
 			rc = c->m->ops->ipc_open(c->m, h->hip, &e->local_base);
 			if (rc) {
-				kvx_log(KVX_LOG_ERROR, "mem: opening the HIP IPC handle of pid %u: %s",
-					h->pid, kvx_strerror(rc));
+				kvx_log(KVX_LOG_ERROR, "mem: opening the %s IPC handle of pid %u: %s",
+					c->m->ops->name, h->pid, kvx_strerror(rc));
 				return rc;
 			}
 		}
@@ -559,6 +567,21 @@ int kvx_mem_ipc_cache_close(struct kvx_mem_ipc_cache *c, const struct kvx_mem_ip
 		return -ENOENT;
 	if (--e->refs == 0)
 		ipc_entry_close(c, e);
+	return 0;
+}
+
+int kvx_mem_ipc_cache_ptr(const struct kvx_mem_ipc_cache *c, uint32_t entry,
+			  uint64_t remote_addr, uint64_t len, void **ptr)
+{
+	const struct ipc_entry *e;
+
+	if (entry >= c->capacity || !c->e[entry].used || !c->e[entry].local_base)
+		return -ENOENT;
+	e = &c->e[entry];
+	if (remote_addr < e->base || remote_addr - e->base > e->alloc_len ||
+	    len > e->alloc_len - (remote_addr - e->base))
+		return -ERANGE;
+	*ptr = (char *)e->local_base + (remote_addr - e->base);
 	return 0;
 }
 
@@ -637,6 +660,11 @@ int kvx_mem_reg_decide(enum kvx_mem_kind kind, bool dmabuf_export, bool peer_mem
 {
 	if (kind == KVX_MEM_HOST)
 		return KVX_MEM_REG_HOST;
+	if (kind == KVX_MEM_HOSTDEV) {
+		kvx_mem_why(why, why_len, "hostdev (host-emulated device memory, test-only) cannot "
+			    "be registered with an RDMA device; use tcp or shm");
+		return -ENOTSUP;
+	}
 	if (kind != KVX_MEM_HIP) {
 		kvx_mem_why(why, why_len, "unknown memory kind %d", (int)kind);
 		return -EINVAL;
@@ -745,7 +773,7 @@ int kvx_mem_buf_init(const char *mem_arg, size_t len, struct kvx_mem_buf *out, c
 		return -EINVAL;
 	memset(out, 0, sizeof(*out));
 	if (!mem_arg || kvx_mem_parse_type(mem_arg, &t) != 0) {
-		kvx_mem_why(why, why_len, "--mem '%s': expected host, hip or hip:<DEVICE>",
+		kvx_mem_why(why, why_len, "--mem '%s': expected host, hip, hip:<DEVICE> or hostdev",
 			    mem_arg ? mem_arg : "(null)");
 		return -EINVAL;
 	}

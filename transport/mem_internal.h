@@ -3,7 +3,8 @@
 #define KVX_MEM_INTERNAL_H
 /*
  * Private to transport/: the memory-ops table behind include/kvxfer/mem.h. One table per
- * implementation: host (mem_host.c, always) and HIP (hip/mem_hip.c, only with KVX_HAVE_HIP).
+ * implementation: host and the hostdev mock (mem_host.c, always) and HIP (hip/mem_hip.c, only
+ * with KVX_HAVE_HIP).
  * Every op returns 0/1 or a negative errno; HIP error codes are converted in mem_hip.c only.
  */
 #include <stdbool.h>
@@ -53,6 +54,23 @@ struct kvx_mem_stream {
 };
 
 extern const struct kvx_mem_ops kvx_mem_host_ops;
+/* Test-only mock of device memory (KVX_MEM_HOSTDEV), in mem_host.c. */
+extern const struct kvx_mem_ops kvx_mem_hostdev_ops;
+
+/* Whether memory of this kind is device memory (HIP or the hostdev mock): never touched by CPU
+ * loads/stores or CMA, only through kvx_mem copies. */
+static inline bool kvx_mem_kind_is_device(uint32_t kind)
+{
+	return kind == KVX_MEM_HIP || kind == KVX_MEM_HOSTDEV;
+}
+
+/*
+ * Local device pointer for [remote_addr, remote_addr + len) of an open cache entry (the
+ * shm provider keeps the entry index, not the pointer). 0, or -ENOENT (no such open entry) /
+ * -ERANGE (range outside the entry's allocation).
+ */
+int kvx_mem_ipc_cache_ptr(const struct kvx_mem_ipc_cache *c, uint32_t entry,
+			  uint64_t remote_addr, uint64_t len, void **ptr);
 #ifdef KVX_HAVE_HIP
 extern const struct kvx_mem_ops kvx_mem_hip_ops;
 /* hipEventQuery on a producer's event: 1 ready, 0 not ready, -EIO error. */

@@ -8,10 +8,11 @@
  * RUNTIME_GUIDE.md §3.9).
  *
  * Pieces, from bottom to top:
- * - **Memory type and context** (`struct kvx_mem_type`, `struct kvx_mem`): `host` or
- *   `hip:<device>`, parsed from the `--mem` option; a context is opened once per type on the
- *   slow path. Two implementations sit behind one internal ops table: host (always built) and
- *   HIP (built when libamdhip64 is found; `kvx_mem_has_hip()`). Only transport/ includes HIP
+ * - **Memory type and context** (`struct kvx_mem_type`, `struct kvx_mem`): `host`,
+ *   `hip:<device>` or `hostdev`, parsed from the `--mem` option; a context is opened once per
+ *   type on the slow path. Implementations sit behind one internal ops table: host (always
+ *   built), HIP (built when libamdhip64 is found; `kvx_mem_has_hip()`) and **hostdev**, a
+ *   test-only mock of device memory (see KVX_MEM_HOSTDEV). Only transport/ includes HIP
  *   headers; callers pass HIP handles (`hipEvent_t`) as `void *`.
  * - **Streams** (`struct kvx_mem_stream`): one per polling lcore. Copies device<->host are
  *   asynchronous and in order on the stream; each copy can mark a `struct kvx_mem_event` that
@@ -73,6 +74,19 @@ extern "C" {
 enum kvx_mem_kind {
 	KVX_MEM_HOST = 0, /**< Host memory (malloc, mmap, hugepages). */
 	KVX_MEM_HIP = 1,  /**< HIP device memory (hipMalloc) on one device. */
+	/**
+	 * Host-emulated device memory, **test-only mock** (`--mem hostdev`): lets every path that
+	 * handles device memory run on a machine without a GPU, through exactly the code that
+	 * HIP memory takes (only the internal ops table differs). An allocation is a memfd mapped
+	 * twice: the pointer handed out is a `PROT_NONE` view, so a CPU load/store or a
+	 * process_vm_readv/writev on it faults like a CPU access to VRAM would; its bytes are
+	 * reachable only through kvx_mem copies (a private read/write view of the same memfd).
+	 * IPC export carries (pid, memfd number, inode); the importer opens `/proc/PID/fd/N` and
+	 * maps it, so the mapping really is shared across processes (same user, same host).
+	 * Never use it to hold real data: it is slower than host memory and exists for tests and
+	 * `kvxfer-perf --mem hostdev` only.
+	 */
+	KVX_MEM_HOSTDEV = 2,
 };
 
 /** A memory type: what `--mem host|hip[:DEVICE]` selects. */
@@ -172,7 +186,8 @@ struct kvx_mem_ipc_handle {
 	uint64_t alloc_len;   /**< Length of the allocation, bytes. */
 	uint64_t offset;      /**< Offset of the region inside the allocation, bytes. */
 	uint64_t len;         /**< Length of the region, bytes. */
-	uint8_t hip[KVX_MEM_IPC_HIP_BYTES]; /**< hipIpcMemHandle_t of the base (HIP); zero for host. */
+	uint8_t hip[KVX_MEM_IPC_HIP_BYTES]; /**< hipIpcMemHandle_t of the base (HIP), the memfd
+	                                         handle (hostdev); zero for host. */
 };
 _Static_assert(sizeof(struct kvx_mem_ipc_handle) == 112, "kvx_mem_ipc_handle is a wire struct");
 
@@ -180,7 +195,8 @@ _Static_assert(sizeof(struct kvx_mem_ipc_handle) == 112, "kvx_mem_ipc_handle is 
 struct kvx_mem_ipc_map {
 	enum kvx_mem_kind kind; /**< Memory kind of the peer region. */
 	uint32_t pid;           /**< Peer process id. */
-	void *ptr;     /**< HIP: local device pointer to the region (mapped base + offset); host: NULL. */
+	void *ptr;     /**< HIP/hostdev: local device pointer to the region (mapped base + offset);
+	                    host: NULL. */
 	uint64_t remote_addr; /**< Peer's address of the region (base + offset): CMA target. */
 	uint64_t len;         /**< Region length, bytes. */
 	uint32_t entry;       /**< Cache entry (used by kvx_mem_ipc_cache_close()). */
@@ -203,7 +219,8 @@ struct kvx_mem_reg_plan {
 /* ---------------------------------------------------------------- types and contexts */
 
 /**
- * Parse a memory type: `host`, `hip` (device 0) or `hip:<DEVICE>` (decimal, 0..1023).
+ * Parse a memory type: `host`, `hip` (device 0), `hip:<DEVICE>` (decimal, 0..1023) or
+ * `hostdev` (the test-only mock of device memory, KVX_MEM_HOSTDEV; device 0).
  *
  * @param s         NUL-terminated text; not NULL.
  * @param[out] out  Parsed type; not NULL; untouched on error.
@@ -214,7 +231,7 @@ struct kvx_mem_reg_plan {
 KVX_API int kvx_mem_parse_type(const char *s, struct kvx_mem_type *out);
 
 /**
- * Format a memory type as kvx_mem_parse_type() accepts it (`host`, `hip:1`).
+ * Format a memory type as kvx_mem_parse_type() accepts it (`host`, `hip:1`, `hostdev`).
  *
  * @param t    Type; not NULL.
  * @param buf  Array[len] receiving a NUL-terminated string (truncated if short).
@@ -369,7 +386,7 @@ struct kvx_mem_buf {
  * --mem host|hip[:DEVICE]` calls. On a machine without a GPU, `hip` fails with -ENODEV and
  * @p why starting with "no HIP device".
  *
- * @param mem_arg   `host`, `hip` or `hip:<DEVICE>`; not NULL.
+ * @param mem_arg   `host`, `hip`, `hip:<DEVICE>` or `hostdev` (test-only mock); not NULL.
  * @param len       Bytes, 1..2^40.
  * @param[out] out  Buffer; not NULL; zeroed on error.
  * @param why       Array[why_len] receiving the reason on failure, naming the option value
@@ -678,7 +695,8 @@ KVX_API int kvx_mem_stage_h2d_poll(struct kvx_mem_stage *st, uint64_t *cookie, s
 
 /**
  * Export a region for a peer process on the same host: host -> (pid, address, length) for
- * CMA; HIP -> hipIpcGetMemHandle of the allocation base plus the region's offset.
+ * CMA; HIP -> hipIpcGetMemHandle of the allocation base plus the region's offset; hostdev ->
+ * the allocation's memfd (pid, fd number, inode) plus the offset.
  *
  * @param m         Context of the region's memory type; not NULL.
  * @param ptr       Start of the region; not NULL.
@@ -715,7 +733,8 @@ KVX_API int kvx_mem_ipc_cache_create(struct kvx_mem *m, uint32_t capacity,
 KVX_API void kvx_mem_ipc_cache_destroy(struct kvx_mem_ipc_cache *c);
 
 /**
- * Open a peer region. The first open of an allocation opens it (hipIpcOpenMemHandle; host:
+ * Open a peer region. The first open of an allocation opens it (hipIpcOpenMemHandle; hostdev:
+ * open `/proc/PID/fd/N`, check the inode, map it; host:
  * validation only); later opens of any region of the same allocation take a reference.
  *
  * Validation: kind, non-zero pid, len >= 1, offset + len <= alloc_len without overflow,
@@ -730,7 +749,8 @@ KVX_API void kvx_mem_ipc_cache_destroy(struct kvx_mem_ipc_cache *c);
  *                  cache's context (a HIP handle needs a HIP context).
  * @retval -EEXIST  Same allocation announced with a different length or HIP handle.
  * @retval -ENOBUFS Cache full.
- * @retval -EIO     hipIpcOpenMemHandle failed.
+ * @retval -EIO     hipIpcOpenMemHandle failed (hostdev: the memfd is not the one announced).
+ * @retval -ECONNRESET  hostdev: the exporting process or its memfd is gone.
  * @par Context  Slow path.
  */
 KVX_API int kvx_mem_ipc_cache_open(struct kvx_mem_ipc_cache *c,

@@ -347,7 +347,7 @@ Test(mem_buf, malformed_option_and_length_are_einval_naming_the_value)
 	char why[KVX_MEM_WHY_LEN] = "";
 
 	cr_assert_eq(kvx_mem_buf_init("gpu", 4096, &b, why, sizeof(why)), -EINVAL);
-	cr_assert_str_eq(why, "--mem 'gpu': expected host, hip or hip:<DEVICE>");
+	cr_assert_str_eq(why, "--mem 'gpu': expected host, hip, hip:<DEVICE> or hostdev");
 	cr_assert_eq(kvx_mem_buf_init("host", 0, &b, why, sizeof(why)), -EINVAL);
 	cr_assert_str_eq(why, "--mem host: buffer length 0 out of range 1..2^40");
 	cr_assert_null(b.mem);
