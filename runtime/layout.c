@@ -458,13 +458,28 @@ KVX_API size_t kvx_plan_cache_size(const struct kvx_plan_cache *c)
 	return c->used;
 }
 
-KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads,
-				       bool is_mla)
+KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads, bool mla,
+				       char *err, size_t errlen)
 {
-	if (tp_local == 0 || tp_remote == 0)
+	if (tp_local == 0 || tp_remote == 0) {
+		set_err(err, errlen, "heterogeneous TP check: tp_local %u and tp_remote %u must both be > 0", tp_local,
+			tp_remote);
 		return -EINVAL;
-	if (is_mla || tp_local == tp_remote)
+	}
+	if (mla || tp_local == tp_remote)
 		return 0;
+	if (total_kv_heads == 0) {
+		set_err(err, errlen, "heterogeneous TP %u vs %u: total_kv_heads must be > 0 to check replicated KV heads",
+			tp_local, tp_remote);
+		return -EINVAL;
+	}
 	uint32_t m = tp_local < tp_remote ? tp_local : tp_remote;
-	return m >= total_kv_heads ? 0 : -ENOTSUP;
+	if (m < total_kv_heads) {
+		set_err(err, errlen,
+			"heterogeneous TP %u vs %u needs replicated KV heads: min TP %u < total_kv_heads %u "
+			"(only MLA or TP >= KV heads can move whole blocks)",
+			tp_local, tp_remote, m, total_kv_heads);
+		return -ENOTSUP;
+	}
+	return 0;
 }

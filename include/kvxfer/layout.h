@@ -202,23 +202,34 @@ KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t
 					 size_t *remote_start);
 
 /**
- * Check that a heterogeneous-TP pair can move whole blocks (PROTOCOL.md §4.3, §4.5, vector T24).
+ * Check that a heterogeneous-TP pair can move whole blocks (PROTOCOL.md §4.2, §4.3, §4.5,
+ * vector T24).
  *
  * Block transfers between different TP sizes are only valid when every rank's per-rank KV
- * tensor has the same shape: MLA (latent replicated) or min(tp_local, tp_remote) >= total KV
- * heads. Equal TP sizes always pass.
+ * tensor has the same shape on both sides: MLA (the latent is replicated on every rank) or
+ * min(tp_local, tp_remote) >= total KV heads (each rank of the smaller side already holds all
+ * heads, "replicated KV heads"). Equal TP sizes and MLA always pass, whatever the head count.
+ * Call it once per peer when the peer's TP size becomes known (handshake or request params),
+ * before planning any transfer with that peer.
  *
  * @param tp_local        Local TP size, > 0.
  * @param tp_remote       Peer TP size, > 0.
- * @param total_kv_heads  The model's total KV heads (unsharded).
- * @param is_mla          true for MLA layers.
- * @return                0 if transferable.
- * @retval -EINVAL        A TP size is 0.
- * @retval -ENOTSUP       Replicated KV heads would have to be split ("replicated KV heads").
- * @par Thread safety  Pure.
+ * @param total_kv_heads  The model's total KV heads (unsharded, e.g. 8 for Llama-3.1-70B);
+ *                        must be > 0 when the check is not a no-op (non-MLA, different TP).
+ * @param mla             true for MLA layers (the check is a no-op).
+ * @param[out] err        If non-NULL, receives a NUL-terminated message naming the values on
+ *                        failure (e.g. "heterogeneous TP 2 vs 4 needs replicated KV heads:
+ *                        min TP 2 < total_kv_heads 4"); untouched on success.
+ * @param errlen          Size of @p err, bytes.
+ * @return                0 if whole blocks can be transferred between the two TP sizes.
+ * @retval -EINVAL        A TP size is 0, or total_kv_heads is 0 while the check applies.
+ * @retval -ENOTSUP       min(tp_local, tp_remote) < total_kv_heads ("replicated KV heads").
+ * @par Thread safety  Pure, reentrant.
+ * @par Context        Control path (handshake / request admission); no allocation.
+ * @par Source         PROTOCOL.md §4.3 preconditions (L3 heterogeneous-TP validation), §4.5.
  */
-KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads,
-				       bool is_mla);
+KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads, bool mla,
+				       char *err, size_t errlen);
 
 /** Opaque per-transfer plan cache (one merged plan per distinct geometry). */
 struct kvx_plan_cache;

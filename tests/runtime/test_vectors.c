@@ -13,6 +13,7 @@
 #include "runtime/runtime_internal.h"
 
 TestSuite(runtime_vectors, .timeout = 30.0);
+TestSuite(runtime_layout, .timeout = 30.0);
 
 static const struct kvx_layout_spec g_spec = {.block_size = 4, .num_kv_heads = 2, .head_size = 3};
 static const uint32_t g_local[2] = {1, 3};
@@ -333,17 +334,67 @@ Test(runtime_vectors, t23_remote_tp_rank)
 	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 4, 6, &r, NULL, 0), -EINVAL);
 }
 
+/* One kvx_layout_check_hetero_tp() case: (tp_local, tp_remote, total kv heads, mla) -> rc. */
+struct hetero_case {
+	uint32_t tp_local, tp_remote, heads;
+	bool mla;
+	int rc;
+};
+
+static void expect_hetero(const struct hetero_case *c, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		char err[160] = "untouched";
+		int rc = kvx_layout_check_hetero_tp(c[i].tp_local, c[i].tp_remote, c[i].heads, c[i].mla, err,
+						    sizeof(err));
+		cr_assert_eq(rc, c[i].rc, "(%u,%u,%u,mla=%d): rc %d != %d (%s)", c[i].tp_local, c[i].tp_remote,
+			     c[i].heads, c[i].mla, rc, c[i].rc, err);
+		if (rc == 0)
+			cr_assert_str_eq(err, "untouched", "success must not write err");
+	}
+}
+
 Test(runtime_vectors, t24_head_guard)
 {
 	/* (tp_local, tp_remote, kv heads): (4,4,8), (8,4,4), (4,8,4) pass; (4,2,4), (2,4,4) are
-	 * replicated KV heads; MLA (2,4,4) passes. */
-	cr_assert_eq(kvx_layout_check_hetero_tp(4, 4, 8, false), 0);
-	cr_assert_eq(kvx_layout_check_hetero_tp(8, 4, 4, false), 0);
-	cr_assert_eq(kvx_layout_check_hetero_tp(4, 8, 4, false), 0);
-	cr_assert_eq(kvx_layout_check_hetero_tp(4, 2, 4, false), -ENOTSUP);
-	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, false), -ENOTSUP);
-	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, true), 0);
-	cr_assert_eq(kvx_layout_check_hetero_tp(0, 4, 4, false), -EINVAL);
+	 * replicated KV heads (NotImplementedError -> -ENOTSUP); MLA (2,4,4) passes. */
+	static const struct hetero_case c[] = {
+		{4, 4, 8, false, 0},        {8, 4, 4, false, 0},        {4, 8, 4, false, 0},
+		{4, 2, 4, false, -ENOTSUP}, {2, 4, 4, false, -ENOTSUP}, {2, 4, 4, true, 0},
+	};
+	expect_hetero(c, sizeof(c) / sizeof(c[0]));
+	char err[160] = "";
+	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, false, err, sizeof(err)), -ENOTSUP);
+	cr_assert(strstr(err, "replicated KV heads"), "message: %s", err);
+	cr_assert(strstr(err, "TP 2 vs 4"), "message names both TP sizes: %s", err);
+	cr_assert(strstr(err, "total_kv_heads 4"), "message names the head count: %s", err);
+}
+
+Test(runtime_layout, hetero_tp_equal_tp_and_mla_are_noops_whatever_the_heads)
+{
+	static const struct hetero_case c[] = {
+		{1, 1, 64, false, 0}, {3, 3, 0, false, 0}, {1, 8, 64, true, 0}, {8, 1, 0, true, 0},
+		{8, 16, 8, false, 0}, {16, 8, 8, false, 0}, {8, 16, 9, false, -ENOTSUP}, {1, 2, 2, false, -ENOTSUP},
+	};
+	expect_hetero(c, sizeof(c) / sizeof(c[0]));
+}
+
+Test(runtime_layout, hetero_tp_zero_sizes_and_unknown_heads_rejected_with_message)
+{
+	static const struct hetero_case c[] = {
+		{0, 4, 4, false, -EINVAL}, {4, 0, 4, false, -EINVAL}, {0, 0, 4, true, -EINVAL}, {2, 4, 0, false, -EINVAL},
+	};
+	expect_hetero(c, sizeof(c) / sizeof(c[0]));
+	char err[160] = "";
+	cr_assert_eq(kvx_layout_check_hetero_tp(0, 4, 4, false, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "tp_local 0") && strstr(err, "tp_remote 4"), "message: %s", err);
+	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 0, false, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "total_kv_heads"), "message: %s", err);
+	/* NULL err and a 1-byte buffer are safe. */
+	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, false, NULL, 0), -ENOTSUP);
+	char one[1] = {'x'};
+	cr_assert_eq(kvx_layout_check_hetero_tp(2, 4, 4, false, one, sizeof(one)), -ENOTSUP);
+	cr_assert_eq(one[0], '\0');
 }
 
 Test(runtime_vectors, t25_expected_acks)
