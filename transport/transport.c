@@ -226,6 +226,8 @@ static void cnt_read(const struct kvx_xport_cnt *c, struct kvx_xport_counters *o
 	RD(reqs_rejected);
 	RD(bytes_served);
 	RD(proto_errors);
+	RD(async_events);
+	RD(async_errors);
 #undef RD
 }
 
@@ -400,6 +402,64 @@ int kvx_xport_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, vo
 	return 0;
 }
 
+int kvx_xport_ep_create_in_group(struct kvx_xport_ctx *ctx, uint32_t group,
+				 struct kvx_xport_ep **out, void *blob, size_t cap, size_t *blob_len)
+{
+	if (!ctx || !out || !blob || !blob_len)
+		return -EINVAL;
+	if (group >= KVX_XPORT_MAX_GROUPS) {
+		kvx_log(KVX_LOG_ERROR, "transport: group %u out of range 0..%u", group,
+			KVX_XPORT_MAX_GROUPS - 1);
+		return -EINVAL;
+	}
+	struct kvx_xport_ep *ep = NULL;
+	int rc = ctx->ops->ep_create_group(ctx, group, &ep, blob, cap, blob_len);
+	if (rc)
+		return rc;
+	ep->ctx = ctx;
+	ep->initiator = true;
+	ep->group = group;
+	xport_ep_link(ctx, ep);
+	*out = ep;
+	return 0;
+}
+
+int kvx_xport_ep_set_group(struct kvx_xport_ep *ep, uint32_t group)
+{
+	if (!ep)
+		return -EINVAL;
+	if (group >= KVX_XPORT_MAX_GROUPS) {
+		kvx_log(KVX_LOG_ERROR, "transport: group %u out of range 0..%u", group,
+			KVX_XPORT_MAX_GROUPS - 1);
+		return -EINVAL;
+	}
+	if (ep->initiator && ep->connected)
+		return -EISCONN;
+	int rc = ep->ctx->ops->ep_set_group(ep, group);
+	if (rc == 0)
+		ep->group = group;
+	return rc;
+}
+
+uint32_t kvx_xport_ep_group(const struct kvx_xport_ep *ep)
+{
+	return ep->group;
+}
+
+int kvx_xport_ctx_event_fd(const struct kvx_xport_ctx *ctx)
+{
+	if (!ctx)
+		return -EINVAL;
+	return ctx->ops->ctx_event_fd(ctx);
+}
+
+int kvx_xport_ctx_handle_events(struct kvx_xport_ctx *ctx)
+{
+	if (!ctx)
+		return -EINVAL;
+	return ctx->ops->ctx_handle_events(ctx);
+}
+
 int kvx_xport_ep_accept(struct kvx_xport_ctx *ctx, const void *blob_a, size_t len_a,
 			struct kvx_xport_ep **out, void *blob_b, size_t cap, size_t *len_b)
 {
@@ -504,6 +564,32 @@ int kvx_xport_enotsup_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
 	(void)ep;
 	(void)timeout_ms;
 	return -ENOTSUP;
+}
+
+int kvx_xport_any_group_ep_create(struct kvx_xport_ctx *ctx, uint32_t group,
+				  struct kvx_xport_ep **out, uint8_t *blob, size_t cap, size_t *len)
+{
+	(void)group; /* no per-group resources: the generic layer records the group */
+	return ctx->ops->ep_create(ctx, out, blob, cap, len);
+}
+
+int kvx_xport_record_ep_set_group(struct kvx_xport_ep *ep, uint32_t group)
+{
+	(void)ep;
+	(void)group;
+	return 0;
+}
+
+int kvx_xport_enotsup_ctx_event_fd(const struct kvx_xport_ctx *ctx)
+{
+	(void)ctx;
+	return -ENOTSUP;
+}
+
+int kvx_xport_noop_handle_events(struct kvx_xport_ctx *ctx)
+{
+	(void)ctx;
+	return 0;
 }
 
 int kvx_xport_noop_progress(struct kvx_xport_ctx *ctx)

@@ -33,7 +33,7 @@ enum kvx_xport_provider_id {
 struct kvx_xport_cnt {
 	_Atomic uint64_t ops_posted, ops_ok, ops_failed, batches_done, bytes_read, bytes_written,
 		post_nobufs, timeouts, resets, reqs_served, reqs_rejected, bytes_served,
-		proto_errors;
+		proto_errors, async_events, async_errors;
 };
 
 /** Add to a counter owned by the calling thread (single writer: load + store, no RMW). */
@@ -88,6 +88,7 @@ struct kvx_xport_ep {
 	bool initiator;
 	bool connected;
 	_Atomic int status;                 /* 0 or the error that moved it to error state */
+	uint32_t group;                     /* poll group (kvx_xport_ep_set_group), default 0 */
 	struct kvx_xport_cnt cnt;           /* written by the owning poller */
 };
 
@@ -125,6 +126,17 @@ struct kvx_xport_ops {
 	int (*ctx_wait)(struct kvx_xport_ctx *ctx, int timeout_ms);
 	/** Block up to timeout_ms for endpoint events: 1 event, 0 timeout, or -ENOTSUP. */
 	int (*ep_wait)(struct kvx_xport_ep *ep, int timeout_ms);
+	/** ep_create with the poll group known at creation (providers without per-group
+	 *  resources: kvx_xport_any_group_ep_create, which calls ep_create). */
+	int (*ep_create_group)(struct kvx_xport_ctx *ctx, uint32_t group, struct kvx_xport_ep **out,
+			       uint8_t *blob, size_t cap, size_t *len);
+	/** Accept or refuse a group change; transport.c records it on success (providers without
+	 *  per-group resources: kvx_xport_record_ep_set_group, returns 0). */
+	int (*ep_set_group)(struct kvx_xport_ep *ep, uint32_t group);
+	/** Device async-event fd, or -ENOTSUP (kvx_xport_enotsup_ctx_event_fd). */
+	int (*ctx_event_fd)(const struct kvx_xport_ctx *ctx);
+	/** Drain device async events: count handled or -errno (kvx_xport_noop_handle_events). */
+	int (*ctx_handle_events)(struct kvx_xport_ctx *ctx);
 };
 
 extern const struct kvx_xport_ops kvx_xport_tcp_ops;
@@ -140,6 +152,14 @@ int kvx_xport_enotsup_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_
 int kvx_xport_enotsup_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
 int kvx_xport_enotsup_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
 int kvx_xport_enotsup_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
+/* Poll groups and device events for providers without per-group resources or async events
+ * (tcp, shm): create ignores the group (transport.c records it), set_group returns 0,
+ * event_fd returns -ENOTSUP, handle_events returns 0 (nothing pending, ever). */
+int kvx_xport_any_group_ep_create(struct kvx_xport_ctx *ctx, uint32_t group,
+				  struct kvx_xport_ep **out, uint8_t *blob, size_t cap, size_t *len);
+int kvx_xport_record_ep_set_group(struct kvx_xport_ep *ep, uint32_t group);
+int kvx_xport_enotsup_ctx_event_fd(const struct kvx_xport_ctx *ctx);
+int kvx_xport_noop_handle_events(struct kvx_xport_ctx *ctx);
 
 /* ---- little-endian codec helpers for blobs and descriptors (bounds checked by callers) --- */
 static inline void xport_put_u16(uint8_t *p, uint16_t v)

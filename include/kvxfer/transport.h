@@ -96,6 +96,8 @@ extern "C" {
 #define KVX_XPORT_BLOB_MAX 1024
 /** Longest "unavailable" reason string written by kvx_xport_provider_probe(), bytes incl. NUL. */
 #define KVX_XPORT_REASON_MAX 256
+/** Poll groups are 0..KVX_XPORT_MAX_GROUPS-1 (kvx_xport_ep_set_group()). */
+#define KVX_XPORT_MAX_GROUPS 1024u
 /** Default op timeout (ns) when kvx_xport_ctx_params.op_timeout_ns is 0: 10 s. */
 #define KVX_XPORT_DEFAULT_OP_TIMEOUT_NS 10000000000ull
 
@@ -202,6 +204,10 @@ struct kvx_xport_counters {
 	uint64_t reqs_rejected;   /**< Target side: requests rejected (bounds, key, access). */
 	uint64_t bytes_served;    /**< Target side: bytes read or written by peers' requests. */
 	uint64_t proto_errors;    /**< Malformed or unexpected bytes from the network. */
+	uint64_t async_events;    /**< Context: device async events read by
+	                               kvx_xport_ctx_handle_events() (verbs). */
+	uint64_t async_errors;    /**< Context: of those, events that moved endpoints to error
+	                               state (QP fatal, CQ error, port down, device fatal). */
 };
 
 struct kvx_xport_ctx;
@@ -489,6 +495,67 @@ KVX_API int kvx_xport_ep_accept(struct kvx_xport_ctx *ctx, const void *blob_a, s
 KVX_API int kvx_xport_ep_connect(struct kvx_xport_ep *ep, const void *blob_b, size_t len_b);
 
 /**
+ * Create an initiator endpoint already in poll group @p group (see kvx_xport_ep_set_group()).
+ *
+ * verbs: a QP's completion queue is fixed when the QP is created, and blob A carries the QP
+ * numbers, so sharing the group's completion queue needs the group here, at creation: the
+ * endpoint's QPs are created on the group's shared CQ (created lazily per group in the
+ * context; a group whose CQ is full of endpoints gets another one). kvx_xport_ep_create()
+ * instead gives the endpoint a CQ of its own. tcp/shm: same as kvx_xport_ep_create() followed
+ * by kvx_xport_ep_set_group().
+ *
+ * @param ctx            Context; not NULL.
+ * @param group          Poll group, 0..KVX_XPORT_MAX_GROUPS-1.
+ * @param[out] out       New endpoint (not yet connected); not NULL.
+ * @param[out] blob      Array[cap] receiving blob A; not NULL.
+ * @param cap            Capacity, bytes (KVX_XPORT_BLOB_MAX is enough).
+ * @param[out] blob_len  Bytes written; not NULL.
+ * @retval 0          Success.
+ * @retval -EINVAL    NULL argument or @p group out of range.
+ * @retval -EMSGSIZE  @p cap too small.
+ * @retval -ENOMEM    Allocation failed.
+ * @retval other negative errno  verbs: the device refused a CQ or QP (logged).
+ * @par Context  Control path.
+ * @see kvx_xport_ep_set_group()
+ */
+KVX_API int kvx_xport_ep_create_in_group(struct kvx_xport_ctx *ctx, uint32_t group,
+					 struct kvx_xport_ep **out, void *blob, size_t cap,
+					 size_t *blob_len);
+
+/**
+ * Set an endpoint's poll group: the index of the polling lcore that will drive it.
+ *
+ * Endpoints of one group are driven by one thread: kvx_xport_post_bulk(),
+ * kvx_xport_poll_burst() and kvx_xport_ep_wait() on any endpoint of a group are called by
+ * that group's thread only. verbs: endpoints created in a group
+ * (kvx_xport_ep_create_in_group()) share one completion queue, polled in bursts; polling one
+ * endpoint also drains the completions of the others, which wait in their own endpoint's
+ * queue (no allocation) until that endpoint is polled. Send-queue credits stay per QP.
+ * Default group: 0. tcp and shm record the group and return 0.
+ *
+ * @param ep     Endpoint; not NULL. Initiator: before kvx_xport_ep_connect(); target: right
+ *               after kvx_xport_ep_accept(), before peers use it.
+ * @param group  Poll group, 0..KVX_XPORT_MAX_GROUPS-1.
+ * @retval 0          Recorded (verbs: an endpoint from kvx_xport_ep_create() keeps its own
+ *                    CQ; one from kvx_xport_ep_create_in_group() must stay in its group).
+ * @retval -EINVAL    NULL endpoint or @p group out of range.
+ * @retval -EISCONN   Initiator endpoint already connected.
+ * @retval -EBUSY     verbs: the endpoint's QPs are on another group's shared CQ (fixed when
+ *                    they were created; logged).
+ * @par Context  Control path.
+ */
+KVX_API int kvx_xport_ep_set_group(struct kvx_xport_ep *ep, uint32_t group);
+
+/**
+ * Poll group of an endpoint (kvx_xport_ep_set_group()).
+ *
+ * @param ep  Endpoint; not NULL.
+ * @return    The group, 0 by default.
+ * @par Thread safety  Any thread after the group was set.
+ */
+KVX_API uint32_t kvx_xport_ep_group(const struct kvx_xport_ep *ep);
+
+/**
  * Start recovering an initiator endpoint: reset its channels and write a reconnect request
  * (blob A', same framing as blob A).
  *
@@ -618,6 +685,47 @@ KVX_API int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode o
 KVX_API int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Device async events (control lcore)                                                        */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * File descriptor that becomes readable when device async events are pending (verbs: the
+ * ibv_context's async fd, set O_NONBLOCK). The control lcore adds it to its poll set and calls
+ * kvx_xport_ctx_handle_events() when it is readable.
+ *
+ * @param ctx  Context; not NULL.
+ * @return     fd >= 0 (owned by the context; do not close or read it).
+ * @retval -ENOTSUP  The provider has no device async events (tcp, shm).
+ * @retval -EINVAL   NULL context.
+ * @par Thread safety  Any thread.
+ * @par Source  RUNTIME_GUIDE.md §3.7 (async events read by the control core).
+ */
+KVX_API int kvx_xport_ctx_event_fd(const struct kvx_xport_ctx *ctx);
+
+/**
+ * Drain and act on pending device async events, without blocking.
+ *
+ * verbs: each event is read with ibv_get_async_event() and acknowledged. QP fatal / request
+ * error / access error move that QP's endpoint to error state; CQ error, port error (the
+ * context's port) and device fatal move every endpoint on that CQ / of the context. The QPs
+ * are moved to ERR here, so outstanding ops complete with errors through the normal
+ * completion path (kvx_xport_poll_burst(): -ECONNRESET) and the endpoint's status becomes
+ * -ECONNRESET at its owning poller's next post or poll; recovery is a new handshake (or
+ * kvx_xport_ep_reset()). Other events (port active, SQ drained, LID/GID change, ...) are
+ * counted and logged only. Counted in the context counters async_events / async_errors.
+ * tcp/shm: nothing to do, returns 0.
+ *
+ * @param ctx  Context; not NULL.
+ * @return     Events handled (0 when none was pending).
+ * @retval -EINVAL  NULL context.
+ * @retval other negative errno  Reading the event fd failed (not EAGAIN).
+ * @par Thread safety  The control thread of the context (same thread as endpoint create and
+ *      destroy).
+ * @par Context  Control path (logs, rate limited).
+ */
+KVX_API int kvx_xport_ctx_handle_events(struct kvx_xport_ctx *ctx);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Adaptive idle: wait for provider events instead of spinning                                */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -641,8 +749,9 @@ KVX_API int kvx_xport_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
  * @param ctx         Context; not NULL.
  * @param timeout_ms  Longest wait, ms; 0 = do not block; -1 = no limit.
  * @return            1 if woken by an event, 0 on timeout; never blocks longer than asked.
- * @retval -ENOTSUP   The provider has no target-side events (returns at once). verbs waits
- *                    on the device's async-event fd (the only work of its progress()).
+ * @retval -ENOTSUP   The provider has no target-side events (returns at once). verbs has no
+ *                    progress work at all (the NIC serves peers; device async events go to
+ *                    kvx_xport_ctx_handle_events()): it sleeps @p timeout_ms and returns 0.
  * @par Thread safety  The thread that calls kvx_xport_progress() for this context.
  * @par Context  Idle path of a poller (a syscall that sleeps).
  */
@@ -654,12 +763,18 @@ KVX_API int kvx_xport_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
  * 0; bound @p timeout_ms by the caller's own deadlines (the op timeout is enforced only
  * inside kvx_xport_poll_burst()).
  *
+ * verbs: waits on the completion channel of the endpoint's CQ (the group's channel when the
+ * CQ is shared): arms the CQ with ibv_req_notify_cq(), drains it once more (completions that
+ * arrived before arming raise no event; those of other endpoints of the group are parked in
+ * their endpoint's queue), then poll()s the channel fd and acknowledges the events.
+ *
  * @param ep          Initiator endpoint; not NULL.
  * @param timeout_ms  Longest wait, ms; 0 = do not block; -1 = no limit.
  * @return            1 if woken by an event (or completions are already queued), 0 on
  *                    timeout.
  * @retval -ENOTSUP   The provider completes ops without events to wait for (shm: every op
  *                    completes inside kvx_xport_post_bulk()); returns at once.
+ * @retval other negative errno  verbs: arming the CQ or reading the channel failed.
  * @par Thread safety  The endpoint's owning poller.
  * @par Context  Idle path of a poller.
  */
