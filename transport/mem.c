@@ -215,6 +215,47 @@ int kvx_mem_ptr_query(struct kvx_mem *m, const void *ptr, size_t len,
 	return m->ops->ptr_query(m, ptr, len, info);
 }
 
+static pthread_once_t g_kinds_once = PTHREAD_ONCE_INIT;
+static uint32_t g_kinds;
+
+static void kinds_probe(void)
+{
+	uint32_t k = (1u << KVX_MEM_HOST) | (1u << KVX_MEM_HOSTDEV);
+#ifdef KVX_HAVE_HIP
+	struct kvx_mem_type hip = {.kind = KVX_MEM_HIP, .device = 0};
+
+	if (access("/dev/kfd", F_OK) == 0 && kvx_mem_probe(&hip, NULL, 0) == 0)
+		k |= 1u << KVX_MEM_HIP;
+#endif
+	g_kinds = k;
+}
+
+uint32_t kvx_mem_usable_kinds(void)
+{
+	pthread_once(&g_kinds_once, kinds_probe);
+	return g_kinds;
+}
+
+int kvx_mem_domain_get(struct kvx_mem **mp, const struct kvx_mem_type *t, const char *who)
+{
+	char a[32], b[32];
+	int rc;
+
+	if (*mp) {
+		if ((*mp)->type.kind == t->kind && (*mp)->type.device == t->device)
+			return 0;
+		kvx_log(KVX_LOG_ERROR, "%s: device memory %s refused: this context already moves %s "
+			"(one device memory type per context)", who, kvx_mem_type_str(t, a, sizeof(a)),
+			kvx_mem_type_str(&(*mp)->type, b, sizeof(b)));
+		return -ENOTSUP;
+	}
+	rc = kvx_mem_open(t, mp);
+	if (rc)
+		kvx_log(KVX_LOG_ERROR, "%s: cannot open device memory %s: %s", who,
+			kvx_mem_type_str(t, a, sizeof(a)), kvx_strerror(rc));
+	return rc;
+}
+
 /* ------------------------------------------------------------------ streams */
 
 int kvx_mem_stream_create(struct kvx_mem *m, const struct kvx_mem_stream_params *p,

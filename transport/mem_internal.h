@@ -65,6 +65,22 @@ static inline bool kvx_mem_kind_is_device(uint32_t kind)
 }
 
 /*
+ * Bit mask (1u << enum kvx_mem_kind) of the kinds a provider can move here: host and the
+ * hostdev mock always; HIP only when built with HIP, /dev/kfd exists and kvx_mem_probe() finds
+ * device 0 (probed once per process, so contexts that never see HIP memory do not pay for a
+ * HIP runtime start on machines without an AMD GPU). The kinds equal the values of enum
+ * kvx_xport_mem_type.
+ */
+uint32_t kvx_mem_usable_kinds(void);
+
+/*
+ * The device-memory domain of a provider context: open *mp for type t on first use, or check
+ * that the open one has type t (one device memory type per context). Logs the reason naming
+ * @p who. 0, -ENOTSUP (another device type in use), or a kvx_mem_open() error.
+ */
+int kvx_mem_domain_get(struct kvx_mem **mp, const struct kvx_mem_type *t, const char *who);
+
+/*
  * Local device pointer for [remote_addr, remote_addr + len) of an open cache entry (the
  * shm provider keeps the entry index, not the pointer). 0, or -ENOENT (no such open entry) /
  * -ERANGE (range outside the entry's allocation).

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "peer.h"
 
+#include "kvxfer/mem.h"
+
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <poll.h>
@@ -28,6 +30,7 @@ struct msg {
 	uint32_t blob_len;
 	uint8_t blob[KVX_XPORT_BLOB_MAX];
 	struct kvx_xport_counters cnt;
+	char why[KVX_MEM_WHY_LEN];
 };
 
 static uint64_t mix(uint64_t x)
@@ -79,13 +82,56 @@ uint64_t pat_check(const uint8_t *buf, uint64_t len, uint64_t seed, uint64_t pos
 
 struct child {
 	struct kvx_xport_ctx *ctx;
+	struct kvx_mem *mem; /* device kinds: regions live there; NULL for host */
 	struct kvx_xport_mr *mr[PEER_MAX_REGIONS];
-	uint8_t *mem[PEER_MAX_REGIONS];
+	uint8_t *mem_at[PEER_MAX_REGIONS];
 	uint64_t len[PEER_MAX_REGIONS];
 	int n;
 	struct kvx_xport_ep *ep[PEER_MAX_EPS]; /* accepted endpoints, for CMD_REACCEPT */
 	int nep;
 };
+
+static void child_free(struct child *c, uint8_t *mem)
+{
+	if (c->mem)
+		kvx_mem_free(c->mem, mem);
+	else
+		free(mem);
+}
+
+/* Device regions are never touched by the CPU: pattern bytes go through a host buffer. */
+static int child_fill(struct child *c, int idx, uint64_t off, uint64_t len, uint64_t seed,
+		      uint64_t spos)
+{
+	if (!c->mem) {
+		pat_fill(c->mem_at[idx] + off, len, seed, spos);
+		return 0;
+	}
+	uint8_t *tmp = malloc(len ? len : 1);
+	if (!tmp)
+		return -ENOMEM;
+	pat_fill(tmp, len, seed, spos);
+	int rc = len ? kvx_mem_copy_sync(c->mem, c->mem_at[idx] + off, tmp, len, KVX_MEM_H2D) : 0;
+	free(tmp);
+	return rc;
+}
+
+static int child_verify(struct child *c, int idx, uint64_t off, uint64_t len, uint64_t seed,
+			uint64_t spos, int64_t *result)
+{
+	if (!c->mem) {
+		*result = (int64_t)pat_check(c->mem_at[idx] + off, len, seed, spos);
+		return 0;
+	}
+	uint8_t *tmp = malloc(len ? len : 1);
+	if (!tmp)
+		return -ENOMEM;
+	int rc = len ? kvx_mem_copy_sync(c->mem, tmp, c->mem_at[idx] + off, len, KVX_MEM_D2H) : 0;
+	if (!rc)
+		*result = (int64_t)pat_check(tmp, len, seed, spos);
+	free(tmp);
+	return rc;
+}
 
 static void child_cmd(struct child *c, struct msg *m)
 {
@@ -96,23 +142,37 @@ static void child_cmd(struct child *c, struct msg *m)
 			m->rc = -ENOBUFS;
 			break;
 		}
-		uint8_t *mem = aligned_alloc(4096, (m->len + 4095) & ~4095ull);
-		if (!mem) {
-			m->rc = -ENOMEM;
-			break;
+		uint8_t *mem = NULL;
+		if (c->mem) {
+			m->rc = kvx_mem_alloc(c->mem, m->len, (void **)&mem);
+			if (m->rc)
+				break;
+		} else {
+			mem = aligned_alloc(4096, (m->len + 4095) & ~4095ull);
+			if (!mem) {
+				m->rc = -ENOMEM;
+				break;
+			}
 		}
-		pat_fill(mem, m->len, m->seed, 0);
-		struct kvx_xport_mr_params rp = {.addr = mem, .len_bytes = m->len, .access = m->access};
-		m->rc = kvx_xport_mr_register(c->ctx, &rp, &c->mr[c->n]);
+		c->mem_at[c->n] = mem;
+		c->len[c->n] = m->len;
+		m->rc = child_fill(c, c->n, 0, m->len, m->seed, 0);
+		struct kvx_mem_type mt = {.kind = KVX_MEM_HOST};
+		if (c->mem)
+			mt = kvx_mem_get_type(c->mem);
+		struct kvx_xport_mr_params rp = {.addr = mem, .len_bytes = m->len, .access = m->access,
+						 .mem_type = (enum kvx_xport_mem_type)mt.kind,
+						 .device_id = mt.device};
+		if (!m->rc)
+			m->rc = kvx_xport_mr_register(c->ctx, &rp, &c->mr[c->n]);
 		if (m->rc) {
-			free(mem);
+			child_free(c, mem);
+			c->mem_at[c->n] = NULL;
 			break;
 		}
 		size_t dl = 0;
 		m->rc = kvx_xport_mr_export(c->mr[c->n], m->blob, sizeof(m->blob), &dl);
 		m->blob_len = (uint32_t)dl;
-		c->mem[c->n] = mem;
-		c->len[c->n] = m->len;
 		m->idx = c->n++;
 		break;
 	}
@@ -148,10 +208,10 @@ static void child_cmd(struct child *c, struct msg *m)
 		break;
 	}
 	case CMD_FILL:
-		pat_fill(c->mem[m->idx] + m->off, m->len, m->seed, m->spos);
+		m->rc = child_fill(c, m->idx, m->off, m->len, m->seed, m->spos);
 		break;
 	case CMD_VERIFY:
-		m->result = (int64_t)pat_check(c->mem[m->idx] + m->off, m->len, m->seed, m->spos);
+		m->rc = child_verify(c, m->idx, m->off, m->len, m->seed, m->spos, &m->result);
 		break;
 	case CMD_COUNTERS:
 		kvx_xport_ctx_counters(c->ctx, &m->cnt);
@@ -161,11 +221,20 @@ static void child_cmd(struct child *c, struct msg *m)
 	}
 }
 
-static void child_main(int sock, const char *provider, const struct kvx_xport_ctx_params *prm)
+static void child_main(int sock, const char *provider, const char *mem,
+		       const struct kvx_xport_ctx_params *prm)
 {
 	struct child c = {0};
 	struct msg *m = calloc(1, sizeof(*m));
-	int rc = kvx_xport_open(provider, prm, &c.ctx);
+	struct kvx_mem_type mt;
+	int rc = kvx_mem_parse_type(mem, &mt);
+	if (!rc && mt.kind != KVX_MEM_HOST) {
+		rc = kvx_mem_probe(&mt, m->why, sizeof(m->why));
+		if (!rc)
+			rc = kvx_mem_open(&mt, &c.mem);
+	}
+	if (!rc)
+		rc = kvx_xport_open(provider, prm, &c.ctx);
 	m->rc = rc;
 	if (send(sock, m, sizeof(*m), 0) != sizeof(*m) || rc)
 		_exit(3);
@@ -192,7 +261,8 @@ static void child_main(int sock, const char *provider, const struct kvx_xport_ct
 	}
 	kvx_xport_close(c.ctx);
 	for (int i = 0; i < c.n; i++)
-		free(c.mem[i]);
+		child_free(&c, c.mem_at[i]);
+	kvx_mem_close(c.mem);
 	m->rc = 0;
 	(void)send(sock, m, sizeof(*m), 0);
 	free(m);
@@ -216,6 +286,12 @@ static int rpc(struct peer *p, struct msg *m)
 
 int peer_start(struct peer *p, const char *provider, const struct kvx_xport_ctx_params *prm)
 {
+	return peer_start_mem(p, provider, "host", prm, NULL, 0);
+}
+
+int peer_start_mem(struct peer *p, const char *provider, const char *mem,
+		   const struct kvx_xport_ctx_params *prm, char *why, size_t why_len)
+{
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
 		return -errno;
@@ -224,7 +300,7 @@ int peer_start(struct peer *p, const char *provider, const struct kvx_xport_ctx_
 		return -errno;
 	if (pid == 0) {
 		close(sv[0]);
-		child_main(sv[1], provider, prm);
+		child_main(sv[1], provider, mem, prm);
 	}
 	close(sv[1]);
 	p->pid = pid;
@@ -234,6 +310,8 @@ int peer_start(struct peer *p, const char *provider, const struct kvx_xport_ctx_
 	int rc = -ETIMEDOUT;
 	if (poll(&pf, 1, 30000) == 1)
 		rc = recv(p->sock, m, sizeof(*m), 0) == sizeof(*m) ? m->rc : -ECONNRESET;
+	if (why && why_len)
+		snprintf(why, why_len, "%s", m->why);
 	free(m);
 	return rc;
 }

@@ -8,6 +8,7 @@
  * over a SOCK_SEQPACKET socketpair (no control plane needed).
  */
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -27,6 +28,11 @@ uint64_t pat_check(const uint8_t *buf, uint64_t len, uint64_t seed, uint64_t pos
 
 /* Start a target process with a context of @p provider; 0 or negative errno. */
 int peer_start(struct peer *p, const char *provider, const struct kvx_xport_ctx_params *prm);
+/* Same, with the target's regions in memory of kind @p mem ("host", "hostdev", "hip"):
+ * device regions are allocated with kvx_mem_alloc() and filled/verified through copies.
+ * -ENODEV/-ENOTSUP when the target cannot open that memory type (reason in why). */
+int peer_start_mem(struct peer *p, const char *provider, const char *mem,
+		   const struct kvx_xport_ctx_params *prm, char *why, size_t why_len);
 /* Register a region of len bytes filled with pattern seed (stream position 0); returns the
  * region index (>= 0) and its exported descriptor in desc[KVX_XPORT_RDESC_BYTES]. */
 int peer_reg(struct peer *p, uint64_t len, uint32_t access, uint64_t seed, uint8_t *desc);
@@ -54,7 +60,8 @@ int peer_quit(struct peer *p);
 
 /* Provider parameter sets shared by the parameterised tests. */
 struct xport_param {
-	char name[16];
+	char name[16]; /* provider */
+	char mem[16];  /* memory kind of both sides' regions: host, hostdev, hip */
 };
 
 /* Skip the current test (cr_skip_test) when the provider cannot run here. */

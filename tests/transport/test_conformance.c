@@ -5,7 +5,13 @@
  * is a real forked process (tests/transport/peer.c) that runs kvx_xport_progress() in its
  * loop; every byte moved is checked against a per-byte pattern.
  *
- * Run one provider only: test_conformance --filter '*' with env KVX_XPORT_PROVIDERS=verbs.
+ * Every test also runs with device memory on both sides where a provider moves it: the
+ * hostdev mock (KVX_MEM_HOSTDEV: same provider code paths as HIP, no GPU needed; its pointers
+ * fault on CPU and CMA access) and HIP (skips with "no HIP device" without a GPU). Local
+ * device bytes are filled and checked through kvx_mem copies, never with the CPU.
+ *
+ * Run one provider only: test_conformance --filter '*' with env KVX_XPORT_PROVIDERS=verbs;
+ * one memory kind only: KVX_XPORT_MEM=host|hostdev|hip.
  */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
@@ -13,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvxfer/mem.h"
 #include "peer.h"
 
 #define MIB (1ull << 20)
@@ -24,13 +31,19 @@ static void free_params(struct criterion_test_params *crp)
 
 static struct criterion_test_params providers(void)
 {
-	static const char *all[] = {"tcp", "shm", "verbs"};
-	const char *only = getenv("KVX_XPORT_PROVIDERS");
-	struct xport_param *p = cr_calloc(3, sizeof(*p));
+	/* verbs registers device memory only through dma-buf or peer memory (not the mock). */
+	static const char *all[][2] = {{"tcp", "host"},    {"shm", "host"}, {"verbs", "host"},
+				       {"shm", "hostdev"}, {"tcp", "hip"},
+				       {"shm", "hip"},     {"verbs", "hip"}};
+	const char *only = getenv("KVX_XPORT_PROVIDERS"), *mem = getenv("KVX_XPORT_MEM");
+	struct xport_param *p = cr_calloc(KVX_ARRAY_SIZE(all), sizeof(*p));
 	size_t n = 0;
-	for (size_t i = 0; i < 3; i++)
-		if (!only || strstr(only, all[i]))
-			strcpy(p[n++].name, all[i]);
+	for (size_t i = 0; i < KVX_ARRAY_SIZE(all); i++) {
+		if ((only && !strstr(only, all[i][0])) || (mem && strcmp(mem, all[i][1])))
+			continue;
+		strcpy(p[n].name, all[i][0]);
+		strcpy(p[n++].mem, all[i][1]);
+	}
 	return cr_make_param_array(struct xport_param, p, n, free_params);
 }
 
@@ -39,6 +52,8 @@ struct rig {
 	struct kvx_xport_ctx *ctx;
 	struct kvx_xport_ep *ep;
 	struct kvx_xport_caps caps;
+	struct kvx_mem *mem;             /* device kinds: local regions live there; else NULL */
+	enum kvx_xport_mem_type mem_type;
 };
 
 static void rig_params(struct kvx_xport_ctx_params *p)
@@ -79,8 +94,13 @@ static void recover_if_in_error(struct rig *r)
 	cr_assert_eq(kvx_xport_ep_status(r->ep), 0);
 }
 
-static void rig_up(struct rig *r, const char *provider, const struct kvx_xport_ctx_params *prm)
+/* One memory context per test process (each Criterion test runs in its own process). */
+static struct kvx_mem *g_mem;
+
+static void rig_up(struct rig *r, const struct xport_param *pp,
+		   const struct kvx_xport_ctx_params *prm)
 {
+	const char *provider = pp->name;
 	skip_unless_available(provider);
 	struct kvx_xport_ctx_params d;
 	if (!prm) {
@@ -88,11 +108,28 @@ static void rig_up(struct rig *r, const char *provider, const struct kvx_xport_c
 		prm = &d;
 	}
 	memset(r, 0, sizeof(*r));
-	cr_assert_eq(peer_start(&r->peer, provider, prm), 0, "target process failed to open %s",
-		     provider);
+	/* The target starts first: with HIP, fork after the parent started the HIP runtime would
+	 * leave the child without a usable device. */
+	char why[KVX_MEM_WHY_LEN] = "";
+	int rc = peer_start_mem(&r->peer, provider, pp->mem, prm, why, sizeof(why));
+	if ((rc == -ENODEV || rc == -ENOTSUP) && strcmp(pp->mem, "host")) {
+		peer_kill(&r->peer);
+		cr_skip_test("%s memory on %s: %s", pp->mem, provider, why);
+	}
+	cr_assert_eq(rc, 0, "target process failed to open %s with %s memory", provider, pp->mem);
 	cr_assert_eq(kvx_xport_open(provider, prm, &r->ctx), 0);
 	cr_assert_str_eq(kvx_xport_name(r->ctx), provider);
 	cr_assert_eq(kvx_xport_query_caps(r->ctx, &r->caps), 0);
+	struct kvx_mem_type mt;
+	cr_assert_eq(kvx_mem_parse_type(pp->mem, &mt), 0);
+	r->mem_type = (enum kvx_xport_mem_type)mt.kind;
+	if (mt.kind != KVX_MEM_HOST) {
+		if (!g_mem)
+			cr_assert_eq(kvx_mem_open(&mt, &g_mem), 0);
+		r->mem = g_mem;
+		cr_assert(r->caps.mem_types & (1u << r->mem_type), "%s does not list %s memory",
+			  provider, pp->mem);
+	}
 	r->ep = rig_connect(r);
 }
 
@@ -103,6 +140,42 @@ static void rig_down(struct rig *r)
 		cr_assert_eq(peer_quit(&r->peer), 0, "target process did not exit cleanly");
 }
 
+/* Local region bytes: direct for host memory, through a host buffer and a copy for device
+ * memory (the test never touches device memory with the CPU either). */
+static void lfill(const struct rig *r, uint8_t *p, uint64_t len, uint64_t seed, uint64_t pos)
+{
+	if (!r->mem) {
+		pat_fill(p, len, seed, pos);
+		return;
+	}
+	uint8_t *t = malloc(len);
+	cr_assert_not_null(t);
+	pat_fill(t, len, seed, pos);
+	cr_assert_eq(kvx_mem_copy_sync(r->mem, p, t, len, KVX_MEM_H2D), 0);
+	free(t);
+}
+
+static uint64_t lcheck(const struct rig *r, const uint8_t *p, uint64_t len, uint64_t seed,
+		       uint64_t pos)
+{
+	if (!r->mem)
+		return pat_check(p, len, seed, pos);
+	uint8_t *t = malloc(len);
+	cr_assert_not_null(t);
+	cr_assert_eq(kvx_mem_copy_sync(r->mem, t, p, len, KVX_MEM_D2H), 0);
+	uint64_t k = pat_check(t, len, seed, pos);
+	free(t);
+	return k;
+}
+
+static void lfree(const struct rig *r, uint8_t *p)
+{
+	if (r->mem)
+		kvx_mem_free(r->mem, p);
+	else
+		free(p);
+}
+
 static struct kvx_xport_rmr *import(struct kvx_xport_ep *ep, const uint8_t *desc)
 {
 	struct kvx_xport_rmr *rmr = NULL;
@@ -110,14 +183,22 @@ static struct kvx_xport_rmr *import(struct kvx_xport_ep *ep, const uint8_t *desc
 	return rmr;
 }
 
-static struct kvx_xport_mr *local_mr(struct kvx_xport_ctx *ctx, uint8_t **mem, uint64_t len,
+static struct kvx_xport_mr *local_mr(const struct rig *r, uint8_t **mem, uint64_t len,
 				     uint32_t access)
 {
-	*mem = aligned_alloc(4096, (len + 4095) & ~4095ull);
-	cr_assert_not_null(*mem);
-	struct kvx_xport_mr_params p = {.addr = *mem, .len_bytes = len, .access = access};
+	if (r->mem) {
+		cr_assert_eq(kvx_mem_alloc(r->mem, len, (void **)mem), 0);
+	} else {
+		*mem = aligned_alloc(4096, (len + 4095) & ~4095ull);
+		cr_assert_not_null(*mem);
+	}
+	struct kvx_mem_type mt = {.kind = KVX_MEM_HOST};
+	if (r->mem)
+		mt = kvx_mem_get_type(r->mem);
+	struct kvx_xport_mr_params p = {.addr = *mem, .len_bytes = len, .access = access,
+					.mem_type = r->mem_type, .device_id = mt.device};
 	struct kvx_xport_mr *mr = NULL;
-	cr_assert_eq(kvx_xport_mr_register(ctx, &p, &mr), 0);
+	cr_assert_eq(kvx_xport_mr_register(r->ctx, &p, &mr), 0);
 	return mr;
 }
 
@@ -156,10 +237,10 @@ ParameterizedTestParameters(transport_conformance, register_export_import_roundt
 ParameterizedTest(struct xport_param *pp, transport_conformance, register_export_import_roundtrip)
 {
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	uint8_t *m1, *m2;
-	struct kvx_xport_mr *a = local_mr(r.ctx, &m1, 4096, KVX_XPORT_ACCESS_ALL);
-	struct kvx_xport_mr *b = local_mr(r.ctx, &m2, 100, KVX_XPORT_ACCESS_REMOTE_READ);
+	struct kvx_xport_mr *a = local_mr(&r, &m1, 4096, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *b = local_mr(&r, &m2, 100, KVX_XPORT_ACCESS_REMOTE_READ);
 	cr_assert_neq(kvx_xport_mr_key(a), kvx_xport_mr_key(b));
 	uint8_t d[KVX_XPORT_RDESC_BYTES + 8];
 	size_t dl = 0;
@@ -198,11 +279,11 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, register_export
 	cr_assert_geq(idx, 0);
 	struct kvx_xport_rmr *rr = import(r.ep, rd);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, 8192, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, 8192, KVX_XPORT_ACCESS_ALL);
 	post1(r.ep, KVX_XPORT_OP_READ, l, 0, rr, 0, 8192, 1);
 	struct kvx_xport_cpl c = wait_cpl(r.ep, 1, 30);
 	cr_assert_eq(c.status, 0);
-	cr_assert_eq(pat_check(lm, 8192, 7, 0), 8192);
+	cr_assert_eq(lcheck(&r, lm, 8192, 7, 0), 8192);
 	cr_assert_eq(peer_unreg(&r.peer, idx), 0);
 	if (r.caps.needs_progress || !strcmp(pp->name, "verbs")) {
 		/* tcp and verbs enforce at the target: the old key is dead at once. shm checks at
@@ -218,28 +299,28 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, register_export
 	}
 	kvx_xport_rmr_release(rr);
 	rig_down(&r);
-	free(m1);
-	free(m2);
-	free(lm);
+	lfree(&r, m1);
+	lfree(&r, m2);
+	lfree(&r, lm);
 }
 
 static const uint64_t g_sizes[] = {1, 2, 3, 7, 64, 4095, 4096, 4097, 65537, MIB + 3, 8 * MIB + 1};
 
-static void sizes_case(const char *provider, enum kvx_xport_opcode opc)
+static void sizes_case(const struct xport_param *pp, enum kvx_xport_opcode opc)
 {
 	struct rig r;
-	rig_up(&r, provider, NULL);
+	rig_up(&r, pp, NULL);
 	const uint64_t cap = 8 * MIB + 4096;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&r.peer, cap, KVX_XPORT_ACCESS_ALL, 11, d);
 	cr_assert_geq(idx, 0);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, cap, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, cap, KVX_XPORT_ACCESS_ALL);
 	for (size_t i = 0; i < KVX_ARRAY_SIZE(g_sizes); i++) {
 		uint64_t len = g_sizes[i], loff = 13 + i * 7, roff = 1001 + i * 3;
 		if (opc == KVX_XPORT_OP_READ) {
-			pat_fill(lm, cap, 99, 0);
+			lfill(&r, lm, cap, 99, 0);
 			post1(r.ep, opc, l, loff, rr, roff, len, 100 + i);
 			struct kvx_xport_cpl c = wait_cpl(r.ep, 100 + i, 60);
 			cr_assert_eq(c.status, 0, "READ %llu B: status %d", (unsigned long long)len,
@@ -247,13 +328,13 @@ static void sizes_case(const char *provider, enum kvx_xport_opcode opc)
 			cr_assert_eq(c.bytes, len);
 			cr_assert_eq(c.n_ops, 1);
 			cr_assert_eq(c.n_failed, 0);
-			cr_assert_eq(pat_check(lm + loff, len, 11, roff), len, "READ %llu B corrupt",
+			cr_assert_eq(lcheck(&r, lm + loff, len, 11, roff), len, "READ %llu B corrupt",
 				     (unsigned long long)len);
 			/* Bytes around the destination are untouched. */
-			cr_assert_eq(pat_check(lm, loff, 99, 0), loff);
-			cr_assert_eq(pat_check(lm + loff + len, 64, 99, loff + len), 64);
+			cr_assert_eq(lcheck(&r, lm, loff, 99, 0), loff);
+			cr_assert_eq(lcheck(&r, lm + loff + len, 64, 99, loff + len), 64);
 		} else {
-			pat_fill(lm + loff, len, 500 + i, 0);
+			lfill(&r, lm + loff, len, 500 + i, 0);
 			post1(r.ep, opc, l, loff, rr, roff, len, 100 + i);
 			struct kvx_xport_cpl c = wait_cpl(r.ep, 100 + i, 60);
 			cr_assert_eq(c.status, 0, "WRITE %llu B: status %d", (unsigned long long)len,
@@ -277,7 +358,7 @@ static void sizes_case(const char *provider, enum kvx_xport_opcode opc)
 	cr_assert_eq(k.ops_ok, KVX_ARRAY_SIZE(g_sizes));
 	cr_assert_eq(k.ops_failed, 0);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, read_sizes_unaligned_exact_bytes)
@@ -286,7 +367,7 @@ ParameterizedTestParameters(transport_conformance, read_sizes_unaligned_exact_by
 }
 ParameterizedTest(struct xport_param *pp, transport_conformance, read_sizes_unaligned_exact_bytes)
 {
-	sizes_case(pp->name, KVX_XPORT_OP_READ);
+	sizes_case(pp, KVX_XPORT_OP_READ);
 }
 
 ParameterizedTestParameters(transport_conformance, write_sizes_unaligned_exact_bytes)
@@ -295,7 +376,7 @@ ParameterizedTestParameters(transport_conformance, write_sizes_unaligned_exact_b
 }
 ParameterizedTest(struct xport_param *pp, transport_conformance, write_sizes_unaligned_exact_bytes)
 {
-	sizes_case(pp->name, KVX_XPORT_OP_WRITE);
+	sizes_case(pp, KVX_XPORT_OP_WRITE);
 }
 
 ParameterizedTestParameters(transport_conformance, op_64mib_read_and_write)
@@ -310,27 +391,27 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, op_64mib_read_a
 	if (!strcmp(pp->name, "shm"))
 		prm.num_channels = 1;
 	struct rig r;
-	rig_up(&r, pp->name, &prm);
+	rig_up(&r, pp, &prm);
 	const uint64_t len = 64 * MIB;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&r.peer, len + 8, KVX_XPORT_ACCESS_ALL, 21, d);
 	cr_assert_geq(idx, 0);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, len + 8, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, len + 8, KVX_XPORT_ACCESS_ALL);
 	post1(r.ep, KVX_XPORT_OP_READ, l, 1, rr, 3, len, 1);
 	struct kvx_xport_cpl c = wait_cpl(r.ep, 1, 90);
 	cr_assert_eq(c.status, 0);
 	cr_assert_eq(c.bytes, len);
-	cr_assert_eq(pat_check(lm + 1, len, 21, 3), len);
-	pat_fill(lm, len + 8, 77, 0);
+	cr_assert_eq(lcheck(&r, lm + 1, len, 21, 3), len);
+	lfill(&r, lm, len + 8, 77, 0);
 	post1(r.ep, KVX_XPORT_OP_WRITE, l, 5, rr, 7, len, 2);
 	c = wait_cpl(r.ep, 2, 90);
 	cr_assert_eq(c.status, 0);
 	cr_assert_eq(peer_verify(&r.peer, idx, 7, len, 77, 5), (int64_t)len);
 	cr_assert_eq(peer_verify(&r.peer, idx, 0, 7, 21, 0), 7);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 static void batch_case(struct rig *r, enum kvx_xport_opcode opc, uint32_t n, uint64_t cookie,
@@ -343,7 +424,7 @@ static void batch_case(struct rig *r, enum kvx_xport_opcode opc, uint32_t n, uin
 		ops[i] = (struct kvx_xport_op){.lmr = l, .rmr = rr, .loff = (uint64_t)i * 512 + 5,
 					       .roff = (uint64_t)((i * 7919u) % n) * 512 + 3, .len = len};
 		if (opc == KVX_XPORT_OP_WRITE)
-			pat_fill(lm + ops[i].loff, len, cookie, ops[i].loff);
+			lfill(r, lm + ops[i].loff, len, cookie, ops[i].loff);
 	}
 	int rc;
 	while ((rc = kvx_xport_post_bulk(r->ep, opc, ops, n, cookie)) == -ENOBUFS)
@@ -358,7 +439,7 @@ static void batch_case(struct rig *r, enum kvx_xport_opcode opc, uint32_t n, uin
 	for (uint32_t i = 0; i < n; i++) {
 		total += ops[i].len;
 		if (opc == KVX_XPORT_OP_READ)
-			cr_assert_eq(pat_check(lm + ops[i].loff, ops[i].len, 31, ops[i].roff),
+			cr_assert_eq(lcheck(r, lm + ops[i].loff, ops[i].len, 31, ops[i].roff),
 				     ops[i].len, "batch %u op %u corrupt", n, i);
 		else
 			cr_assert_eq(peer_verify(&r->peer, idx, ops[i].roff, ops[i].len, cookie,
@@ -376,14 +457,14 @@ ParameterizedTestParameters(transport_conformance, batches_1_to_4096_ops_exact_b
 ParameterizedTest(struct xport_param *pp, transport_conformance, batches_1_to_4096_ops_exact_bytes)
 {
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	cr_assert_geq(r.caps.max_batch, 4096);
 	const uint64_t cap = 4096 * 512 + 512;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&r.peer, cap, KVX_XPORT_ACCESS_ALL, 31, d);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, cap, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, cap, KVX_XPORT_ACCESS_ALL);
 	static const uint32_t ns[] = {1, 2, 7, 64, 1000, 4096};
 	for (size_t i = 0; i < KVX_ARRAY_SIZE(ns); i++)
 		batch_case(&r, KVX_XPORT_OP_READ, ns[i], 10 + i, l, lm, rr, idx);
@@ -411,9 +492,9 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, batches_1_to_40
 		got += n;
 		cr_assert_lt(kvx_now_ns(), deadline);
 	}
-	cr_assert_eq(pat_check(lm, 32 * 4096, 31, 0), 32 * 4096);
+	cr_assert_eq(lcheck(&r, lm, 32 * 4096, 31, 0), 32 * 4096);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, out_of_bounds_is_erange_target_untouched)
@@ -424,14 +505,14 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 		  out_of_bounds_is_erange_target_untouched)
 {
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	const uint64_t rlen = 64 * 1024;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&r.peer, rlen, KVX_XPORT_ACCESS_ALL, 41, d);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, 4 * rlen, KVX_XPORT_ACCESS_ALL);
-	pat_fill(lm, 4 * rlen, 42, 0);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, 4 * rlen, KVX_XPORT_ACCESS_ALL);
+	lfill(&r, lm, 4 * rlen, 42, 0);
 	/* WRITE crossing the end of the remote region (large: several tcp chunks). */
 	post1(r.ep, KVX_XPORT_OP_WRITE, l, 0, rr, 100, rlen, 1);
 	struct kvx_xport_cpl c = wait_cpl(r.ep, 1, 30);
@@ -449,7 +530,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	/* READ crossing the end: local memory unchanged. */
 	post1(r.ep, KVX_XPORT_OP_READ, l, 0, rr, rlen - 10, 11, 4);
 	cr_assert_eq(wait_cpl(r.ep, 4, 30).status, -ERANGE);
-	cr_assert_eq(pat_check(lm, 4 * rlen, 42, 0), 4 * rlen);
+	cr_assert_eq(lcheck(&r, lm, 4 * rlen, 42, 0), 4 * rlen);
 	/* Local range out of bounds. */
 	post1(r.ep, KVX_XPORT_OP_READ, l, 4 * rlen - 1, rr, 0, 2, 5);
 	cr_assert_eq(wait_cpl(r.ep, 5, 30).status, -ERANGE);
@@ -481,7 +562,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 			      (unsigned long long)t.reqs_rejected);
 	}
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, wrong_key_or_access_is_eacces_target_untouched)
@@ -492,7 +573,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 		  wrong_key_or_access_is_eacces_target_untouched)
 {
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	const uint64_t rlen = 256 * 1024;
 	uint8_t d[KVX_XPORT_RDESC_BYTES], dro[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&r.peer, rlen, KVX_XPORT_ACCESS_ALL, 51, d);
@@ -503,8 +584,8 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	forged[14] ^= 0x5a; /* key bits above the slot index */
 	struct kvx_xport_rmr *bad = import(r.ep, forged);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, rlen, KVX_XPORT_ACCESS_ALL);
-	pat_fill(lm, rlen, 53, 0);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, rlen, KVX_XPORT_ACCESS_ALL);
+	lfill(&r, lm, rlen, 53, 0);
 	post1(r.ep, KVX_XPORT_OP_WRITE, l, 0, bad, 0, rlen, 1);
 	struct kvx_xport_cpl c = wait_cpl(r.ep, 1, 30);
 	cr_assert_eq(c.status, -EACCES);
@@ -513,7 +594,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	recover_if_in_error(&r);
 	post1(r.ep, KVX_XPORT_OP_READ, l, 0, bad, 0, 100, 2);
 	cr_assert_eq(wait_cpl(r.ep, 2, 30).status, -EACCES);
-	cr_assert_eq(pat_check(lm, rlen, 53, 0), rlen);
+	cr_assert_eq(lcheck(&r, lm, rlen, 53, 0), rlen);
 	recover_if_in_error(&r);
 	/* WRITE into a read-only region. */
 	struct kvx_xport_rmr *rro = import(r.ep, dro);
@@ -523,17 +604,17 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	/* READ from it works. */
 	post1(r.ep, KVX_XPORT_OP_READ, l, 0, rro, 10, 1000, 4);
 	cr_assert_eq(wait_cpl(r.ep, 4, 30).status, 0);
-	cr_assert_eq(pat_check(lm, 1000, 52, 10), 1000);
+	cr_assert_eq(lcheck(&r, lm, 1000, 52, 10), 1000);
 	/* READ into a local region without LOCAL_WRITE. */
 	uint8_t *lm2;
-	struct kvx_xport_mr *l2 = local_mr(r.ctx, &lm2, 4096, KVX_XPORT_ACCESS_REMOTE_READ);
-	pat_fill(lm2, 4096, 54, 0);
+	struct kvx_xport_mr *l2 = local_mr(&r, &lm2, 4096, KVX_XPORT_ACCESS_REMOTE_READ);
+	lfill(&r, lm2, 4096, 54, 0);
 	post1(r.ep, KVX_XPORT_OP_READ, l2, 0, rro, 0, 4096, 5);
 	cr_assert_eq(wait_cpl(r.ep, 5, 30).status, -EACCES);
-	cr_assert_eq(pat_check(lm2, 4096, 54, 0), 4096);
+	cr_assert_eq(lcheck(&r, lm2, 4096, 54, 0), 4096);
 	rig_down(&r);
-	free(lm);
-	free(lm2);
+	lfree(&r, lm);
+	lfree(&r, lm2);
 }
 
 ParameterizedTestParameters(transport_conformance, peer_killed_mid_batch_completes_econnreset)
@@ -547,13 +628,13 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	rig_params(&prm);
 	prm.op_timeout_ns = 5000000000ull;
 	struct rig r;
-	rig_up(&r, pp->name, &prm);
+	rig_up(&r, pp, &prm);
 	const uint64_t rlen = 32 * MIB;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	cr_assert_geq(peer_reg(&r.peer, rlen, KVX_XPORT_ACCESS_ALL, 61, d), 0);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, rlen, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, rlen, KVX_XPORT_ACCESS_ALL);
 	struct kvx_xport_op ops[32];
 	for (int i = 0; i < 32; i++)
 		ops[i] = (struct kvx_xport_op){.lmr = l, .rmr = rr, .loff = (uint64_t)i * MIB,
@@ -587,7 +668,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	kvx_xport_ep_counters(r.ep, &k);
 	cr_assert_geq(k.resets, 1);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, frozen_peer_times_out_with_etimedout)
@@ -601,7 +682,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	rig_params(&prm);
 	prm.op_timeout_ns = 1000000000ull;
 	struct rig r;
-	rig_up(&r, pp->name, &prm);
+	rig_up(&r, pp, &prm);
 	if (!r.caps.needs_progress) {
 		rig_down(&r);
 		cr_skip_test("%s moves data without the target's CPU: a frozen peer cannot stall it",
@@ -611,7 +692,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	cr_assert_geq(peer_reg(&r.peer, MIB, KVX_XPORT_ACCESS_ALL, 71, d), 0);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, MIB, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, MIB, KVX_XPORT_ACCESS_ALL);
 	peer_stop(&r.peer);
 	uint64_t t0 = kvx_now_ns();
 	post1(r.ep, KVX_XPORT_OP_READ, l, 0, rr, 0, MIB, 1);
@@ -626,7 +707,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	cr_assert_eq(k.timeouts, 1);
 	peer_kill(&r.peer);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, many_endpoints_at_once_exact_bytes)
@@ -637,13 +718,13 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, many_endpoints_
 {
 	enum { NEP = 24 };
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	const uint64_t rlen = NEP * 65536;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&r.peer, rlen, KVX_XPORT_ACCESS_ALL, 81, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, rlen, KVX_XPORT_ACCESS_ALL);
-	pat_fill(lm, rlen, 82, 0);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, rlen, KVX_XPORT_ACCESS_ALL);
+	lfill(&r, lm, rlen, 82, 0);
 	struct kvx_xport_ep *eps[NEP];
 	struct kvx_xport_rmr *rr[NEP];
 	for (int i = 0; i < NEP; i++) {
@@ -674,7 +755,7 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, many_endpoints_
 	for (int i = 0; i < NEP; i++)
 		kvx_xport_ep_destroy(eps[i]);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, post_arguments_and_backpressure)
@@ -687,13 +768,13 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, post_arguments_
 	rig_params(&prm);
 	prm.queue_depth = 16;
 	struct rig r;
-	rig_up(&r, pp->name, &prm);
+	rig_up(&r, pp, &prm);
 	cr_assert_eq(r.caps.max_batch, 16);
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	cr_assert_geq(peer_reg(&r.peer, 65536, KVX_XPORT_ACCESS_ALL, 91, d), 0);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, 65536, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, 65536, KVX_XPORT_ACCESS_ALL);
 	struct kvx_xport_op ops[17];
 	for (int i = 0; i < 17; i++)
 		ops[i] = (struct kvx_xport_op){.lmr = l, .rmr = rr, .loff = (uint64_t)i * 100,
@@ -712,14 +793,14 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, post_arguments_
 	cr_assert_eq(c.n_ops, 16);
 	cr_assert_eq(kvx_xport_post_bulk(r.ep, KVX_XPORT_OP_READ, &ops[16], 1, 2), 0);
 	cr_assert_eq(wait_cpl(r.ep, 2, 30).status, 0);
-	cr_assert_eq(pat_check(lm, 1700, 91, 0), 1700);
+	cr_assert_eq(lcheck(&r, lm, 1700, 91, 0), 1700);
 	struct kvx_xport_counters k;
 	kvx_xport_ep_counters(r.ep, &k);
 	cr_assert_eq(k.post_nobufs, 1);
 	cr_assert_eq(k.ops_posted, 17);
 	cr_assert_eq(k.batches_done, 2);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, malformed_blobs_rejected)
@@ -729,7 +810,7 @@ ParameterizedTestParameters(transport_conformance, malformed_blobs_rejected)
 ParameterizedTest(struct xport_param *pp, transport_conformance, malformed_blobs_rejected)
 {
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
 	size_t al = 0, bl = 0;
 	struct kvx_xport_ep *ep = NULL;
@@ -753,12 +834,12 @@ ParameterizedTest(struct xport_param *pp, transport_conformance, malformed_blobs
 	cr_assert_geq(peer_reg(&r.peer, 4096, KVX_XPORT_ACCESS_ALL, 95, d), 0);
 	struct kvx_xport_rmr *rr = import(ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, 4096, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, 4096, KVX_XPORT_ACCESS_ALL);
 	post1(ep, KVX_XPORT_OP_READ, l, 0, rr, 0, 4096, 9);
 	cr_assert_eq(wait_cpl(ep, 9, 30).status, 0);
-	cr_assert_eq(pat_check(lm, 4096, 95, 0), 4096);
+	cr_assert_eq(lcheck(&r, lm, 4096, 95, 0), 4096);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }
 
 ParameterizedTestParameters(transport_conformance, ep_wait_wakes_on_response_not_timeout)
@@ -769,12 +850,12 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 		  ep_wait_wakes_on_response_not_timeout)
 {
 	struct rig r;
-	rig_up(&r, pp->name, NULL);
+	rig_up(&r, pp, NULL);
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	cr_assert_geq(peer_reg(&r.peer, MIB, KVX_XPORT_ACCESS_ALL, 97, d), 0);
 	struct kvx_xport_rmr *rr = import(r.ep, d);
 	uint8_t *lm;
-	struct kvx_xport_mr *l = local_mr(r.ctx, &lm, MIB, KVX_XPORT_ACCESS_ALL);
+	struct kvx_xport_mr *l = local_mr(&r, &lm, MIB, KVX_XPORT_ACCESS_ALL);
 	/* Nothing outstanding: after at most one stale wake-up (e.g. the first writability
 	 * edge of a new socket), the wait times out; or the provider has nothing to wait on. */
 	int rc = kvx_xport_ep_wait(r.ep, 20);
@@ -793,9 +874,9 @@ ParameterizedTest(struct xport_param *pp, transport_conformance,
 	}
 	cr_assert_eq(c.status, 0);
 	cr_assert_lt(kvx_now_ns() - t0, 15000000000ull, "woke by timeout, not by the response");
-	cr_assert_eq(pat_check(lm, MIB, 97, 0), MIB);
+	cr_assert_eq(lcheck(&r, lm, MIB, 97, 0), MIB);
 	/* Target side: its wait fd exists exactly when the provider needs progress. */
 	cr_assert_eq(kvx_xport_ctx_wait_fd(r.ctx) >= 0, r.caps.needs_progress);
 	rig_down(&r);
-	free(lm);
+	lfree(&r, lm);
 }

@@ -11,10 +11,23 @@
  * write anywhere in the target, which is why shm is limited to same-host, same-user peers.
  * Unregistering a region on the target is seen by initiators at their next import only.
  *
- * All work happens synchronously in post (one syscall per group of up to IOV_MAX ops);
- * completions are queued and returned by poll.
+ * Host regions: all work happens synchronously in post (one syscall per group of up to IOV_MAX
+ * ops); completions are queued and returned by poll.
+ *
+ * Device regions (HIP, or the hostdev mock: the same code, only the kvx_mem ops differ): never
+ * touched with CMA. The target exports an IPC handle per device region into its published
+ * table; the initiator reads it with the slot at import, verifies it against the descriptor,
+ * and opens it in the endpoint's IPC cache (one mapping per peer allocation, reference counted,
+ * closed when the endpoint is destroyed). Ops on a device remote region are asynchronous copies
+ * (kvx_mem_copy_async: D2H, H2D or D2D) on the endpoint's stream; the batch completes when the
+ * last copy's event is ready (copies on a stream finish in order), polled without blocking.
+ * Each post with device ops checks the peer's liveness with one 8-byte read of its probe word
+ * (an IPC mapping outlives its exporter, CMA does not). A local device region against a host
+ * remote region would need CMA on device memory: those ops complete with -ENOTSUP.
  */
 #include "transport_internal.h"
+
+#include "mem_internal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -29,6 +42,12 @@
 #define SHM_IOV_MAX 1024u
 #define SHM_MAX_OP (1ull << 30)
 #define SHM_RMR_VERIFIED 1u
+#define SHM_RMR_DEVICE 2u   /* remote device region: prov_flags >> 8 is its IPC cache entry */
+#define SHM_IPC_ENTRIES 256 /* peer device allocations mapped per endpoint */
+
+_Static_assert((int)KVX_XPORT_MEM_HIP == (int)KVX_MEM_HIP &&
+		       (int)KVX_XPORT_MEM_HOSTDEV == (int)KVX_MEM_HOSTDEV,
+	       "transport and mem kinds share values");
 
 /* One published region slot, read by initiators with process_vm_readv. */
 struct shm_slot {
@@ -36,6 +55,7 @@ struct shm_slot {
 	uint64_t len;
 	uint32_t key;
 	uint32_t access;
+	struct kvx_mem_ipc_handle ipc; /* device regions: exported handle; zero for host */
 };
 
 struct shm_ctx {
@@ -44,6 +64,7 @@ struct shm_ctx {
 	uint16_t *gen;          /* Array[max_regions]: generation per slot */
 	uint64_t magic;         /* probe value read by initiators at connect */
 	uint8_t boot_id[16];
+	struct kvx_mem *dev;    /* device memory domain (first device region); control thread */
 };
 
 struct shm_mr {
@@ -60,6 +81,11 @@ struct shm_ep {
 	uint32_t cq_head, cq_tail; /* free-running; head - tail = queued completions */
 	uint32_t ops_queued;       /* ops whose completion is not polled yet */
 	struct kvx_xport_cpl *cq;  /* Array[cq_mask + 1] */
+	struct kvx_mem_event *cq_ev; /* Array[cq_mask + 1]: last copy of a batch (or ready) */
+	uint64_t probe_addr;       /* peer's probe word (liveness check of device batches) */
+	struct kvx_mem_stream *stream;  /* device copies; created at the first device import */
+	uint32_t stream_depth;          /* copies in flight on it, at most */
+	struct kvx_mem_ipc_cache *ipc;  /* peer device allocations opened on this endpoint */
 	struct iovec *liov, *riov; /* Array[SHM_IOV_MAX] each */
 	uint32_t *idx;             /* Array[SHM_IOV_MAX]: op index of each iov */
 	int32_t *st;               /* Array[SHM_MAX_BATCH]: per-op status of the current post */
@@ -120,7 +146,7 @@ static int shm_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	cp->inline_bytes = (uint32_t)SHM_MAX_OP; /* data moves during post */
 	cp->max_channels = 1;
 	cp->num_channels = 1;
-	cp->mem_types = 1u << KVX_XPORT_MEM_HOST;
+	cp->mem_types = kvx_mem_usable_kinds();
 	cp->needs_progress = false;
 	cp->same_host_only = true;
 	*out = &c->base;
@@ -135,6 +161,7 @@ static void shm_close(struct kvx_xport_ctx *ctx)
 		xport_mr_unlink(mr);
 		free(mr);
 	}
+	kvx_mem_close(c->dev);
 	free(c->table);
 	free(c->gen);
 	free(c);
@@ -149,6 +176,23 @@ static int shm_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 		slot++;
 	if (slot == ctx->params.max_regions)
 		return -ENOBUFS;
+	struct kvx_mem_ipc_handle ipc;
+	memset(&ipc, 0, sizeof(ipc));
+	if (p->mem_type != KVX_XPORT_MEM_HOST) {
+		/* Device memory: published as an IPC handle (never CMA); the export checks that
+		 * [addr, addr + len) is device memory of this type. */
+		struct kvx_mem_type t = {.kind = (enum kvx_mem_kind)p->mem_type,
+					 .device = p->mem_type == KVX_XPORT_MEM_HIP ? p->device_id : 0};
+		int rc = kvx_mem_domain_get(&c->dev, &t, "shm mr_register");
+		if (!rc)
+			rc = kvx_mem_ipc_export(c->dev, p->addr, p->len_bytes, &ipc);
+		if (rc) {
+			kvx_log(KVX_LOG_ERROR, "shm mr_register: %p (+%llu bytes) is not device memory "
+				"of its mem_type %d or cannot be exported: %s", p->addr,
+				(unsigned long long)p->len_bytes, (int)p->mem_type, kvx_strerror(rc));
+			return rc;
+		}
+	}
 	struct shm_mr *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
@@ -163,7 +207,7 @@ static int shm_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 	m->base.device_id = p->device_id;
 	m->base.key = ((uint32_t)c->gen[slot] << 16) | slot;
 	c->table[slot] = (struct shm_slot){(uint64_t)(uintptr_t)p->addr, p->len_bytes, m->base.key,
-					   p->access};
+					   p->access, ipc};
 	*out = &m->base;
 	return 0;
 }
@@ -180,10 +224,55 @@ static int shm_mr_unregister(struct kvx_xport_mr *mr)
 /* Verify an imported descriptor against the target's published table. A mismatch (wrong key,
  * forged length or address) is not an import error: the ops complete with -EACCES, so the
  * failure shows where tcp and verbs show it. */
+/* Device state of an initiator endpoint (control path, first device import): the context's
+ * device domain, a stream and the IPC cache. */
+static int ep_dev_init(struct shm_ep *e, const struct kvx_mem_type *t)
+{
+	struct shm_ctx *c = (struct shm_ctx *)e->base.ctx;
+	int rc = kvx_mem_domain_get(&c->dev, t, "shm import");
+	if (rc || e->stream)
+		return rc;
+	uint32_t depth = c->base.params.queue_depth;
+	struct kvx_mem_stream_params sp = {.depth = depth < 4096 ? depth : 4096};
+	rc = kvx_mem_stream_create(c->dev, &sp, &e->stream);
+	e->stream_depth = sp.depth;
+	if (!rc) {
+		rc = kvx_mem_ipc_cache_create(c->dev, SHM_IPC_ENTRIES, &e->ipc);
+		if (rc) {
+			kvx_mem_stream_destroy(e->stream);
+			e->stream = NULL;
+		}
+	}
+	return rc;
+}
+
+/* Open the verified device region's IPC handle; sets the DEVICE flag and the cache entry. */
+static int rmr_dev_open(struct shm_ep *e, struct kvx_xport_rmr *r, const struct shm_slot *s)
+{
+	const struct kvx_mem_ipc_handle *h = &s->ipc;
+	if (h->kind != (uint32_t)r->mem_type || h->pid != (uint32_t)e->peer ||
+	    h->offset > UINT64_MAX - h->base || h->base + h->offset != r->addr || h->len != r->len) {
+		kvx_log(KVX_LOG_WARN, "shm import: device region key 0x%x of pid %d: its IPC handle "
+			"does not describe the descriptor (kind/pid/address/length)", r->key,
+			(int)e->peer);
+		return 0; /* unverified: its ops complete with -EACCES */
+	}
+	struct kvx_mem_type t = {.kind = (enum kvx_mem_kind)h->kind, .device = h->device};
+	int rc = ep_dev_init(e, &t);
+	if (rc)
+		return rc;
+	struct kvx_mem_ipc_map map;
+	rc = kvx_mem_ipc_cache_open(e->ipc, h, &map);
+	if (rc)
+		return rc;
+	r->prov_flags = SHM_RMR_VERIFIED | SHM_RMR_DEVICE | (map.entry << 8);
+	return 0;
+}
+
 static int shm_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
-	if (rmr->mem_type != KVX_XPORT_MEM_HOST)
+	if (rmr->mem_type != KVX_XPORT_MEM_HOST && !(ep->ctx->caps.mem_types & (1u << rmr->mem_type)))
 		return -ENOTSUP;
 	if (!ep->connected)
 		return -ENOTCONN;
@@ -198,8 +287,13 @@ static int shm_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rm
 	ssize_t n = process_vm_readv(e->peer, &l, 1, &rv, 1, 0);
 	if (n != (ssize_t)sizeof(s))
 		return n < 0 && errno == ESRCH ? -ECONNRESET : 0;
-	if (s.key == rmr->key && s.addr == rmr->addr && s.len == rmr->len && s.access == rmr->access)
-		r->prov_flags = SHM_RMR_VERIFIED;
+	if (s.key != rmr->key || s.addr != rmr->addr || s.len != rmr->len || s.access != rmr->access)
+		return 0;
+	if (rmr->mem_type != KVX_XPORT_MEM_HOST)
+		return rmr_dev_open(e, r, &s);
+	if (s.ipc.kind != KVX_MEM_HOST)
+		return 0; /* a device region announced as host memory: never CMA it */
+	r->prov_flags = SHM_RMR_VERIFIED;
 	return 0;
 }
 
@@ -217,12 +311,14 @@ static struct shm_ep *ep_alloc(struct kvx_xport_ctx *ctx, bool initiator)
 	uint32_t depth = ctx->params.queue_depth;
 	e->cq_mask = depth - 1;
 	e->cq = calloc(depth, sizeof(*e->cq));
+	e->cq_ev = calloc(depth, sizeof(*e->cq_ev));
 	e->liov = calloc(SHM_IOV_MAX, sizeof(*e->liov));
 	e->riov = calloc(SHM_IOV_MAX, sizeof(*e->riov));
 	e->idx = calloc(SHM_IOV_MAX, sizeof(*e->idx));
 	e->st = calloc(SHM_MAX_BATCH, sizeof(*e->st));
-	if (!e->cq || !e->liov || !e->riov || !e->idx || !e->st) {
+	if (!e->cq || !e->cq_ev || !e->liov || !e->riov || !e->idx || !e->st) {
 		free(e->cq);
+		free(e->cq_ev);
 		free(e->liov);
 		free(e->riov);
 		free(e->idx);
@@ -236,7 +332,11 @@ static struct shm_ep *ep_alloc(struct kvx_xport_ctx *ctx, bool initiator)
 static void shm_ep_destroy(struct kvx_xport_ep *ep)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
+	/* Copies in flight use the peer mappings: finish them before closing the mappings. */
+	kvx_mem_stream_destroy(e->stream);
+	kvx_mem_ipc_cache_destroy(e->ipc);
 	free(e->cq);
+	free(e->cq_ev);
 	free(e->liov);
 	free(e->riov);
 	free(e->idx);
@@ -352,6 +452,7 @@ static int shm_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen
 		return -EPROTO;
 	}
 	e->peer = (pid_t)pid;
+	e->probe_addr = xport_get_u64(b + 32);
 	e->table_addr = xport_get_u64(b + 48);
 	e->table_slots = xport_get_u32(b + 56);
 	return 0;
@@ -439,22 +540,79 @@ static void flush_group(struct shm_ep *e, enum kvx_xport_opcode opc, uint32_t k)
 	xfer_each(e, opc, j, k);
 }
 
+/* Whether the peer still exists: one 8-byte read of its probe word (device batches only). */
+static bool peer_alive(struct shm_ep *e)
+{
+	uint64_t v;
+	struct iovec l = {&v, sizeof(v)}, r = {(void *)(uintptr_t)e->probe_addr, sizeof(v)};
+	return process_vm_readv(e->peer, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) || errno != ESRCH;
+}
+
+/* Start the asynchronous copy of one op on a device remote region; 0 or the op's status. */
+static int dev_op(struct shm_ep *e, enum kvx_xport_opcode opc, const struct kvx_xport_op *o,
+		  struct kvx_mem_event *ev)
+{
+	const struct kvx_xport_mr *l = o->lmr;
+	void *rp = NULL;
+	int rc = kvx_mem_ipc_cache_ptr(e->ipc, o->rmr->prov_flags >> 8, o->rmr->addr + o->roff,
+				       o->len, &rp);
+	if (KVX_UNLIKELY(rc))
+		return -ERANGE;
+	bool ldev = l->mem_type != KVX_XPORT_MEM_HOST;
+	if (KVX_UNLIKELY(ldev && l->mem_type != o->rmr->mem_type))
+		return -ENOTSUP; /* two device memory types in one op */
+	uint8_t *lp = l->addr + o->loff;
+	if (opc == KVX_XPORT_OP_READ)
+		rc = kvx_mem_copy_async(e->stream, lp, rp, o->len, ldev ? KVX_MEM_D2D : KVX_MEM_D2H,
+					ev);
+	else
+		rc = kvx_mem_copy_async(e->stream, rp, lp, o->len, ldev ? KVX_MEM_D2D : KVX_MEM_H2D,
+					ev);
+	return rc == -ENOBUFS ? -EIO : rc; /* room was checked before the batch started */
+}
+
+/* Device ops in a batch (ops on a device remote region). */
+static uint32_t count_dev(const struct kvx_xport_op *ops, uint32_t n)
+{
+	uint32_t k = 0;
+	for (uint32_t i = 0; i < n; i++)
+		k += (ops[i].rmr->prov_flags & SHM_RMR_DEVICE) != 0;
+	return k;
+}
+
 static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
+	uint32_t ndev = e->stream ? count_dev(ops, n) : 0;
 	if (KVX_UNLIKELY(e->cq_head - e->cq_tail > e->cq_mask ||
-			 e->ops_queued + n > ep->ctx->params.queue_depth)) {
+			 e->ops_queued + n > ep->ctx->params.queue_depth ||
+			 (ndev && kvx_mem_stream_inflight(e->stream) + ndev > e->stream_depth))) {
 		xport_cnt_add(&ep->cnt, post_nobufs, 1);
 		return -ENOBUFS;
 	}
 	int dead = atomic_load_explicit(&ep->status, memory_order_relaxed);
+	if (ndev && !dead && KVX_UNLIKELY(!peer_alive(e))) {
+		atomic_store_explicit(&ep->status, -ECONNRESET, memory_order_relaxed);
+		xport_cnt_add(&ep->cnt, resets, 1);
+		dead = -ECONNRESET;
+	}
+	struct kvx_mem_event *ev = &e->cq_ev[e->cq_head & e->cq_mask];
+	kvx_mem_event_init_ready(ev);
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvx_xport_op *o = &ops[i];
 		e->st[i] = dead ? -ECONNRESET : op_check(opc, o);
 		if (e->st[i])
 			continue;
+		if (o->rmr->prov_flags & SHM_RMR_DEVICE) {
+			e->st[i] = dev_op(e, opc, o, ev);
+			continue;
+		}
+		if (KVX_UNLIKELY(o->lmr->mem_type != KVX_XPORT_MEM_HOST)) {
+			e->st[i] = -ENOTSUP; /* CMA never touches device memory */
+			continue;
+		}
 		e->liov[k].iov_base = o->lmr->addr + o->loff;
 		e->liov[k].iov_len = o->len;
 		e->riov[k].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
@@ -496,8 +654,20 @@ static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t
 	struct shm_ep *e = (struct shm_ep *)ep;
 	uint32_t got = 0;
 	while (got < max && e->cq_tail != e->cq_head) {
-		cpl[got] = e->cq[e->cq_tail & e->cq_mask];
-		e->ops_queued -= cpl[got].n_ops;
+		struct kvx_mem_event *ev = &e->cq_ev[e->cq_tail & e->cq_mask];
+		struct kvx_xport_cpl *c = &e->cq[e->cq_tail & e->cq_mask];
+		int rc = kvx_mem_event_query(ev);
+		if (rc == 0)
+			break; /* the batch's device copies are still running: in order */
+		if (KVX_UNLIKELY(rc < 0)) {
+			/* The stream failed: no byte of this batch is known to have landed. */
+			xport_cnt_add(&ep->cnt, ops_ok, 0 - (uint64_t)(c->n_ops - c->n_failed));
+			xport_cnt_add(&ep->cnt, ops_failed, c->n_ops - c->n_failed);
+			*c = (struct kvx_xport_cpl){.cookie = c->cookie, .status = -EIO,
+						    .n_ops = c->n_ops, .n_failed = c->n_ops};
+		}
+		cpl[got] = *c;
+		e->ops_queued -= c->n_ops;
 		e->cq_tail++;
 		got++;
 	}
