@@ -23,6 +23,7 @@
 #include "kvxfer/control.h"
 #include "kvxfer/engine.h"
 #include "kvxfer/lcore.h"
+#include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 #include "runtime_internal.h"
 
@@ -41,10 +42,11 @@ struct emsg {
 	uint32_t u32;   /* layer / n_layers / notify type */
 	int32_t status; /* error / decode rank */
 	uint32_t n;     /* block count */
-	void *ptr;      /* xf*, peer*, ready flag, malloc'ed block ids */
+	void *ptr;      /* xf*, peer*, legacy ready flag, malloc'ed block ids */
 	uint64_t u64;   /* consumer_tp_size */
+	struct kvx_mem_event ev; /* M_LAYER_READY: the layer's readiness event (by value) */
 	char tid[KVX_ENGINE_ID_MAX];
-	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
+	uint8_t pad[256 - 32 - sizeof(struct kvx_mem_event) - KVX_ENGINE_ID_MAX];
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
@@ -123,7 +125,10 @@ struct xf {
 	uint32_t next_layer;
 	uint32_t batches_out;
 	uint32_t layer_batches[KVX_ENGINE_MAX_LAYERS];
+	/* Layer readiness (P WRITE): the legacy host flag (kvx_xfer_layer_ready()) or an event
+	 * (kvx_xfer_layer_ready_event()); queried, never waited on, by the poller. */
 	const atomic_uint *ready_flag[KVX_ENGINE_MAX_LAYERS];
+	struct kvx_mem_event ready_ev[KVX_ENGINE_MAX_LAYERS];
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
 	bool reported, released, failed, aborted, timed_out, done_posting, release_sent;
 	bool fence_pending; /* P READ: defer timeout passed, blocks held until the wire is fenced */
@@ -151,6 +156,8 @@ struct kvx_engine {
 	struct kvx_xport_caps caps[2];
 	uint32_t n_xctx;
 	bool has_hip; /* a layer is HIP memory: `auto` does not add shm (CMA reads host memory) */
+	int hip_probe;       /* app thread: 0 not probed, 1 HIP device usable, else -errno */
+	char hip_why[KVX_MEM_WHY_LEN];
 	_Atomic(const char *) last_xport; /* provider of the latest peer connection set up */
 	struct kvx_ctl *ctl;
 	struct kvx_ctl_inbox *app_ib, *poll_ib;
@@ -919,10 +926,14 @@ static void read_progress(struct kvx_engine *e, struct xf *x)
 	}
 }
 
-static bool layer_gate_open(const struct xf *x, uint32_t layer)
+/* 1 the layer may be written, 0 not yet, negative errno if its event failed (hipEventQuery
+ * error). Never blocks (kvx_mem_event_query() is a load or one hipEventQuery). */
+static int layer_gate_open(const struct xf *x, uint32_t layer)
 {
 	const atomic_uint *f = x->ready_flag[layer];
-	return !f || atomic_load_explicit(f, memory_order_acquire) != 0;
+	if (f)
+		return atomic_load_explicit(f, memory_order_acquire) != 0;
+	return kvx_mem_event_query(&x->ready_ev[layer]);
 }
 
 static void write_progress(struct kvx_engine *e, struct xf *x)
@@ -952,8 +963,19 @@ static void write_progress(struct kvx_engine *e, struct xf *x)
 		while (bits) {
 			uint32_t layer = w * 64 + (uint32_t)__builtin_ctzll(bits);
 			bits &= bits - 1;
-			if (!layer_gate_open(x, layer))
+			int g = layer_gate_open(x, layer);
+			if (g == 0)
 				continue;
+			if (g < 0) {
+				/* The producer's event failed: nothing of this layer is known to be
+				 * computed, so nothing more is written; the transfer fails. */
+				memset(x->want_post, 0, sizeof(x->want_post));
+				x->failed = true;
+				x->error = g;
+				kvx_xfer_mark_write_done(e->tab, x->tid, false);
+				report(e, x, KVX_CPL_FAILED, g, x->batches_out == 0);
+				return;
+			}
 			if (post_layer(e, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
 				return;
 			x->want_post[w] &= ~(1ull << (layer % 64));
@@ -1199,6 +1221,7 @@ static void handle_sub(struct kvx_engine *e, struct emsg *m)
 		if (!kvx_xfer_schedule_write(e->tab, x->tid, m->u32))
 			return; /* duplicate (transfer, layer): no-op */
 		x->ready_flag[m->u32] = m->ptr;
+		x->ready_ev[m->u32] = m->ev;
 		x->want_post[m->u32 / 64] |= 1ull << (m->u32 % 64);
 		write_progress(e, x);
 		return;
@@ -1879,7 +1902,8 @@ KVX_API int kvx_xfer_serve(struct kvx_engine *e, const struct kvx_engine_serve *
 	return submit(e, XK_SERVE, s->transfer_id, NULL, s->local_blocks, NULL, s->n, s->consumer_tp_size);
 }
 
-static int push_tid_msg(struct kvx_engine *e, uint32_t type, const char *tid, uint32_t u32, const void *ptr)
+static int push_tid_msg(struct kvx_engine *e, uint32_t type, const char *tid, uint32_t u32, const void *ptr,
+			const struct kvx_mem_event *ev)
 {
 	if (!e || !tid)
 		return -EINVAL;
@@ -1889,6 +1913,8 @@ static int push_tid_msg(struct kvx_engine *e, uint32_t type, const char *tid, ui
 	if (!r || r->state != KVX_XFER_S_LIVE)
 		return -ENOENT;
 	struct emsg m = {.type = type, .u32 = u32, .ptr = (void *)ptr};
+	if (ev)
+		m.ev = *ev;
 	strcpy(m.tid, tid);
 	return kvx_ring_enqueue_elem_burst_sp(e->sub, &m, 1, NULL) ? 0 : -ENOBUFS;
 }
@@ -1898,19 +1924,92 @@ KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, 
 {
 	if (e && layer >= e->n_layers)
 		return -EINVAL;
-	return push_tid_msg(e, M_LAYER_READY, transfer_id, layer, ready);
+	return push_tid_msg(e, M_LAYER_READY, transfer_id, layer, ready, NULL);
+}
+
+/* Whether this host can poll hipEvent_t handles (probed once, on the application thread). */
+static int hip_events_usable(struct kvx_engine *e)
+{
+	if (!kvx_mem_has_hip()) {
+		kvx_log(KVX_LOG_ERROR, "engine: layer_ready: a hipEvent_t needs a HIP build (libamdhip64 not found "
+				       "at build time)");
+		return -ENOTSUP;
+	}
+	if (e->hip_probe == 0) {
+		char why[KVX_MEM_WHY_LEN] = "";
+		int rc = kvx_mem_probe(&(struct kvx_mem_type){.kind = KVX_MEM_HIP, .device = 0}, why, sizeof(why));
+		e->hip_probe = rc ? rc : 1;
+		snprintf(e->hip_why, sizeof(e->hip_why), "%s", rc ? (why[0] ? why : kvx_strerror(rc)) : "");
+	}
+	if (e->hip_probe < 0) {
+		kvx_log(KVX_LOG_ERROR, "engine: layer_ready: cannot poll a hipEvent_t here: %s", e->hip_why);
+		return e->hip_probe;
+	}
+	return 0;
+}
+
+KVX_API int kvx_xfer_layer_ready_event(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
+				       const struct kvx_mem_event *ev)
+{
+	if (!e || !transfer_id)
+		return -EINVAL;
+	if (layer >= e->n_layers) {
+		kvx_log(KVX_LOG_ERROR, "engine: layer_ready: layer %u out of range (%u layers registered)", layer,
+			e->n_layers);
+		return -EINVAL;
+	}
+	struct kvx_mem_event none = {0};
+	if (!ev)
+		ev = &none;
+	switch (ev->kind) {
+	case KVX_MEM_EVENT_READY:
+		break;
+	case KVX_MEM_EVENT_FLAG:
+		if (!ev->u.counter) {
+			kvx_log(KVX_LOG_ERROR, "engine: layer_ready: flag event without a counter");
+			return -EINVAL;
+		}
+		break;
+	case KVX_MEM_EVENT_HIP: {
+		int rc = hip_events_usable(e);
+		if (rc)
+			return rc;
+		if (!ev->u.hip_event)
+			return -EINVAL;
+		break;
+	}
+	default:
+		kvx_log(KVX_LOG_ERROR, "engine: layer_ready: event kind %u not accepted (host flag or hipEvent_t "
+				       "only; a stream event belongs to its stream's thread)", ev->kind);
+		return -EINVAL;
+	}
+	return push_tid_msg(e, M_LAYER_READY, transfer_id, layer, NULL, ev);
+}
+
+KVX_API int kvx_xfer_layer_ready_hip(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
+				     void *hip_event)
+{
+	if (!e || !transfer_id || !hip_event)
+		return -EINVAL;
+	int rc = hip_events_usable(e);
+	if (rc)
+		return rc;
+	struct kvx_mem_event ev;
+	if ((rc = kvx_mem_event_init_hip(&ev, hip_event)))
+		return rc;
+	return kvx_xfer_layer_ready_event(e, transfer_id, layer, &ev);
 }
 
 KVX_API int kvx_xfer_seal(struct kvx_engine *e, const char *transfer_id, uint32_t n_layers)
 {
 	if (e && (n_layers == 0 || n_layers > e->n_layers))
 		return -EINVAL;
-	return push_tid_msg(e, M_SEAL, transfer_id, n_layers, NULL);
+	return push_tid_msg(e, M_SEAL, transfer_id, n_layers, NULL, NULL);
 }
 
 KVX_API int kvx_xfer_abort(struct kvx_engine *e, const char *transfer_id)
 {
-	return push_tid_msg(e, M_ABORT, transfer_id, 0, NULL);
+	return push_tid_msg(e, M_ABORT, transfer_id, 0, NULL, NULL);
 }
 
 KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, uint32_t layer)

@@ -20,7 +20,7 @@
  * | role / mode  | READ                                        | WRITE                                         |
  * |--------------|---------------------------------------------|-----------------------------------------------|
  * | consumer (D) | kvx_xfer_read(); kvx_xfer_layer_wait/poll()  | kvx_xfer_announce() (sends `remote_blocks`)  |
- * | producer (P) | kvx_xfer_serve(); freed on `release`        | kvx_xfer_write_begin(); kvx_xfer_layer_ready(); kvx_xfer_seal() |
+ * | producer (P) | kvx_xfer_serve(); freed on `release`        | kvx_xfer_write_begin(); kvx_xfer_layer_ready[_event]();  kvx_xfer_seal() |
  * Both: kvx_engine_poll_completions(), kvx_xfer_abort(), kvx_engine_get_stats().
  *
  * Every transfer reaches exactly one terminal KVX_CPL_TRANSFER completion (done, failed,
@@ -68,6 +68,7 @@
 
 #include "kvxfer/common.h"
 #include "kvxfer/layout.h"
+#include "kvxfer/mem.h"
 #include "kvxfer/sched.h"
 
 #ifdef __cplusplus
@@ -358,13 +359,80 @@ KVX_API int kvx_xfer_announce(struct kvx_engine *e, const struct kvx_engine_anno
 KVX_API int kvx_xfer_write_begin(struct kvx_engine *e, const struct kvx_engine_write *w);
 
 /**
- * P WRITE: layer @p layer of transfer @p transfer_id is computed. If @p ready is non-NULL
- * the polling lcore posts the layer's writes only after it reads a non-zero value
- * (acquire) — host memory readiness; HIP events come with the HIP issue. Duplicates are no-ops.
- * @return 0, -ENOENT unknown transfer, -EINVAL layer out of range, -ENOBUFS ring full.
+ * P WRITE: layer @p layer of transfer @p transfer_id is computed, gated by a host flag. If
+ * @p ready is non-NULL the polling lcore posts the layer's writes only after it reads a
+ * non-zero value (acquire load; publish it with a release store after the layer's data is
+ * written). Equivalent to kvx_xfer_layer_ready_event() with a flag event; kept for callers
+ * with a 32-bit flag. Duplicates (same transfer, same layer) are no-ops.
+ *
+ * @param e            Engine; not NULL.
+ * @param transfer_id  Transfer id of a live kvx_xfer_write_begin() transfer; not NULL.
+ * @param layer        Layer index, < registered layers.
+ * @param ready        Flag, or NULL (ready now); must stay valid until the transfer's
+ *                     KVX_CPL_TRANSFER completion was polled.
+ * @return             0 queued.
+ * @retval -ENOENT     Unknown or terminal transfer.
+ * @retval -EINVAL     Layer out of range, NULL e / transfer_id.
+ * @retval -ENOBUFS    Submission ring full; retry.
+ * @retval -EBUSY      Engine not started or stopped.
+ * @par Thread safety  Application thread. @par Context  Non-blocking (ring enqueue).
+ * @par Source  PROTOCOL.md §1.3 step 8 (WRITE per layer), DESIGN.md §1 (gate on layer-ready).
  */
 KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
 				 const atomic_uint *ready);
+
+/**
+ * P WRITE: layer @p layer of transfer @p transfer_id becomes ready when @p ev completes.
+ *
+ * The event is copied into the submission (no allocation). The polling lcore that owns the
+ * transfer queries it with kvx_mem_event_query() once per loop iteration while the layer is
+ * pending — never blocking, never synchronizing a stream — and posts the layer's WRITEs only
+ * after a query returned ready. Accepted kinds (include/kvxfer/mem.h):
+ * - KVX_MEM_EVENT_READY (or @p ev NULL): ready now;
+ * - KVX_MEM_EVENT_FLAG (kvx_mem_event_init_flag()): a host counter reaching a threshold;
+ * - KVX_MEM_EVENT_HIP (kvx_mem_event_init_hip()): a hipEvent_t recorded after the layer's
+ *   kernels, polled with hipEventQuery. A query error fails the transfer (KVX_CPL_FAILED with
+ *   that errno, writes already posted drain first).
+ * A stream event (KVX_MEM_EVENT_STREAM) belongs to its stream's thread and is refused.
+ * Duplicates (same transfer, same layer) are no-ops.
+ *
+ * @param e            Engine; not NULL.
+ * @param transfer_id  Transfer id of a live kvx_xfer_write_begin() transfer; not NULL.
+ * @param layer        Layer index, < registered layers.
+ * @param ev           Event, or NULL; its counter / hipEvent_t must stay valid until the
+ *                     transfer's KVX_CPL_TRANSFER completion was polled.
+ * @return             0 queued.
+ * @retval -ENODEV     A hipEvent_t on a host without a usable HIP device (message logged,
+ *                     e.g. "no HIP device"); nothing is queued, the transfer is unaffected.
+ * @retval -ENOTSUP    A hipEvent_t with a build without HIP (message logged).
+ * @retval -EINVAL     Layer out of range, unknown or stream event kind, NULL counter/handle.
+ * @retval -ENOENT     Unknown or terminal transfer.
+ * @retval -ENOBUFS    Submission ring full; retry.
+ * @retval -EBUSY      Engine not started or stopped.
+ * @par Thread safety  Application thread. @par Context  Non-blocking (ring enqueue); the
+ *                     first hipEvent_t call probes the HIP runtime once (slow path).
+ * @par Source  Issue #8 (layer-ready events), PROTOCOL.md §1.3 step 8, DESIGN.md §1.
+ */
+KVX_API int kvx_xfer_layer_ready_event(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
+				       const struct kvx_mem_event *ev);
+
+/**
+ * P WRITE: shorthand for kvx_xfer_layer_ready_event() with a hipEvent_t (passed as `void *`,
+ * so this header needs no HIP include).
+ *
+ * @param e            Engine; not NULL.
+ * @param transfer_id  Transfer id; not NULL.
+ * @param layer        Layer index, < registered layers.
+ * @param hip_event    The producer's hipEvent_t, recorded after the layer's kernels; not NULL.
+ * @return             0 queued.
+ * @retval -ENOTSUP    Built without HIP (message logged).
+ * @retval -ENODEV     No usable HIP device on this host (message logged).
+ * @retval -EINVAL / -ENOENT / -ENOBUFS / -EBUSY  As kvx_xfer_layer_ready_event().
+ * @par Thread safety  Application thread. @par Context  Non-blocking after the first call.
+ * @par Source  Issue #8, include/kvxfer/mem.h (kvx_mem_event_init_hip()).
+ */
+KVX_API int kvx_xfer_layer_ready_hip(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
+				     void *hip_event);
 
 /**
  * P WRITE: seal the write count at the end of prefill: the transfer completes once the

@@ -639,3 +639,159 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	eng_free(&D);
 	eng_free(&P);
 }
+
+/* Completions of several transfers: per transfer id, the terminal status and releases. */
+struct multi {
+	const char *tid[4];
+	struct seen s[4];
+	size_t n;
+};
+
+static void multi_pump(struct kvx_engine *e, struct multi *m)
+{
+	struct kvx_completion c[8];
+	size_t n = kvx_engine_poll_completions(e, c, 8);
+	for (size_t i = 0; i < n; i++) {
+		size_t k = 0;
+		while (k < m->n && strcmp(m->tid[k], c[i].transfer_id))
+			k++;
+		cr_assert_lt(k, m->n, "unexpected completion for %s", c[i].transfer_id);
+		if (c[i].kind == KVX_CPL_TRANSFER) {
+			cr_assert_eq(m->s[k].transfer, -1, "two terminal completions for %s", m->tid[k]);
+			m->s[k].transfer = (int)c[i].status;
+			m->s[k].error = c[i].error;
+		} else {
+			m->s[k].released++;
+		}
+	}
+}
+
+static bool multi_wait(struct kvx_engine *e, struct multi *m, size_t k, uint64_t timeout_ns)
+{
+	uint64_t end = kvx_now_ns() + timeout_ns;
+	while (kvx_now_ns() < end) {
+		multi_pump(e, m);
+		if (m->s[k].transfer >= 0)
+			return true;
+		usleep(200); /* application polling cadence; the condition is the completion */
+	}
+	return false;
+}
+
+/* Issue #8: a layer's readiness event completes late. While it is pending the producer's
+ * poller posts nothing for that layer (no byte reaches D, the op/byte counters do not move)
+ * although it keeps running (a later ungated transfer on the same poller finishes); once the
+ * event completes, the layer is written and every byte is exact. */
+Test(runtime_engine, write_late_layer_event_posts_nothing_before_it)
+{
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	eng_start(&P, &pp, 0);
+	eng_start(&D, &dp, 0);
+	for (int l = 0; l < NL; l++)
+		for (int b = 0; b < NB; b++)
+			memset(P.mem[l] + b * 128, 0x10 + 16 * l + b, 128);
+	struct kvx_engine_peer to_p = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt};
+	struct kvx_engine_peer to_d = {.host = "127.0.0.1", .handshake_port = D.hs, .notify_port = D.nt};
+	const uint32_t pb[2] = {1, 2}, db[2] = {7, 3}, pb2[1] = {5}, db2[1] = {11};
+	struct kvx_engine_announce an = {.transfer_id = "tx-ev", .peer = to_p, .local_blocks = db, .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	struct kvx_engine_write w = {.transfer_id = "tx-ev", .peer = to_d, .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	_Atomic uint64_t layers_done = 0; /* the producer's "compute": layers finished so far */
+	for (uint32_t l = 0; l < NL; l++) {
+		struct kvx_mem_event ev;
+		kvx_mem_event_init_flag(&ev, &layers_done, l + 1);
+		cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-ev", l, &ev), 0);
+	}
+	cr_assert_eq(kvx_xfer_seal(P.e, "tx-ev", NL), 0);
+	/* Layer 0 computed: its blocks land (the peer is connected and D's allocation arrived). */
+	atomic_store_explicit(&layers_done, 1, memory_order_release);
+	uint64_t end = kvx_now_ns() + 20000000000ull;
+	bool landed = false;
+	while (!landed && kvx_now_ns() < end) {
+		landed = true;
+		for (int i = 0; i < 2 && landed; i++)
+			landed = !memcmp(D.mem[0] + db[i] * 128, P.mem[0] + pb[i] * 128, 128);
+		if (!landed)
+			usleep(500);
+	}
+	cr_assert(landed, "layer 0 never landed");
+	/* A second, ungated transfer on the same engine completes while layer 1 of tx-ev waits. */
+	struct kvx_engine_announce an2 = {.transfer_id = "tx-ev2", .peer = to_p, .local_blocks = db2, .n = 1};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an2), 0);
+	struct kvx_engine_write w2 = {.transfer_id = "tx-ev2", .peer = to_d, .local_blocks = pb2, .n = 1};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w2), 0);
+	for (uint32_t l = 0; l < NL; l++)
+		cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-ev2", l, NULL), 0);
+	cr_assert_eq(kvx_xfer_seal(P.e, "tx-ev2", NL), 0);
+	struct multi mp = {.tid = {"tx-ev", "tx-ev2"}, .s = {{.transfer = -1}, {.transfer = -1}}, .n = 2};
+	struct multi md = mp;
+	cr_assert(multi_wait(P.e, &mp, 1, 20000000000ull));
+	cr_assert_eq(mp.s[1].transfer, KVX_CPL_DONE);
+	cr_assert(multi_wait(D.e, &md, 1, 20000000000ull));
+	cr_assert_eq(md.s[1].transfer, KVX_CPL_DONE);
+	/* Still gated: tx-ev is live, its layer 1 untouched at D, and P moved exactly layer 0 of
+	 * tx-ev (2 blocks) plus both layers of tx-ev2 (1 block each): 4 blocks of 128 bytes. */
+	cr_assert_eq(mp.s[0].transfer, -1);
+	for (int i = 0; i < 2; i++)
+		for (int k = 0; k < 128; k++)
+			cr_assert_eq(D.mem[1][db[i] * 128 + k], 0, "layer 1 written before its event");
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.lcores[0].bytes, 4 * 128, "bytes %llu", (unsigned long long)st.lcores[0].bytes);
+	/* The event completes: layer 1 is written, then write_done. */
+	atomic_store_explicit(&layers_done, 2, memory_order_release);
+	cr_assert(multi_wait(P.e, &mp, 0, 20000000000ull));
+	cr_assert_eq(mp.s[0].transfer, KVX_CPL_DONE);
+	cr_assert(multi_wait(D.e, &md, 0, 20000000000ull));
+	cr_assert_eq(md.s[0].transfer, KVX_CPL_DONE);
+	for (int l = 0; l < NL; l++) {
+		for (int b = 0; b < NB; b++) {
+			const uint8_t *src = b == 7 ? P.mem[l] + 128 : b == 3 ? P.mem[l] + 256 : b == 11 ? P.mem[l] + 5 * 128 : NULL;
+			for (int k = 0; k < 128; k++)
+				cr_assert_eq(D.mem[l][b * 128 + k], src ? src[k] : 0, "layer %d block %d byte %d", l, b, k);
+		}
+	}
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.lcores[0].bytes, 6 * 128);
+	cr_assert_eq(st.transfers_done, 2);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+/* Issue #8: a hipEvent_t on a host without a GPU is refused at the call with -ENODEV (HIP
+ * build) or -ENOTSUP (no HIP build); nothing is queued and the transfer goes on. */
+Test(runtime_engine, layer_ready_hip_event_without_gpu_is_refused)
+{
+	int want = -ENOTSUP;
+	if (kvx_mem_has_hip()) {
+		char why[KVX_MEM_WHY_LEN];
+		if (kvx_mem_probe(&(struct kvx_mem_type){.kind = KVX_MEM_HIP}, why, sizeof(why)) == 0)
+			cr_skip_test("a HIP device is present: this case covers hosts without one");
+		want = -ENODEV;
+	}
+	struct kvx_engine_params pp;
+	struct eng P;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	eng_start(&P, &pp, 0);
+	struct kvx_engine_write w = {.transfer_id = "tx-hip",
+				     .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				     .local_blocks = (uint32_t[]){1},
+				     .n = 1};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	int fake_event; /* never dereferenced: the call is refused before any HIP call on it */
+	cr_assert_eq(kvx_xfer_layer_ready_hip(P.e, "tx-hip", 0, &fake_event), want);
+	cr_assert_eq(kvx_xfer_layer_ready_hip(P.e, "tx-hip", 0, &fake_event), want, "refused again (cached probe)");
+	if (want == -ENODEV) {
+		struct kvx_mem_event ev;
+		cr_assert_eq(kvx_mem_event_init_hip(&ev, &fake_event), 0);
+		cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-hip", 0, &ev), -ENODEV);
+	}
+	cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-hip", NL, NULL), -EINVAL);
+	cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-nope", 0, NULL), -ENOENT);
+	cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-hip", 0, NULL), 0, "the transfer is still live");
+	eng_free(&P);
+}
