@@ -6,6 +6,7 @@
  * PROTOCOL.md §2, §3; RUNTIME_GUIDE.md §5.2.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,6 +29,7 @@
 #define INBOX_BATCH 32
 #define MAX_POLL_MS 100
 #define LIVE_MAX 65536u
+#define WATCH_MAX KVX_CTL_WATCH_MAX
 
 /* ---------------------------------------------------------------------------------------- */
 /* A small chained string hash with an LRU list (terminal ids, DEALER cache, live pins).     */
@@ -212,7 +214,15 @@ struct peer_stat {
 struct ctr {
 	_Atomic uint64_t notify_rx, notify_tx, dropped_terminal, malformed, unknown_type, oversize,
 		send_errors, inbox_full, hs_served, connect_served, hs_ok, hs_failed, heartbeats,
-		peers_evicted, peers_open;
+		peers_evicted, peers_open, watch_errors;
+};
+
+/* One raw fd in the control lcore's poll set (kvx_ctl_watch_fd()). */
+struct watch {
+	int fd;
+	void (*cb)(void *arg);
+	void *arg;
+	int suspended; /* reported an error/hang-up without data: no longer polled */
 };
 
 struct kvx_ctl {
@@ -254,6 +264,17 @@ struct kvx_ctl {
 	struct kvx_msg_region *scratch_regions;
 	struct kvx_msg_memdesc *scratch_descs;
 	uint8_t *txbuf;         /* KVX_MSG_HS_REPLY... connect request / reply scratch */
+
+	/* Watched fds. The table and watch_applied/loop_live are guarded by watch_mu (slow path:
+	 * registration, and the loop only when watch_gen moved). watch_gen is bumped (seq_cst)
+	 * under watch_mu on every change, so the loop notices a change without the lock. */
+	pthread_mutex_t watch_mu;
+	pthread_cond_t watch_cv;
+	struct watch watch[WATCH_MAX];
+	uint32_t nwatch;
+	_Atomic uint64_t watch_gen;
+	uint64_t watch_applied; /* generation the loop runs with */
+	int loop_live;          /* the loop is between its start and its exit */
 
 	struct kvx_ratelimit rl;
 	struct ctr c;
@@ -305,6 +326,120 @@ static struct peer_stat *peer_of(struct kvx_ctl *ctl, const char *addr)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Parameters and lifecycle                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+/* Watched fds                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/* The control object whose loop runs on this thread (callbacks may unwatch without waiting). */
+static _Thread_local struct kvx_ctl *t_ctl_self;
+
+static int watch_find(const struct kvx_ctl *ctl, int fd)
+{
+	for (uint32_t i = 0; i < ctl->nwatch; i++)
+		if (ctl->watch[i].fd == fd)
+			return (int)i;
+	return -1;
+}
+
+/* Caller holds watch_mu. */
+static void watch_changed(struct kvx_ctl *ctl)
+{
+	atomic_fetch_add(&ctl->watch_gen, 1); /* seq_cst: pairs with the waiter re-check */
+}
+
+int kvx_ctl_watch_fd(struct kvx_ctl *ctl, int fd, void (*cb)(void *arg), void *arg)
+{
+	if (!ctl || !cb)
+		return -EINVAL;
+	if (fd < 0 || fcntl(fd, F_GETFD) < 0)
+		return -EBADF;
+	pthread_mutex_lock(&ctl->watch_mu);
+	int rc = 0;
+	if (watch_find(ctl, fd) >= 0) {
+		rc = -EEXIST;
+	} else if (ctl->nwatch == WATCH_MAX) {
+		rc = -ENOSPC;
+	} else {
+		ctl->watch[ctl->nwatch++] = (struct watch){.fd = fd, .cb = cb, .arg = arg};
+		watch_changed(ctl);
+	}
+	pthread_mutex_unlock(&ctl->watch_mu);
+	if (!rc)
+		kvx_waiter_wake(&ctl->waiter);
+	return rc;
+}
+
+int kvx_ctl_unwatch_fd(struct kvx_ctl *ctl, int fd)
+{
+	if (!ctl)
+		return -EINVAL;
+	pthread_mutex_lock(&ctl->watch_mu);
+	int i = watch_find(ctl, fd);
+	if (i < 0) {
+		pthread_mutex_unlock(&ctl->watch_mu);
+		return -ENOENT;
+	}
+	ctl->watch[i] = ctl->watch[--ctl->nwatch];
+	watch_changed(ctl);
+	uint64_t gen = atomic_load(&ctl->watch_gen);
+	if (t_ctl_self != ctl) {
+		/* Another thread: return only once the loop runs without the entry, so the
+		 * callback is neither running nor called again after this returns. */
+		pthread_mutex_unlock(&ctl->watch_mu);
+		kvx_waiter_wake(&ctl->waiter);
+		pthread_mutex_lock(&ctl->watch_mu);
+		while (ctl->loop_live && ctl->watch_applied < gen)
+			pthread_cond_wait(&ctl->watch_cv, &ctl->watch_mu);
+	}
+	/* On the control thread the dispatch sees watch_gen move and skips stale entries. */
+	pthread_mutex_unlock(&ctl->watch_mu);
+	return 0;
+}
+
+/* Loop-local copy of the table, taken when watch_gen moved. */
+struct watch_set {
+	struct watch w[WATCH_MAX];
+	uint32_t n;
+	uint64_t gen;
+};
+
+static void watch_sync(struct kvx_ctl *ctl, struct watch_set *ws)
+{
+	pthread_mutex_lock(&ctl->watch_mu);
+	ws->n = 0;
+	for (uint32_t i = 0; i < ctl->nwatch; i++)
+		if (!ctl->watch[i].suspended)
+			ws->w[ws->n++] = ctl->watch[i];
+	ws->gen = atomic_load(&ctl->watch_gen);
+	ctl->watch_applied = ws->gen;
+	pthread_cond_broadcast(&ctl->watch_cv);
+	pthread_mutex_unlock(&ctl->watch_mu);
+}
+
+/* An fd that polls as error/hang-up without data would make every zmq_poll return at once:
+ * stop polling it (the entry stays until kvx_ctl_unwatch_fd()) and say so. */
+static void watch_suspend(struct kvx_ctl *ctl, int fd)
+{
+	pthread_mutex_lock(&ctl->watch_mu);
+	int i = watch_find(ctl, fd);
+	if (i >= 0 && !ctl->watch[i].suspended) {
+		ctl->watch[i].suspended = 1;
+		watch_changed(ctl);
+	}
+	pthread_mutex_unlock(&ctl->watch_mu);
+	CINC(ctl, watch_errors);
+	warn_rl(ctl, "watched fd %d reports an error or hang-up without data; no longer polled "
+		     "(call kvx_ctl_unwatch_fd)", fd);
+}
+
+static void watch_loop_live(struct kvx_ctl *ctl, int live)
+{
+	pthread_mutex_lock(&ctl->watch_mu);
+	ctl->loop_live = live;
+	pthread_cond_broadcast(&ctl->watch_cv);
+	pthread_mutex_unlock(&ctl->watch_mu);
+}
+
 /* ---------------------------------------------------------------------------------------- */
 
 static int copy_str(char *dst, size_t cap, const char *src, const char *field)
@@ -397,6 +532,8 @@ int kvx_ctl_create(const struct kvx_ctl_params *p, struct kvx_ctl **out)
 	}
 	ctl->rl.interval_ns = 1000000000ull;
 	pthread_mutex_init(&ctl->inbox_mu, NULL);
+	pthread_mutex_init(&ctl->watch_mu, NULL);
+	pthread_cond_init(&ctl->watch_cv, NULL);
 	ctl->inboxes = calloc(ctl->p.max_inboxes, sizeof(*ctl->inboxes));
 	ctl->ids = malloc(NOTIFY_MAX_IDS * sizeof(uint32_t));
 	ctl->nmsg = malloc(sizeof(*ctl->nmsg));
@@ -690,6 +827,8 @@ void kvx_ctl_destroy(struct kvx_ctl *ctl)
 	if (ctl->waiter_ok)
 		kvx_waiter_fini(&ctl->waiter);
 	pthread_mutex_destroy(&ctl->inbox_mu);
+	pthread_mutex_destroy(&ctl->watch_mu);
+	pthread_cond_destroy(&ctl->watch_cv);
 	free(ctl->inboxes);
 	free(ctl->ids);
 	free(ctl->nmsg);
@@ -708,6 +847,7 @@ void kvx_ctl_counters_get(const struct kvx_ctl *ctl, struct kvx_ctl_counters *ou
 	RD(notify_rx); RD(notify_tx); RD(dropped_terminal); RD(malformed); RD(unknown_type);
 	RD(oversize); RD(send_errors); RD(inbox_full); RD(hs_served); RD(connect_served);
 	RD(hs_ok); RD(hs_failed); RD(heartbeats); RD(peers_evicted); RD(peers_open);
+	RD(watch_errors);
 #undef RD
 }
 
@@ -1737,7 +1877,8 @@ static void hb_fire(struct kvx_timer *t, void *arg)
 static void *ctl_loop(void *arg)
 {
 	struct kvx_ctl *ctl = arg;
-	zmq_pollitem_t *items = calloc(3 + ctl->p.max_active_handshakes, sizeof(*items));
+	zmq_pollitem_t *items =
+		calloc(3 + WATCH_MAX + ctl->p.max_active_handshakes, sizeof(*items));
 	struct hs_job **jobs = calloc(ctl->p.max_active_handshakes + 1, sizeof(*jobs));
 	if (!items || !jobs) {
 		kvx_log(KVX_LOG_ERROR, "control: out of memory starting the loop");
@@ -1745,7 +1886,13 @@ static void *ctl_loop(void *arg)
 		free(jobs);
 		return NULL;
 	}
+	t_ctl_self = ctl;
+	struct watch_set ws = {.n = 0};
+	watch_loop_live(ctl, 1);
+	watch_sync(ctl, &ws);
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
+		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
+			watch_sync(ctl, &ws);
 		kvx_timer_heap_run(ctl->timers, kvx_now_ns());
 		unsigned work = drain_inboxes(ctl);
 		jobs_start_queued(ctl);
@@ -1753,6 +1900,7 @@ static void *ctl_loop(void *arg)
 		if (!work) {
 			kvx_waiter_prepare(&ctl->waiter);
 			if (inboxes_pending(ctl) ||
+			    atomic_load_explicit(&ctl->watch_gen, memory_order_seq_cst) != ws.gen ||
 			    atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 				kvx_waiter_cancel(&ctl->waiter);
 			} else {
@@ -1766,6 +1914,9 @@ static void *ctl_loop(void *arg)
 		items[n++] = (zmq_pollitem_t){.socket = ctl->hs_router, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.socket = ctl->nt_router, .events = ZMQ_POLLIN};
 		items[n++] = (zmq_pollitem_t){.fd = kvx_waiter_fd(&ctl->waiter), .events = ZMQ_POLLIN};
+		for (uint32_t k = 0; k < ws.n; k++)
+			items[n++] = (zmq_pollitem_t){.fd = ws.w[k].fd, .events = ZMQ_POLLIN};
+		int jbase = n;
 		uint32_t nj = 0;
 		for (struct hs_job *j = ctl->hs_active; j && nj < ctl->p.max_active_handshakes;
 		     j = j->next) {
@@ -1783,8 +1934,21 @@ static void *ctl_loop(void *arg)
 			hs_rx(ctl);
 		if (items[1].revents & ZMQ_POLLIN)
 			notify_rx(ctl);
+		for (uint32_t k = 0; k < ws.n; k++) {
+			short re = items[3 + k].revents;
+			if (!re)
+				continue;
+			/* The table changed (a callback or another thread unwatched): entries are
+			 * stale until the next sync; level-triggered fds report again then. */
+			if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
+				break;
+			if (re & ZMQ_POLLIN)
+				ws.w[k].cb(ws.w[k].arg);
+			else if (re & ZMQ_POLLERR)
+				watch_suspend(ctl, ws.w[k].fd);
+		}
 		for (uint32_t k = 0; k < nj; k++) {
-			if (!(items[3 + k].revents & ZMQ_POLLIN))
+			if (!(items[jbase + k].revents & ZMQ_POLLIN))
 				continue;
 			/* A job may have finished (and been freed) by an earlier one's callback
 			 * only through its own timer, which runs at the loop top, so jobs[k] is
@@ -1804,6 +1968,8 @@ static void *ctl_loop(void *arg)
 		job_cancel_unstarted(ctl, j);
 	}
 	ctl->hs_queue_tail = NULL;
+	watch_loop_live(ctl, 0);
+	t_ctl_self = NULL;
 	free(items);
 	free(jobs);
 	return NULL;

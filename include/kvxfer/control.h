@@ -101,6 +101,8 @@ extern "C" {
 #define KVX_CTL_INLINE_BYTES 1024
 /** Number of per-peer counter entries; later peers share the last ("other") entry. */
 #define KVX_CTL_PEER_STATS_MAX 64
+/** Raw fds one control lcore may watch at once (kvx_ctl_watch_fd()). */
+#define KVX_CTL_WATCH_MAX 8
 
 /* ------------------------------------------------------------------------------------------ */
 /* Enumerations                                                                                */
@@ -836,6 +838,7 @@ struct kvx_ctl_counters {
 	uint64_t heartbeats;         /**< Heartbeat frames sent. */
 	uint64_t peers_evicted;      /**< Idle DEALERs closed to respect max_peers. */
 	uint64_t peers_open;         /**< DEALERs currently cached (gauge). */
+	uint64_t watch_errors;       /**< Watched fds that reported an error or hang-up without data and were taken out of the poll set. */
 };
 
 /** Counters of one remote peer, keyed by its source IP (ZMQ "Peer-Address"). */
@@ -1039,6 +1042,53 @@ KVX_API int kvx_ctl_mark_live(struct kvx_ctl_inbox *ib, const char *transfer_id,
  * @par Source         PROTOCOL.md §2.3, §3.1, §6 items 4-5, T39-T43.
  */
 KVX_API int kvx_ctl_handshake_start(struct kvx_ctl_inbox *ib, const struct kvx_ctl_hs_params *p);
+
+/**
+ * Watch a raw file descriptor from the control lcore: the loop adds @p fd to its `zmq_poll` set
+ * (POLLIN, level-triggered) and calls `cb(arg)` on the control thread each time it polls
+ * readable, so the callback must consume what made it readable (read the eventfd, drain the
+ * device's async events) or it is called again at once. Use it for fds that need slow-path
+ * handling next to the ZMQ sockets, e.g. kvx_xport_ctx_event_fd() of a transport context.
+ * An fd that polls as error/hang-up without data (peer end closed, fd closed under the watch)
+ * is taken out of the poll set, counted in `watch_errors` and logged (rate limited); its entry
+ * stays until kvx_ctl_unwatch_fd(). The object never reads, writes or closes @p fd itself.
+ *
+ * @param ctl   Object (started or not; the watch takes effect when the loop runs).
+ * @param fd    Open file descriptor, owned by the caller; keep it open until
+ *              kvx_ctl_unwatch_fd() returned.
+ * @param cb    Callback, not NULL; runs on the control thread, must not block. It may call
+ *              kvx_ctl_watch_fd() / kvx_ctl_unwatch_fd() (also for its own fd).
+ * @param arg   Passed to @p cb.
+ * @return      0 on success: the next poll iteration includes @p fd.
+ * @retval -EINVAL  @p ctl or @p cb is NULL.
+ * @retval -EBADF   @p fd is negative or not an open descriptor.
+ * @retval -EEXIST  @p fd is already watched by this object.
+ * @retval -ENOSPC  KVX_CTL_WATCH_MAX (8) fds are already watched.
+ * @par Thread safety  Any thread, including the control thread (callbacks). Takes a lock that
+ *                     the loop takes only when the set of watched fds changed (slow path).
+ * @par Source  TEAM2.md cross-helper interface; RUNTIME_GUIDE.md §5.2 (one zmq_poll over the
+ *              sockets and the device fds).
+ */
+KVX_API int kvx_ctl_watch_fd(struct kvx_ctl *ctl, int fd, void (*cb)(void *arg), void *arg);
+
+/**
+ * Stop watching a file descriptor. Called from any thread but the control thread, it returns
+ * only after the loop has dropped @p fd from its poll set: the callback is then not running
+ * and is never called again, so its argument and the fd may be freed/closed right after.
+ * Called from the control thread (inside a callback) it takes effect at once: no further
+ * callback for @p fd runs, the current one excepted.
+ *
+ * @param ctl   Object.
+ * @param fd    A descriptor passed to kvx_ctl_watch_fd().
+ * @return      0 on success.
+ * @retval -EINVAL  @p ctl is NULL.
+ * @retval -ENOENT  @p fd is not watched by this object.
+ * @par Thread safety  Any thread. Off the control thread it waits for at most one loop
+ *                     iteration (it wakes the loop), so do not call it while holding a lock
+ *                     that a control-thread callback takes.
+ * @par Source  TEAM2.md cross-helper interface.
+ */
+KVX_API int kvx_ctl_unwatch_fd(struct kvx_ctl *ctl, int fd);
 
 /**
  * Read the global counters.

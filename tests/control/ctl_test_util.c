@@ -1,7 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "ctl_test_util.h"
 
+#ifdef KVX_TSAN_RUNNER /* TSan build: the test file includes tests/lcore/tsan_runner.h */
+#include <stdlib.h>
+#define cr_assert_eq(a, b, ...) ((a) == (b) ? (void)0 : abort())
+#define cr_assert_not_null(p, ...) ((p) != NULL ? (void)0 : abort())
+#else
 #include <criterion/criterion.h>
+#endif
 #include <stdio.h>
 #include <string.h>
 #include <time.h>

@@ -1,12 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The control lcore: lifecycle, inboxes, notify path, DEALER cache, handshake jobs. */
-#include <criterion/criterion.h>
+/* The control lcore: lifecycle, inboxes, notify path, DEALER cache, handshake jobs, watched fds. */
 #include <errno.h>
-#include <sched.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#ifdef KVX_TSAN_RUNNER /* TSan build: Criterion cannot start (tests/lcore/tsan_runner.h) */
+#include "tests/lcore/tsan_runner.h"
+#define cr_assert_str_eq(a, b, ...) KVX_TSAN_CHECK(!strcmp((a), (b)), #a " == " #b)
+#else
+#include <criterion/criterion.h>
+#endif
 
 #include "ctl_test_util.h"
 #include "kvxfer/lcore.h"
@@ -553,4 +564,346 @@ Test(control_ctl, terminal_lru_is_bounded_to_4096_ids)
 	kvx_ctl_inbox_close(ib);
 	kvx_ctl_destroy(ctl);
 	coll_fini(&cb);
+}
+
+/* ---- Watched fds (kvx_ctl_watch_fd / kvx_ctl_unwatch_fd) --------------------------------- */
+
+/* A semaphore eventfd: every write of 1 makes exactly one read of 1 succeed, so the number of
+ * callbacks that consumed a unit equals the number of units written. */
+struct wfd {
+	int fd;
+	struct kvx_ctl *ctl;
+	struct kvx_lcore *lc;        /* expected thread's lcore, or NULL */
+	pthread_t not_on;            /* a thread the callback must not run on */
+	uint64_t unwatch_at;         /* unwatch itself from the callback at this call, 0 = never */
+	uint64_t target;             /* wfd_reached(): calls to wait for */
+	_Atomic int unwatch_rc;
+	_Atomic uint64_t calls;      /* callbacks that consumed one unit */
+	_Atomic uint64_t empty;      /* callbacks that found nothing to read */
+	_Atomic uint64_t wrong_thread;
+	_Atomic int enabled;         /* 0 = the callback must not run (checked in the stress test) */
+	_Atomic uint64_t after_unwatch;
+};
+
+static void wfd_init(struct wfd *w, struct kvx_ctl *ctl)
+{
+	memset(w, 0, sizeof(*w));
+	w->fd = eventfd(0, EFD_SEMAPHORE | EFD_NONBLOCK | EFD_CLOEXEC);
+	cr_assert_geq(w->fd, 0);
+	w->ctl = ctl;
+	w->not_on = pthread_self();
+	atomic_store(&w->enabled, 1);
+}
+
+static void wfd_cb(void *arg)
+{
+	struct wfd *w = arg;
+	if (!atomic_load(&w->enabled))
+		atomic_fetch_add(&w->after_unwatch, 1);
+	if ((w->lc && kvx_lcore_self() != w->lc) || pthread_equal(pthread_self(), w->not_on))
+		atomic_fetch_add(&w->wrong_thread, 1);
+	uint64_t v;
+	if (read(w->fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
+		atomic_fetch_add(&w->empty, 1);
+		return;
+	}
+	uint64_t n = atomic_fetch_add(&w->calls, 1) + 1;
+	if (w->unwatch_at && n == w->unwatch_at)
+		atomic_store(&w->unwatch_rc, kvx_ctl_unwatch_fd(w->ctl, w->fd));
+}
+
+static void wfd_post(struct wfd *w, uint64_t units)
+{
+	for (uint64_t i = 0; i < units; i++) {
+		uint64_t one = 1;
+		cr_assert_eq(write(w->fd, &one, sizeof(one)), (ssize_t)sizeof(one));
+	}
+}
+
+static int wfd_reached(void *arg)
+{
+	struct wfd *w = arg;
+	return atomic_load(&w->calls) >= w->target;
+}
+
+struct wfd_writer {
+	struct wfd *w;
+	uint64_t units;
+};
+
+static void *wfd_writer_main(void *arg)
+{
+	struct wfd_writer *wr = arg;
+	for (uint64_t i = 0; i < wr->units; i++) {
+		uint64_t one = 1;
+		if (write(wr->w->fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+			return (void *)1;
+		if (i % 64 == 0)
+			sched_yield();
+	}
+	return NULL;
+}
+
+static struct kvx_lcore_set *one_control_lcore(struct kvx_lcore **lc)
+{
+	static char err[KVX_LCORE_ERRLEN];
+	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
+	kvx_lcore_cfg_init(cfg);
+	int rc = kvx_lcore_cfg_default(cfg, 1, 0, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	rc = kvx_lcore_cfg_validate(cfg, NULL, NULL, err, sizeof(err));
+	cr_assert_eq(rc, 0, "%s", err);
+	struct kvx_lcore_set *set = NULL;
+	cr_assert_eq(kvx_lcore_set_create(cfg, &set), 0);
+	free(cfg);
+	*lc = kvx_lcore_set_control(set);
+	cr_assert_not_null(*lc);
+	return set;
+}
+
+Test(control_ctl, watch_fd_callback_runs_on_control_lcore_exact_count)
+{
+	struct kvx_lcore *lc;
+	struct kvx_lcore_set *set = one_control_lcore(&lc);
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	p.lcore = lc;
+	struct kvx_ctl *ctl = tctl_start(&p);
+	struct wfd w;
+	wfd_init(&w, ctl);
+	w.lc = lc;
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, w.fd, wfd_cb, &w), 0);
+	/* 2000 units from another thread, in bursts that coalesce in the eventfd counter. */
+	struct wfd_writer wr = {.w = &w, .units = 2000};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, wfd_writer_main, &wr), 0);
+	void *tr = (void *)1;
+	pthread_join(t, &tr);
+	cr_assert_null(tr);
+	w.target = 2000;
+	cr_assert(wait_until(wfd_reached, &w, 30.0), "callbacks: %" PRIu64,
+		  (uint64_t)atomic_load(&w.calls));
+	/* unwatch returns after a full loop iteration without the fd: nothing runs late. */
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, w.fd), 0);
+	cr_assert_eq(atomic_load(&w.calls), 2000);
+	cr_assert_eq(atomic_load(&w.wrong_thread), 0, "callbacks ran off the control lcore");
+	uint64_t v;
+	cr_assert_eq(read(w.fd, &v, sizeof(v)), -1, "every unit was consumed");
+	cr_assert_eq(errno, EAGAIN);
+	struct kvx_ctl_counters c;
+	kvx_ctl_counters_get(ctl, &c);
+	cr_assert_eq(c.watch_errors, 0);
+	kvx_ctl_destroy(ctl);
+	kvx_lcore_set_destroy(set);
+	close(w.fd);
+}
+
+Test(control_ctl, unwatch_fd_stops_callbacks)
+{
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	struct kvx_ctl *ctl = tctl_start(&p);
+	struct wfd a, b;
+	wfd_init(&a, ctl);
+	wfd_init(&b, ctl);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, a.fd, wfd_cb, &a), 0);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, b.fd, wfd_cb, &b), 0);
+	wfd_post(&a, 3);
+	a.target = 3;
+	cr_assert(wait_until(wfd_reached, &a, 10.0));
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, a.fd), 0);
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, a.fd), -ENOENT);
+	atomic_store(&a.enabled, 0);
+	wfd_post(&a, 5);
+	/* b's callback proves the loop went round with a readable: a stays untouched. */
+	wfd_post(&b, 1);
+	b.target = 1;
+	cr_assert(wait_until(wfd_reached, &b, 10.0));
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, b.fd), 0);
+	cr_assert_eq(atomic_load(&a.calls), 3);
+	cr_assert_eq(atomic_load(&a.after_unwatch), 0);
+	uint64_t v, left = 0;
+	while (read(a.fd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+		left += v;
+	cr_assert_eq(left, 5, "the 5 units written after unwatch are still in the eventfd");
+	/* Watch again: the pending unit is delivered. */
+	wfd_post(&a, 1);
+	atomic_store(&a.enabled, 1);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, a.fd, wfd_cb, &a), 0);
+	a.target = 4;
+	cr_assert(wait_until(wfd_reached, &a, 10.0));
+	kvx_ctl_destroy(ctl);
+	close(a.fd);
+	close(b.fd);
+}
+
+Test(control_ctl, watch_fd_rejects_bad_arguments_and_a_ninth_fd)
+{
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	struct kvx_ctl *ctl = NULL;
+	cr_assert_eq(kvx_ctl_create(&p, &ctl), 0); /* not started: registration still works */
+	int fds[KVX_CTL_WATCH_MAX + 1];
+	struct wfd dummy;
+	wfd_init(&dummy, ctl);
+	for (int i = 0; i <= KVX_CTL_WATCH_MAX; i++) {
+		fds[i] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		cr_assert_geq(fds[i], 0);
+	}
+	for (int i = 0; i < KVX_CTL_WATCH_MAX; i++)
+		cr_assert_eq(kvx_ctl_watch_fd(ctl, fds[i], wfd_cb, &dummy), 0);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, fds[KVX_CTL_WATCH_MAX], wfd_cb, &dummy), -ENOSPC);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, fds[0], wfd_cb, &dummy), -EEXIST);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, -1, wfd_cb, &dummy), -EBADF);
+	int closed = eventfd(0, 0);
+	close(closed);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, closed, wfd_cb, &dummy), -EBADF);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, fds[KVX_CTL_WATCH_MAX], NULL, &dummy), -EINVAL);
+	cr_assert_eq(kvx_ctl_watch_fd(NULL, fds[KVX_CTL_WATCH_MAX], wfd_cb, &dummy), -EINVAL);
+	cr_assert_eq(kvx_ctl_unwatch_fd(NULL, fds[0]), -EINVAL);
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, fds[KVX_CTL_WATCH_MAX]), -ENOENT);
+	/* Freeing a slot makes room for the ninth. */
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, fds[3]), 0);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, fds[KVX_CTL_WATCH_MAX], wfd_cb, &dummy), 0);
+	/* Watched before start: polled once the loop runs. */
+	cr_assert_eq(kvx_ctl_start(ctl), 0);
+	struct wfd w;
+	wfd_init(&w, ctl);
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, fds[0]), 0);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, w.fd, wfd_cb, &w), 0);
+	wfd_post(&w, 2);
+	w.target = 2;
+	cr_assert(wait_until(wfd_reached, &w, 10.0));
+	kvx_ctl_destroy(ctl);
+	for (int i = 0; i <= KVX_CTL_WATCH_MAX; i++)
+		close(fds[i]);
+	close(w.fd);
+	close(dummy.fd);
+	cr_assert_eq(atomic_load(&dummy.calls), 0);
+}
+
+Test(control_ctl, unwatch_fd_from_its_own_callback)
+{
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	struct kvx_ctl *ctl = tctl_start(&p);
+	struct wfd a, b;
+	wfd_init(&a, ctl);
+	wfd_init(&b, ctl);
+	a.unwatch_at = 2; /* the second callback unwatches a on the control thread */
+	a.target = 2;
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, a.fd, wfd_cb, &a), 0);
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, b.fd, wfd_cb, &b), 0);
+	wfd_post(&a, 10);
+	cr_assert(wait_until(wfd_reached, &a, 10.0));
+	/* A full round of b after the unwatch: a got no third call. */
+	wfd_post(&b, 1);
+	b.target = 1;
+	cr_assert(wait_until(wfd_reached, &b, 10.0));
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, b.fd), 0);
+	cr_assert_eq(atomic_load(&a.unwatch_rc), 0);
+	cr_assert_eq(atomic_load(&a.calls), 2);
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, a.fd), -ENOENT);
+	kvx_ctl_destroy(ctl);
+	close(a.fd);
+	close(b.fd);
+}
+
+struct pipe_cb {
+	int fd;
+	_Atomic uint64_t bytes, calls;
+};
+
+static void pipe_cb(void *arg)
+{
+	struct pipe_cb *pc = arg;
+	char buf[64];
+	ssize_t n = read(pc->fd, buf, sizeof(buf));
+	atomic_fetch_add(&pc->calls, 1);
+	if (n > 0)
+		atomic_fetch_add(&pc->bytes, (uint64_t)n);
+}
+
+static int pipe_has_3(void *arg)
+{
+	return atomic_load(&((struct pipe_cb *)arg)->bytes) == 3;
+}
+
+Test(control_ctl, watched_pipe_hangup_is_taken_out_of_the_poll_set)
+{
+	struct collector cb;
+	coll_init(&cb);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &cb);
+	struct kvx_ctl *ctl = tctl_start(&p);
+	int pfd[2];
+	cr_assert_eq(pipe2(pfd, O_NONBLOCK | O_CLOEXEC), 0);
+	struct pipe_cb pc = {.fd = pfd[0]};
+	cr_assert_eq(kvx_ctl_watch_fd(ctl, pfd[0], pipe_cb, &pc), 0);
+	cr_assert_eq(write(pfd[1], "abc", 3), 3);
+	cr_assert(wait_until(pipe_has_3, &pc, 10.0));
+	close(pfd[1]); /* hang-up without data: POLLHUP every poll */
+	cr_assert(WAIT_CTR(ctl, watch_errors, 1, 10.0));
+	/* The loop is alive and not stuck on the fd: a notification still goes round. */
+	uint16_t nt;
+	kvx_ctl_bound_ports(ctl, NULL, &nt);
+	struct kvx_ctl_inbox *ib;
+	cr_assert_eq(kvx_ctl_inbox_open(ctl, &ib), 0);
+	cr_assert_eq(kvx_ctl_send_raw(ib, "127.0.0.1", nt, "tx-after-hup", 12), 0);
+	cr_assert_eq(coll_wait(&cb, 1, 10.0), 1);
+	cr_assert_eq(CTR(ctl, watch_errors), 1, "reported once, not on every poll");
+	cr_assert_eq(kvx_ctl_unwatch_fd(ctl, pfd[0]), 0);
+	kvx_ctl_inbox_close(ib);
+	kvx_ctl_destroy(ctl);
+	close(pfd[0]);
+	coll_fini(&cb);
+}
+
+/* Another thread watches and unwatches while units keep arriving: once unwatch returned, the
+ * callback never runs (enabled is cleared right after each unwatch). */
+struct churn {
+	struct kvx_ctl *ctl;
+	struct wfd *w;
+	int rounds;
+	int fail;
+};
+
+static void *churn_main(void *arg)
+{
+	struct churn *c = arg;
+	for (int i = 0; i < c->rounds && !c->fail; i++) {
+		atomic_store(&c->w->enabled, 1);
+		if (kvx_ctl_watch_fd(c->ctl, c->w->fd, wfd_cb, c->w))
+			c->fail = 1;
+		uint64_t one = 1;
+		if (write(c->w->fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+			c->fail = 2;
+		if (i % 3 == 0)
+			sched_yield();
+		if (kvx_ctl_unwatch_fd(c->ctl, c->w->fd))
+			c->fail = 3;
+		atomic_store(&c->w->enabled, 0);
+	}
+	return NULL;
+}
+
+Test(control_ctl, watch_unwatch_churn_from_another_thread)
+{
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	struct kvx_ctl *ctl = tctl_start(&p);
+	struct wfd w;
+	wfd_init(&w, ctl);
+	struct churn c = {.ctl = ctl, .w = &w, .rounds = 300};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, churn_main, &c), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(c.fail, 0);
+	cr_assert_eq(atomic_load(&w.after_unwatch), 0, "a callback ran after unwatch returned");
+	uint64_t v, left = 0;
+	while (read(w.fd, &v, sizeof(v)) == (ssize_t)sizeof(v))
+		left += v;
+	cr_assert_eq(atomic_load(&w.calls) + left, 300, "every unit consumed once or still there");
+	kvx_ctl_destroy(ctl);
+	close(w.fd);
 }
