@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvxfer/control.h"
 #include "kvxfer/layout.h"
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...) KVX_PRINTF(3, 4);
@@ -482,4 +483,129 @@ KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, ui
 		return -ENOTSUP;
 	}
 	return 0;
+}
+
+KVX_API int kvx_layout_meta_regions(const struct kvx_layout_geom *g, const struct kvx_layout_tensor *t, uint64_t base,
+				    uint64_t mr_key, struct kvx_msg_region *out)
+{
+	if (!g || !t || !out)
+		return -EINVAL;
+	struct kvx_layout_region r[2];
+	int n = kvx_layout_regions(g, t, base, r);
+	for (int i = 0; i < n; i++)
+		out[i] = (struct kvx_msg_region){.addr = r[i].addr, .len_bytes = r[i].len, .key = mr_key};
+	return n;
+}
+
+/* [addr, addr+len) lies inside [base, base+size); len 0 checks the start only. */
+static bool inside(uint64_t addr, uint64_t len, uint64_t base, uint64_t size)
+{
+	if (addr < base || addr - base >= size)
+		return false;
+	return len <= size - (addr - base);
+}
+
+KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct kvx_msg_layers *l,
+				    uint32_t regions_per_layer, struct kvx_layout_peer_layer *out, uint32_t cap, char *err,
+				    size_t errlen)
+{
+	if (!m || !l || (cap && !out) || (m->num_regions && !m->regions) || (l->num_descs && !l->descs)) {
+		set_err(err, errlen, "peer regions: NULL metadata, region map or output");
+		return -EINVAL;
+	}
+	if (regions_per_layer != 1 && regions_per_layer != 2) {
+		set_err(err, errlen, "peer regions: regions_per_layer %u (want 1 or 2)", regions_per_layer);
+		return -EINVAL;
+	}
+	uint32_t layers = 0;
+	for (uint32_t d = 0; d < l->num_descs; d++)
+		layers += d == 0 || strcmp(l->descs[d].layer, l->descs[d - 1].layer) != 0;
+	if ((uint64_t)layers * regions_per_layer != m->num_regions) {
+		set_err(err, errlen,
+			"peer advertises %u regions in kv_caches_base_addr for %u layers in its region map; "
+			"expected %u per layer (%u)",
+			m->num_regions, layers, regions_per_layer, layers * regions_per_layer);
+		return -EPROTO;
+	}
+	if (layers > cap) {
+		set_err(err, errlen, "peer has %u layers, capacity %u", layers, cap);
+		return -EMSGSIZE;
+	}
+	uint32_t j = 0;
+	for (uint32_t d = 0; d < l->num_descs; d++) {
+		if (d > 0 && strcmp(l->descs[d].layer, l->descs[d - 1].layer) == 0)
+			continue;
+		const struct kvx_msg_memdesc *md = &l->descs[d];
+		uint32_t r = j * regions_per_layer;
+		const struct kvx_msg_region *k = &m->regions[r];
+		struct kvx_layout_peer_layer pl = {.desc = d, .region = r, .nregions = regions_per_layer,
+						   .mr_addr = md->addr, .mr_len = md->len_bytes, .k_addr = k->addr};
+		for (uint32_t i = 0; i < regions_per_layer; i++) {
+			const struct kvx_msg_region *x = &m->regions[r + i];
+			if (!inside(x->addr, x->len_bytes, md->addr, md->len_bytes)) {
+				set_err(err, errlen,
+					"layer '%s': region %u [0x%llx, +%llu) is outside its MemoryDesc [0x%llx, +%llu)",
+					md->layer, r + i, (unsigned long long)x->addr, (unsigned long long)x->len_bytes,
+					(unsigned long long)md->addr, (unsigned long long)md->len_bytes);
+				return -EPROTO;
+			}
+		}
+		if (regions_per_layer == 2) {
+			const struct kvx_msg_region *v = &m->regions[r + 1];
+			if (v->addr <= k->addr || (k->len_bytes && k->len_bytes > v->addr - k->addr)) {
+				set_err(err, errlen,
+					"layer '%s': V region 0x%llx must lie above the end of K region 0x%llx (+%llu)",
+					md->layer, (unsigned long long)v->addr, (unsigned long long)k->addr,
+					(unsigned long long)k->len_bytes);
+				return -EPROTO;
+			}
+			pl.kv_offset = v->addr - k->addr;
+		}
+		out[j++] = pl;
+	}
+	return (int)j;
+}
+
+KVX_API int kvx_layout_check_peer_layer(const struct kvx_layout_geom *g, const struct kvx_layout_peer_layer *pl,
+					char *err, size_t errlen)
+{
+	if (!g || !pl) {
+		set_err(err, errlen, "peer layer check: NULL geometry or peer layer");
+		return -EINVAL;
+	}
+	uint32_t want = g->kind == KVX_LAYOUT_KIND_SPLIT ? 2 : 1;
+	if (pl->nregions != want) {
+		set_err(err, errlen, "peer layer has %u regions, the local %s layout needs %u", pl->nregions,
+			g->kind == KVX_LAYOUT_KIND_SPLIT ? "split K/V" : "one-region", want);
+		return -EPROTO;
+	}
+	const uint64_t es = g->elem_size, nbr = g->remote_num_blocks ? g->remote_num_blocks : g->num_blocks;
+	uint64_t kv = 0, last = 0, end = 0;
+	if (g->has_kv_stride && g->transfers_per_block == 2 && __builtin_mul_overflow(es, g->remote_kv_stride, &kv))
+		goto overflow;
+	if (want == 2 && pl->kv_offset != kv) {
+		set_err(err, errlen,
+			"peer V plane is %llu bytes above K, the offsets of PROTOCOL.md §4.3 expect %llu "
+			"(remote_kv_stride %llu elements x %llu bytes, peer num_blocks %llu)",
+			(unsigned long long)pl->kv_offset, (unsigned long long)kv,
+			(unsigned long long)g->remote_kv_stride, (unsigned long long)es, (unsigned long long)nbr);
+		return -EPROTO;
+	}
+	/* Last byte a plan can touch: the V entry (or the only entry) of remote block nbr-1. */
+	if (nbr == 0 || __builtin_mul_overflow(nbr - 1, g->block_stride, &last) ||
+	    __builtin_mul_overflow(last, es, &last) || __builtin_add_overflow(last, kv, &end) ||
+	    __builtin_add_overflow(end, g->block_len, &end) || pl->k_addr < pl->mr_addr ||
+	    __builtin_add_overflow(end, pl->k_addr - pl->mr_addr, &end))
+		goto overflow;
+	if (end > pl->mr_len) {
+		set_err(err, errlen,
+			"peer num_blocks %llu reaches %llu bytes into its MemoryDesc of %llu bytes",
+			(unsigned long long)nbr, (unsigned long long)end, (unsigned long long)pl->mr_len);
+		return -EPROTO;
+	}
+	return 0;
+overflow:
+	set_err(err, errlen, "peer layer geometry overflows (num_blocks %llu, K at 0x%llx, MemoryDesc 0x%llx)",
+		(unsigned long long)nbr, (unsigned long long)pl->k_addr, (unsigned long long)pl->mr_addr);
+	return -EPROTO;
 }

@@ -231,6 +231,100 @@ KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t
 KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads, bool mla,
 				       char *err, size_t errlen);
 
+struct kvx_msg_region;
+struct kvx_msg_meta;
+struct kvx_msg_layers;
+
+/**
+ * The handshake regions of one registered layer, in MoRIIO's form (PROTOCOL.md §3.1 (a),
+ * §4.1, vector T13): what the layer contributes to `kv_caches_base_addr` and `kvx_regions`.
+ *
+ * Split K/V: 2 regions, the K plane at @p base and the V plane at base + stride[0]*elem_size,
+ * each num_blocks*block_stride*elem_size bytes (MoRIIO's `NB*block_len`). Interleaved and MLA:
+ * 1 region of num_blocks*block_stride*elem_size bytes. Every region gets @p mr_key: the layer
+ * is still registered as ONE memory region covering the whole tensor (its region map (b)
+ * entry is one MemoryDesc of the whole tensor, §3.1 (b)), and the V plane lies inside it.
+ *
+ * @param g         Geometry of the layer (kvx_layout_geometry()); not NULL.
+ * @param t         The tensor the geometry came from; not NULL.
+ * @param base      Address of the tensor's first element.
+ * @param mr_key    Remote access key of the layer's memory region (kvx_xport_mr_key()).
+ * @param[out] out  Array[2] of regions (struct kvx_msg_region, include kvxfer/control.h);
+ *                  not NULL.
+ * @return          Number of regions written, 1 or 2.
+ * @retval -EINVAL  NULL argument.
+ * @par Thread safety  Reentrant.
+ * @par Context        Control path (engine start); no allocation.
+ * @par Source         PROTOCOL.md §3.1 (a) "split-K/V layouts contribute 2 regions per
+ *                     layer", §4.1 advertised base addresses, T13.
+ */
+KVX_API int kvx_layout_meta_regions(const struct kvx_layout_geom *g, const struct kvx_layout_tensor *t, uint64_t base,
+				    uint64_t mr_key, struct kvx_msg_region *out);
+
+/** Where one peer layer's memory is, from its handshake (kvx_layout_peer_regions()). */
+struct kvx_layout_peer_layer {
+	uint32_t desc;      /**< Index into the region map's descs of the layer's MemoryDesc. */
+	uint32_t region;    /**< Index into the metadata regions of the layer's first (K) region. */
+	uint32_t nregions;  /**< Regions of the layer: 1 (MLA, interleaved) or 2 (split K, V). */
+	uint64_t mr_addr;   /**< MemoryDesc `data`: base of the registered memory, address. */
+	uint64_t mr_len;    /**< MemoryDesc `size`, bytes. */
+	uint64_t k_addr;    /**< First region (K plane, or the whole layer), address. */
+	uint64_t kv_offset; /**< V region address minus K region address, bytes; 0 with 1 region. */
+};
+
+/**
+ * Assign a peer's advertised regions (metadata (a)) to its layers (region map (b)) and
+ * validate MoRIIO's form (PROTOCOL.md §3.1, §4.1).
+ *
+ * Layer j (the j-th run of same-name descs, in map order) owns regions
+ * [j*regions_per_layer, (j+1)*regions_per_layer). Each region must start inside the layer's
+ * first MemoryDesc `[data, data+size)`; with 2 regions the V address must be above the K
+ * address, and when `kvx_regions` gave lengths each region must end inside the MemoryDesc and
+ * the K region must end at or before the V address. Works on a pure MoRIIO peer (no kvx_
+ * keys): only addresses are checked then. Peers must agree on regions per layer (§4.1), so
+ * pass the local value (2 for split K/V, 1 otherwise).
+ *
+ * @param m                  Decoded metadata (a); not NULL.
+ * @param l                  Decoded region map (b); not NULL.
+ * @param regions_per_layer  1 or 2.
+ * @param[out] out           Array[cap] of per-layer results; not NULL if cap > 0.
+ * @param cap                Capacity of @p out, layers.
+ * @param[out] err           If non-NULL, a message naming the layer, region and values on error.
+ * @param errlen             Size of @p err, bytes.
+ * @return                   Number of layers written.
+ * @retval -EINVAL   NULL argument or regions_per_layer not 1 or 2.
+ * @retval -EMSGSIZE More layers than @p cap.
+ * @retval -EPROTO   Region count != layers * regions_per_layer, or a region outside its
+ *                   layer's MemoryDesc, or V not above K / overlapping K.
+ * @par Thread safety  Reentrant.
+ * @par Context        Control path (handshake); no allocation.
+ * @par Source         PROTOCOL.md §3.1 (a)/(b), §4.1.
+ */
+KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct kvx_msg_layers *l,
+				    uint32_t regions_per_layer, struct kvx_layout_peer_layer *out, uint32_t cap, char *err,
+				    size_t errlen);
+
+/**
+ * Check that a peer layer's advertised memory matches what the offsets of §4.3 assume for
+ * the local layer's geometry: one region for MLA/interleaved, two for split K/V with the V
+ * plane exactly es*remote_kv_stride bytes above the K plane (remote_kv_stride uses the peer's
+ * num_blocks, kvx_layout_set_remote_blocks()), and every remote offset a plan can produce for
+ * the peer's num_blocks inside the peer's MemoryDesc.
+ *
+ * @param g        Local geometry with the peer's num_blocks set; not NULL.
+ * @param pl       The peer layer (kvx_layout_peer_regions()); not NULL.
+ * @param[out] err If non-NULL, a message naming the values on error.
+ * @param errlen   Size of @p err, bytes.
+ * @return         0 if the §4.3 offsets address the peer's K and V planes.
+ * @retval -EINVAL NULL argument.
+ * @retval -EPROTO Region count, V-plane offset or extent mismatch.
+ * @par Thread safety  Reentrant.
+ * @par Context        Control path (handshake); no allocation.
+ * @par Source         PROTOCOL.md §4.2 item 2, §4.3 (remote_kv_stride = NB_remote*block_stride).
+ */
+KVX_API int kvx_layout_check_peer_layer(const struct kvx_layout_geom *g, const struct kvx_layout_peer_layer *pl,
+					char *err, size_t errlen);
+
 /** Opaque per-transfer plan cache (one merged plan per distinct geometry). */
 struct kvx_plan_cache;
 

@@ -13,7 +13,7 @@ if ! command -v "$CC" >/dev/null; then
 fi
 SECS="${KVX_FUZZ_SECONDS:-30}"
 OUT="${KVX_FUZZ_DIR:-build-fuzz}"
-TARGETS="${KVX_FUZZ_TARGETS:-notify heartbeat meta layers connect address}"
+TARGETS="${KVX_FUZZ_TARGETS:-notify heartbeat meta layers connect address peer_regions}"
 mkdir -p "$OUT"
 # shellcheck disable=SC2046
 MSGP="$(pkg-config --cflags --libs msgpack)"
@@ -22,7 +22,7 @@ for t in $TARGETS; do
   # shellcheck disable=SC2086
   "$CC" -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -Icontrol control/codec.c control/ports.c "tests/fuzz/fuzz_$t.c" \
+    -Iinclude -Icontrol control/codec.c control/ports.c runtime/layout.c "tests/fuzz/fuzz_$t.c" \
     $MSGP -o "$OUT/fuzz_$t"
 done
 for t in $TARGETS; do

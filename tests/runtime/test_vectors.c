@@ -645,3 +645,394 @@ Test(runtime_vectors, t53_reconciliation)
 	cr_assert_eq(kvx_sched_live(s), 0);
 	kvx_sched_destroy(s);
 }
+
+/* ---- MoRIIO handshake form for split K/V layers (PROTOCOL.md §3.1, §4.1) ----------------- */
+
+/* Hand-built msgpack, written byte by byte from the msgpack spec (smallest encodings, as
+ * Python's msgpack.packb(use_bin_type=True) writes them), independent of msgpack-c. */
+struct mp {
+	uint8_t b[2048];
+	size_t n;
+};
+
+static void mp_byte(struct mp *m, uint8_t v)
+{
+	cr_assert_lt(m->n, sizeof(m->b));
+	m->b[m->n++] = v;
+}
+
+static void mp_be(struct mp *m, uint64_t v, unsigned bytes)
+{
+	for (unsigned i = bytes; i-- > 0;)
+		mp_byte(m, (uint8_t)(v >> (8 * i)));
+}
+
+static void mp_uint(struct mp *m, uint64_t v)
+{
+	if (v < 0x80) {
+		mp_byte(m, (uint8_t)v);
+	} else if (v <= 0xff) {
+		mp_byte(m, 0xcc);
+		mp_be(m, v, 1);
+	} else if (v <= 0xffff) {
+		mp_byte(m, 0xcd);
+		mp_be(m, v, 2);
+	} else if (v <= 0xffffffffull) {
+		mp_byte(m, 0xce);
+		mp_be(m, v, 4);
+	} else {
+		mp_byte(m, 0xcf);
+		mp_be(m, v, 8);
+	}
+}
+
+static void mp_str(struct mp *m, const char *s)
+{
+	size_t n = strlen(s);
+	cr_assert_lt(n, 256);
+	if (n < 32) {
+		mp_byte(m, (uint8_t)(0xa0 | n));
+	} else {
+		mp_byte(m, 0xd9);
+		mp_byte(m, (uint8_t)n);
+	}
+	for (size_t i = 0; i < n; i++)
+		mp_byte(m, (uint8_t)s[i]);
+}
+
+static void mp_bin(struct mp *m, const struct mp *body)
+{
+	cr_assert_lt(body->n, 256);
+	mp_byte(m, 0xc4);
+	mp_byte(m, (uint8_t)body->n);
+	for (size_t i = 0; i < body->n; i++)
+		mp_byte(m, body->b[i]);
+}
+
+static void mp_arr(struct mp *m, uint32_t n)
+{
+	cr_assert_lt(n, 16);
+	mp_byte(m, (uint8_t)(0x90 | n));
+}
+
+static void mp_map(struct mp *m, uint32_t n)
+{
+	cr_assert_lt(n, 16);
+	mp_byte(m, (uint8_t)(0x80 | n));
+}
+
+#define MR_KEY0 0x1234u
+#define MR_KEY1 0xabcdef01u
+static const uint64_t g_base[2] = {0x7f1200000000ull, 0x7f1200100000ull};
+static const char *const g_lname[2] = {"model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"};
+
+/* Two split layers [2,8,4,2,3] bf16 (T1 geometry): what the engine advertises through
+ * kvx_layout_meta_regions(), and one whole-tensor MemoryDesc per layer. */
+static void split_engine(struct kvx_msg_meta *m, struct kvx_msg_region reg[4], struct kvx_msg_layers *l,
+			 struct kvx_msg_memdesc desc[2], bool kvx)
+{
+	struct kvx_layout_tensor t = tensor(5, (uint64_t[]){2, 8, 4, 2, 3});
+	struct kvx_layout_geom g;
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	const uint64_t keys[2] = {MR_KEY0, MR_KEY1};
+	uint32_t nr = 0;
+	for (int i = 0; i < 2; i++) {
+		int k = kvx_layout_meta_regions(&g, &t, g_base[i], keys[i], reg + nr);
+		cr_assert_eq(k, 2, "split layer %d: K and V regions", i);
+		nr += (uint32_t)k;
+		desc[i] = (struct kvx_msg_memdesc){.id = (uint32_t)i, .device_id = 0, .addr = g_base[i],
+						   .len_bytes = 2 * 8 * 48, .loc = 2};
+		strcpy(desc[i].layer, g_lname[i]);
+	}
+	memset(m, 0, sizeof(*m));
+	strcpy(m->engine_id, "10.0.0.1:6301");
+	strcpy(m->engine_key, "producer:10.0.0.1:6301:tp0:dp0");
+	strcpy(m->hostname, "node-a");
+	strcpy(m->host, "10.0.0.1");
+	m->kv_port = 0;
+	m->num_blocks = g.num_blocks;
+	m->block_len = g.block_len;
+	strcpy(m->attn_backend, "FLASH_ATTN");
+	m->has_kvx = kvx;
+	m->version = KVX_MSG_PROTO_VERSION;
+	m->epoch = 7;
+	strcpy(m->transport, "tcp");
+	strcpy(m->layout, "split");
+	m->regions = reg;
+	m->num_regions = nr;
+	memset(l, 0, sizeof(*l));
+	strcpy(l->engine_key, m->engine_key);
+	l->descs = desc;
+	l->num_descs = 2;
+}
+
+/* MoRIIO's AgentMetadata for split_engine(): six keys, kv_caches_base_addr = every layer's
+ * cache[0] then cache[1] (8 blocks x 48 bytes apart), num_blocks 8, block_len 48. */
+static void moriio_meta_bytes(struct mp *e)
+{
+	struct mp desc = {.n = 0};
+	mp_arr(&desc, 4);
+	mp_str(&desc, "producer:10.0.0.1:6301:tp0:dp0");
+	mp_str(&desc, "node-a");
+	mp_str(&desc, "10.0.0.1");
+	mp_uint(&desc, 0);
+	mp_str(e, "engine_id");
+	mp_str(e, "10.0.0.1:6301");
+	mp_str(e, "agent_metadata");
+	mp_bin(e, &desc);
+	mp_str(e, "kv_caches_base_addr");
+	mp_arr(e, 4);
+	for (int i = 0; i < 2; i++) {
+		mp_uint(e, g_base[i]);
+		mp_uint(e, g_base[i] + 8 * 48);
+	}
+	mp_str(e, "num_blocks");
+	mp_uint(e, 8);
+	mp_str(e, "block_len");
+	mp_uint(e, 48);
+	mp_str(e, "attn_backend_name");
+	mp_str(e, "FLASH_ATTN");
+}
+
+static void moriio_layers_bytes(struct mp *e)
+{
+	mp_map(e, 2);
+	for (int i = 0; i < 2; i++) {
+		struct mp md = {.n = 0};
+		mp_arr(&md, 6);
+		mp_str(&md, "producer:10.0.0.1:6301:tp0:dp0");
+		mp_uint(&md, (uint64_t)i);
+		mp_uint(&md, 0);           /* deviceId */
+		mp_uint(&md, g_base[i]);   /* data: the whole layer tensor */
+		mp_uint(&md, 2 * 8 * 48);  /* size: K and V planes */
+		mp_uint(&md, 2);           /* loc GPU */
+		mp_str(e, g_lname[i]);
+		mp_arr(e, 1);
+		mp_bin(e, &md);
+	}
+}
+
+static void expect_bytes(const uint8_t *got, int n, const struct mp *want, const char *what)
+{
+	cr_assert_eq(n, (int)want->n, "%s: %d bytes, MoRIIO form has %zu", what, n, want->n);
+	for (size_t i = 0; i < want->n; i++)
+		cr_assert_eq(got[i], want->b[i], "%s: byte %zu is 0x%02x, MoRIIO form has 0x%02x", what, i, got[i],
+			     want->b[i]);
+}
+
+Test(runtime_vectors, t13_split_layer_advertises_k_and_v_regions)
+{
+	struct kvx_msg_region r[2];
+	struct kvx_layout_geom g;
+	struct kvx_layout_tensor t = tensor(5, (uint64_t[]){2, 8, 4, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_meta_regions(&g, &t, 0x10000, 77, r), 2);
+	cr_assert_eq(r[0].addr, 0x10000);
+	cr_assert_eq(r[1].addr, 0x10000 + 8 * 48, "V region at cache[1]");
+	cr_assert_eq(r[0].len_bytes, 8 * 48);
+	cr_assert_eq(r[1].len_bytes, 8 * 48);
+	cr_assert_eq(r[0].key, 77);
+	cr_assert_eq(r[1].key, 77, "V plane lies in the layer's one memory region");
+
+	/* Kernel-block split [2,16,2,2,3] (T5): planes of 8 logical blocks of 48 bytes. */
+	t = tensor(5, (uint64_t[]){2, 16, 2, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_meta_regions(&g, &t, 0x10000, 5, r), 2);
+	cr_assert_eq(r[1].addr, 0x10000 + 16 * 12 * 2);
+	cr_assert_eq(r[0].len_bytes, 8 * 48);
+
+	t = tensor(5, (uint64_t[]){8, 2, 4, 2, 3});
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, 0, &g, NULL, 0), 0);
+	memset(r, 0, sizeof(r));
+	cr_assert_eq(kvx_layout_meta_regions(&g, &t, 0x20000, 9, r), 1);
+	cr_assert_eq(r[0].addr, 0x20000);
+	cr_assert_eq(r[0].len_bytes, 8 * 2 * 48);
+	cr_assert_eq(r[0].key, 9);
+	cr_assert_eq(r[1].addr, 0, "one region only");
+
+	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	t = tensor(3, (uint64_t[]){8, 4, 3});
+	cr_assert_eq(kvx_layout_geometry(&mla, &t, 0, &g, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_meta_regions(&g, &t, 0x30000, 1, r), 1);
+	cr_assert_eq(r[0].len_bytes, 8 * 24);
+	cr_assert_eq(kvx_layout_meta_regions(NULL, &t, 0x30000, 1, r), -EINVAL);
+}
+
+Test(runtime_layout, split_handshake_is_byte_identical_to_moriio_form)
+{
+	struct kvx_msg_region reg[4];
+	struct kvx_msg_memdesc desc[2];
+	struct kvx_msg_meta m;
+	struct kvx_msg_layers l;
+	uint8_t buf[2048];
+
+	/* (a) without kvx keys: exactly MoRIIO's six-key map. */
+	split_engine(&m, reg, &l, desc, false);
+	struct mp e = {.n = 0};
+	mp_map(&e, 6);
+	moriio_meta_bytes(&e);
+	expect_bytes(buf, kvx_msg_meta_encode(&m, buf, sizeof(buf)), &e, "metadata (a)");
+
+	/* (a) with kvx keys: the same six pairs first, then kvx_ keys a MoRIIO decoder ignores;
+	 * kvx_regions repeats every advertised region with its length and the layer's key. */
+	split_engine(&m, reg, &l, desc, true);
+	e.n = 0;
+	mp_map(&e, 11);
+	moriio_meta_bytes(&e);
+	mp_str(&e, "kvx_version");
+	mp_uint(&e, KVX_MSG_PROTO_VERSION);
+	mp_str(&e, "kvx_epoch");
+	mp_uint(&e, 7);
+	mp_str(&e, "kvx_transport");
+	mp_str(&e, "tcp");
+	mp_str(&e, "kvx_layout");
+	mp_str(&e, "split");
+	mp_str(&e, "kvx_regions");
+	mp_arr(&e, 4);
+	for (int i = 0; i < 4; i++) {
+		mp_arr(&e, 3);
+		mp_uint(&e, g_base[i / 2] + (uint64_t)(i % 2) * 8 * 48);
+		mp_uint(&e, 8 * 48);
+		mp_uint(&e, i / 2 ? MR_KEY1 : MR_KEY0);
+	}
+	expect_bytes(buf, kvx_msg_meta_encode(&m, buf, sizeof(buf)), &e, "metadata (a) + kvx_");
+
+	/* (b): one MemoryDesc of the whole tensor per layer. */
+	e.n = 0;
+	moriio_layers_bytes(&e);
+	expect_bytes(buf, kvx_msg_layers_encode(&l, buf, sizeof(buf)), &e, "region map (b)");
+}
+
+/* Decode hand-built MoRIIO bytes (a) and (b) into d/dl with caller storage. */
+static void decode_moriio(struct kvx_msg_meta *d, struct kvx_msg_region *dr, struct kvx_msg_layers *dl,
+			  struct kvx_msg_memdesc *dd)
+{
+	struct mp a = {.n = 0}, b = {.n = 0};
+	mp_map(&a, 6);
+	moriio_meta_bytes(&a);
+	moriio_layers_bytes(&b);
+	char err[256] = "";
+	memset(d, 0, sizeof(*d));
+	d->regions = dr;
+	d->regions_cap = 8;
+	cr_assert_eq(kvx_msg_meta_decode(a.b, a.n, d, err, sizeof(err)), 0, "%s", err);
+	memset(dl, 0, sizeof(*dl));
+	dl->descs = dd;
+	dl->descs_cap = 4;
+	cr_assert_eq(kvx_msg_layers_decode(b.b, b.n, dl, err, sizeof(err)), 0, "%s", err);
+}
+
+Test(runtime_layout, moriio_split_peer_regions_map_to_layers_and_match_the_offsets)
+{
+	struct kvx_msg_region dr[8];
+	struct kvx_msg_memdesc dd[4];
+	struct kvx_msg_meta d;
+	struct kvx_msg_layers dl;
+	decode_moriio(&d, dr, &dl, dd);
+	cr_assert_not(d.has_kvx);
+	cr_assert_eq(d.num_regions, 4);
+	cr_assert_eq(dl.num_layers, 2);
+
+	struct kvx_layout_peer_layer pl[2];
+	char err[256] = "";
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), 2, "%s", err);
+	for (uint32_t i = 0; i < 2; i++) {
+		cr_assert_eq(pl[i].desc, i);
+		cr_assert_eq(pl[i].region, 2 * i);
+		cr_assert_eq(pl[i].nregions, 2);
+		cr_assert_eq(pl[i].mr_addr, g_base[i]);
+		cr_assert_eq(pl[i].mr_len, 768);
+		cr_assert_eq(pl[i].k_addr, g_base[i]);
+		cr_assert_eq(pl[i].kv_offset, 384);
+	}
+	/* The local split geometry with the peer's num_blocks 8: V at es*remote_kv_stride = 384. */
+	struct kvx_layout_tensor t = tensor(5, (uint64_t[]){2, 16, 4, 2, 3});
+	struct kvx_layout_geom g;
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &t, d.num_blocks, &g, NULL, 0), 0);
+	cr_assert_eq(g.remote_kv_stride, 8 * 24);
+	cr_assert_eq(kvx_layout_check_peer_layer(&g, &pl[0], err, sizeof(err)), 0, "%s", err);
+	/* A wrong peer num_blocks (16) puts V at +768 in the plan: rejected, values named. */
+	kvx_layout_set_remote_blocks(&g, 16);
+	cr_assert_eq(kvx_layout_check_peer_layer(&g, &pl[0], err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "384") && strstr(err, "768"), "message: %s", err);
+	/* One region per layer does not fit a split local layout, and vice versa. */
+	struct kvx_layout_peer_layer one = pl[0];
+	one.nregions = 1;
+	one.kv_offset = 0;
+	kvx_layout_set_remote_blocks(&g, 8);
+	cr_assert_eq(kvx_layout_check_peer_layer(&g, &one, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "1 regions"), "message: %s", err);
+	struct kvx_layout_tensor ti = tensor(5, (uint64_t[]){8, 2, 4, 2, 3});
+	struct kvx_layout_geom gi;
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &ti, 8, &gi, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_check_peer_layer(&gi, &pl[0], err, sizeof(err)), -EPROTO);
+	one.mr_len = 768;
+	cr_assert_eq(kvx_layout_check_peer_layer(&gi, &one, err, sizeof(err)), 0, "%s", err);
+	one.mr_len = 767;
+	cr_assert_eq(kvx_layout_check_peer_layer(&gi, &one, err, sizeof(err)), -EPROTO, "last block past the MR");
+	cr_assert(strstr(err, "768") && strstr(err, "767"), "message: %s", err);
+}
+
+Test(runtime_layout, peer_regions_rejections_name_layer_and_values)
+{
+	struct kvx_msg_region dr[8];
+	struct kvx_msg_memdesc dd[4];
+	struct kvx_msg_meta d;
+	struct kvx_msg_layers dl;
+	struct kvx_layout_peer_layer pl[2];
+	char err[256] = "";
+	decode_moriio(&d, dr, &dl, dd);
+	/* Count: 4 regions are not 1 per layer; capacity; bad regions_per_layer. */
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 1, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "4 regions") && strstr(err, "2 layers"), "message: %s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 1, err, sizeof(err)), -EMSGSIZE);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 3, pl, 2, err, sizeof(err)), -EINVAL);
+	cr_assert_eq(kvx_layout_peer_regions(NULL, &dl, 2, pl, 2, err, sizeof(err)), -EINVAL);
+	/* V region of layer 1 outside its MemoryDesc (points into layer 0). */
+	dr[3].addr = g_base[0] + 384;
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, g_lname[1]) && strstr(err, "region 3"), "message: %s", err);
+	/* V not above K. */
+	decode_moriio(&d, dr, &dl, dd);
+	dr[1].addr = dr[0].addr;
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "V region"), "message: %s", err);
+	/* kvx_ lengths: a K region that runs into V, and one past the MemoryDesc end. */
+	decode_moriio(&d, dr, &dl, dd);
+	dr[0].len_bytes = 385;
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	dr[0].len_bytes = 384;
+	dr[1].len_bytes = 385;
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "outside its MemoryDesc"), "message: %s", err);
+	dr[1].len_bytes = 384;
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), 2, "%s", err);
+}
+
+Test(runtime_layout, kvxfer_split_handshake_roundtrips_through_peer_regions)
+{
+	struct kvx_msg_region reg[4], dr[4];
+	struct kvx_msg_memdesc desc[2], dd[2];
+	struct kvx_msg_meta m, d;
+	struct kvx_msg_layers l, dl;
+	uint8_t a[2048], b[2048];
+	char err[256] = "";
+	split_engine(&m, reg, &l, desc, true);
+	int na = kvx_msg_meta_encode(&m, a, sizeof(a)), nb = kvx_msg_layers_encode(&l, b, sizeof(b));
+	cr_assert_gt(na, 0);
+	cr_assert_gt(nb, 0);
+	memset(&d, 0, sizeof(d));
+	d.regions = dr;
+	d.regions_cap = 4;
+	cr_assert_eq(kvx_msg_meta_decode(a, (size_t)na, &d, err, sizeof(err)), 0, "%s", err);
+	memset(&dl, 0, sizeof(dl));
+	dl.descs = dd;
+	dl.descs_cap = 2;
+	cr_assert_eq(kvx_msg_layers_decode(b, (size_t)nb, &dl, err, sizeof(err)), 0, "%s", err);
+	cr_assert(d.has_kvx);
+	cr_assert_arr_eq(dr, reg, sizeof(reg), "regions with lengths and keys survive");
+	struct kvx_layout_peer_layer pl[2];
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), 2, "%s", err);
+	cr_assert_eq(pl[1].kv_offset, 384);
+	cr_assert_eq(d.regions[pl[1].region + 1].key, MR_KEY1);
+}
