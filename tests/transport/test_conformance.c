@@ -33,7 +33,7 @@ static struct criterion_test_params providers(void)
 {
 	/* verbs registers device memory only through dma-buf or peer memory (not the mock). */
 	static const char *all[][2] = {{"tcp", "host"},    {"shm", "host"}, {"verbs", "host"},
-				       {"shm", "hostdev"}, {"tcp", "hip"},
+				       {"tcp", "hostdev"}, {"shm", "hostdev"}, {"tcp", "hip"},
 				       {"shm", "hip"},     {"verbs", "hip"}};
 	const char *only = getenv("KVX_XPORT_PROVIDERS"), *mem = getenv("KVX_XPORT_MEM");
 	struct xport_param *p = cr_calloc(KVX_ARRAY_SIZE(all), sizeof(*p));

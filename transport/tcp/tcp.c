@@ -20,8 +20,25 @@
  *   response 16 B: status i32 (0, -ERANGE, -EACCES), seq u32, len u32, 0 u32
  *                  [+ len payload for a successful READ]
  * A connection that violates the format is closed and counted in proto_errors.
+ *
+ * Device memory (HIP, or the hostdev mock: the same code, only the kvx_mem ops differ) is never
+ * touched by the CPU or a socket call: it is staged through pinned bounce buffers of a
+ * kvx_mem staging ring (struct tdev: one stream, a device->host ring and a host->device ring,
+ * buffers of chunk_bytes). Each initiator endpoint has its own (its poller owns it), the
+ * target side one per context (the progress thread owns it). Overlap:
+ * - initiator WRITE: chunks are queued as D2H jobs; a chunk is sent once its bounce buffer is
+ *   filled, while the next ones are being copied; the buffer returns when the chunk is sent.
+ * - target READ response: the same, from the region into bounce buffers; a request longer than
+ *   one buffer is answered as several pieces (one header, then the pieces in order).
+ * - initiator READ response / target WRITE payload: received into a bounce buffer, then an
+ *   H2D copy; the op (initiator) or the response (target) completes only when the copy did.
+ * Copies are polled with event queries, never synchronized; an op that still has copies in
+ * flight completes only after they finished, also when the endpoint fails, so no copy ever
+ * touches memory its owner already got back.
  */
 #include "transport_internal.h"
+
+#include "mem_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -53,6 +70,12 @@
 #define TCP_HELLO_SLOTS 64
 #define TCP_CONN_BUDGET (8u << 20) /* bytes one target connection moves per progress call */
 #define TCP_CONNECT_MS 5000
+#define TCP_DEV_BUFS 4u           /* bounce buffers per staging direction */
+#define TCP_DEV_JOBS 64u          /* D2H jobs queued per staging ring */
+
+_Static_assert((int)KVX_XPORT_MEM_HIP == (int)KVX_MEM_HIP &&
+		       (int)KVX_XPORT_MEM_HOSTDEV == (int)KVX_MEM_HOSTDEV,
+	       "transport and mem kinds share values");
 
 enum { REQ_READ = 1, REQ_WRITE = 2 };
 
@@ -62,6 +85,16 @@ struct tcp_slot {
 	uint8_t *addr;
 	uint64_t len;
 	uint32_t access;
+	bool dev;                  /* device memory: staged, never touched by the CPU */
+};
+
+/* Device staging of one poller: a stream and a ring per direction (see the file comment). */
+struct tdev {
+	struct kvx_mem_stream *s;
+	struct kvx_mem_stage *tx; /* D2H: device -> bounce -> socket */
+	struct kvx_mem_stage *rx; /* H2D: socket -> bounce -> device */
+	size_t buf_bytes;
+	uint32_t copies;          /* D2H jobs not handed out + H2D copies not retired */
 };
 
 struct hello_slot {
@@ -88,6 +121,9 @@ struct tcp_ctx {
 	_Atomic int has_pending;
 	uint32_t tick;             /* progress calls, paces accept4() */
 	uint32_t n_hello;          /* hello slots in use */
+	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
+	_Atomic(struct tdev *) tdev; /* target-side staging: stored (release) before the first
+	                                device slot's key is published; progress loads (acquire) */
 };
 
 struct tcp_mr {
@@ -102,8 +138,9 @@ struct tcp_op {
 	uint8_t *laddr;
 	uint64_t len, roff, sched, left;
 	uint32_t key, batch, index;
+	uint32_t copies;  /* staging copies still referring to this op (done waits for 0) */
 	int32_t status;
-	bool write, done;
+	bool write, done, dev;
 };
 
 struct tcp_batch {
@@ -114,10 +151,14 @@ struct tcp_batch {
 };
 
 struct tcp_chunk {
-	uint8_t *payload; /* WRITE: source; READ: destination */
+	uint8_t *payload; /* WRITE: source (device op: its bounce buffer); READ: destination */
 	uint64_t off;
 	uint32_t op, len, seq;
+	uint32_t bslot;   /* WRITE of a device op: stage slot of the bounce buffer held */
 	bool write;
+	bool ready;       /* WRITE of a device op: false until the bounce buffer is filled */
+	bool held;        /* holds a bounce buffer (released when sent) */
+	bool dev;         /* READ into device memory: payload goes through a bounce buffer */
 	uint8_t hdr[TCP_REQ];
 };
 
@@ -130,17 +171,30 @@ struct ich {
 	uint8_t *rx;         /* Array[TCP_RXBUF] */
 	uint32_t rx_start, rx_end;
 	bool in_pay;
+	bool pay_dev;        /* the payload being received goes to a bounce buffer (pay_b) */
 	uint32_t pay_left;
 	uint8_t *pay_dst;
+	struct kvx_mem_chunk pay_b;
 };
 
 /* ---- target state ---- */
+
+struct tconn;
 
 struct tresp {
 	uint8_t hdr[TCP_RESP];
 	uint8_t *payload;
 	uint32_t len;
-	int32_t slot; /* region reference held until sent, or -1 */
+	int32_t slot;     /* region reference held until sent, or -1 */
+	uint32_t hlen;    /* TCP_RESP, or 0 for a later piece of a staged READ response */
+	bool ready;       /* staged entries: false until their copies are done */
+	bool held;        /* holds a bounce buffer (D2H stage slot bslot) until sent */
+	bool wdone;       /* staged WRITE: all payload received */
+	bool rpiece;      /* a piece of a staged READ response (waits for its D2H copy) */
+	uint32_t bslot;
+	uint32_t pend;    /* staged WRITE: H2D copies not retired */
+	uint32_t idx;     /* free-running tq index of this entry */
+	struct tconn *t;  /* owner (staging cookies point at entries) */
 };
 
 enum { TC_HDR = 0, TC_WPAY = 1 };
@@ -155,6 +209,14 @@ struct tconn {
 	int32_t cur_status, cur_slot;
 	struct tresp *tq; /* Array[TCP_TQ] */
 	uint32_t tq_head, tq_sent, tq_off;
+	/* Staged WRITE payload into device memory. */
+	struct tresp *wr;        /* its response entry, or NULL */
+	uint8_t *wdev;           /* device destination of the next bounce buffer */
+	bool wb_have;            /* wb is a bounce buffer being filled */
+	struct kvx_mem_chunk wb;
+	uint32_t wfill;          /* bytes in wb */
+	uint32_t copies;         /* staging copies referring to this connection's entries */
+	bool closed;             /* closed once: never attached again (cookies may point here) */
 };
 
 struct tcp_ep {
@@ -171,6 +233,8 @@ struct tcp_ep {
 	uint32_t *doneq;           /* Array[depth]: completed batch indices */
 	uint32_t dq_head, dq_tail;
 	uint64_t timeout_ns;
+	_Atomic(struct tdev *) dev; /* device staging; set on the control thread before the first
+	                               device region or endpoint use (acquire in post/drive) */
 	/* target */
 	uint64_t token;
 	struct tconn *conns;       /* Array[nch] */
@@ -258,7 +322,7 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	cp->inline_bytes = 0;
 	cp->max_channels = TCP_MAX_CH;
 	cp->num_channels = p->num_channels;
-	cp->mem_types = 1u << KVX_XPORT_MEM_HOST;
+	cp->mem_types = kvx_mem_usable_kinds();
 	cp->needs_progress = true;
 	cp->same_host_only = false;
 	*out = &c->base;
@@ -276,6 +340,77 @@ fail:
 	return rc;
 }
 
+/* ---- device staging ---- */
+
+static void tdev_destroy(struct tdev *d)
+{
+	if (!d)
+		return;
+	/* Stage destroy finishes copies still in flight before freeing their buffers. */
+	kvx_mem_stage_destroy(d->tx);
+	kvx_mem_stage_destroy(d->rx);
+	kvx_mem_stream_destroy(d->s);
+	free(d);
+}
+
+static int tdev_create(struct kvx_mem *m, size_t buf_bytes, struct tdev **out)
+{
+	struct tdev *d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	/* Every copy holds a bounce buffer, so the stream never has more than 2 * TCP_DEV_BUFS
+	 * copies in flight: kvx_mem_copy_async() cannot say -ENOBUFS. */
+	struct kvx_mem_stream_params sp = {.depth = 4 * TCP_DEV_BUFS};
+	struct kvx_mem_stage_params stp = {.nbufs = TCP_DEV_BUFS, .buf_bytes = buf_bytes,
+					   .jobs = TCP_DEV_JOBS};
+	d->buf_bytes = buf_bytes;
+	int rc = kvx_mem_stream_create(m, &sp, &d->s);
+	if (!rc)
+		rc = kvx_mem_stage_create(m, d->s, &stp, &d->tx);
+	if (!rc)
+		rc = kvx_mem_stage_create(m, d->s, &stp, &d->rx);
+	if (rc) {
+		kvx_log(KVX_LOG_ERROR, "tcp: device staging (%u x %zu B bounce buffers): %s",
+			2 * TCP_DEV_BUFS, buf_bytes, kvx_strerror(rc));
+		tdev_destroy(d);
+		return rc;
+	}
+	*out = d;
+	return 0;
+}
+
+/* Give an initiator endpoint its staging (control thread; the context has a device domain). */
+static int ep_dev_attach(struct tcp_ctx *c, struct tcp_ep *e)
+{
+	if (atomic_load_explicit(&e->dev, memory_order_relaxed))
+		return 0;
+	struct tdev *d = NULL;
+	int rc = tdev_create(c->dev, c->base.params.chunk_bytes, &d);
+	if (rc)
+		return rc;
+	/* R2: pairs with the acquire loads in tcp_post()/drive(). */
+	atomic_store_explicit(&e->dev, d, memory_order_release);
+	return 0;
+}
+
+/* First use of device memory of type t in this context: the domain, the target-side staging
+ * and the staging of the initiator endpoints that exist already. */
+static int ctx_dev_init(struct tcp_ctx *c, const struct kvx_mem_type *t)
+{
+	int rc = kvx_mem_domain_get(&c->dev, t, "tcp mr_register");
+	if (!rc && !atomic_load_explicit(&c->tdev, memory_order_relaxed)) {
+		struct tdev *d = NULL;
+		rc = tdev_create(c->dev, c->base.params.chunk_bytes, &d);
+		/* R3: pairs with A3 in ctx_tdev(). */
+		if (!rc)
+			atomic_store_explicit(&c->tdev, d, memory_order_release);
+	}
+	for (struct kvx_xport_ep *ep = c->base.eps; !rc && ep; ep = ep->next)
+		if (ep->initiator)
+			rc = ep_dev_attach(c, (struct tcp_ep *)ep);
+	return rc;
+}
+
 /* ---- regions ---- */
 
 static int tcp_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_params *p,
@@ -287,6 +422,21 @@ static int tcp_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 		s++;
 	if (s == ctx->params.max_regions)
 		return -ENOBUFS;
+	bool dev = p->mem_type != KVX_XPORT_MEM_HOST;
+	if (dev) {
+		struct kvx_mem_type t = {.kind = (enum kvx_mem_kind)p->mem_type,
+					 .device = p->mem_type == KVX_XPORT_MEM_HIP ? p->device_id : 0};
+		struct kvx_mem_ptr_info info;
+		int rc = ctx_dev_init(c, &t);
+		if (!rc)
+			rc = kvx_mem_ptr_query(c->dev, p->addr, p->len_bytes, &info);
+		if (rc) {
+			kvx_log(KVX_LOG_ERROR, "tcp mr_register: %p (+%llu bytes) as mem_type %d: %s",
+				p->addr, (unsigned long long)p->len_bytes, (int)p->mem_type,
+				rc == -EINVAL ? "not device memory of that type" : kvx_strerror(rc));
+			return rc;
+		}
+	}
 	struct tcp_mr *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
@@ -303,7 +453,9 @@ static int tcp_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 	c->slots[s].addr = p->addr;
 	c->slots[s].len = p->len_bytes;
 	c->slots[s].access = p->access;
-	/* R1: publishes addr/len/access; pairs with the seq_cst key load in req_check(). */
+	c->slots[s].dev = dev;
+	/* R1: publishes addr/len/access/dev (and c->tdev); pairs with the seq_cst key load in
+	 * req_check(). */
 	atomic_store_explicit(&c->slots[s].key, m->base.key, memory_order_release);
 	*out = &m->base;
 	return 0;
@@ -326,10 +478,11 @@ static int tcp_mr_unregister(struct kvx_xport_mr *mr)
 	return 0;
 }
 
+/* The target stages its own device regions: any kind it could register is reachable. */
 static int tcp_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr)
 {
 	(void)ep;
-	return rmr->mem_type == KVX_XPORT_MEM_HOST ? 0 : -ENOTSUP;
+	return rmr->mem_type <= KVX_XPORT_MEM_HOSTDEV ? 0 : -ENOTSUP;
 }
 
 /* ---- endpoints ---- */
@@ -354,6 +507,7 @@ static void ep_free(struct tcp_ep *e)
 	}
 	if (e->epfd >= 0)
 		close(e->epfd);
+	tdev_destroy(atomic_load_explicit(&e->dev, memory_order_acquire));
 	free(e->ch);
 	free(e->conns);
 	free(e->ops);
@@ -397,6 +551,10 @@ static int tcp_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, u
 	}
 	e->op_mask = depth - 1;
 	e->b_mask = depth - 1;
+	if (((struct tcp_ctx *)ctx)->dev && ep_dev_attach((struct tcp_ctx *)ctx, e)) {
+		ep_free(e);
+		return -ENOMEM;
+	}
 	xport_blob_hdr_put(blob, KVX_XPORT_PROV_TCP, XPORT_BLOB_A);
 	xport_put_u16(blob + 8, (uint16_t)e->nch);
 	xport_put_u16(blob + 10, 0);
@@ -649,15 +807,44 @@ static void op_finish(struct tcp_ep *e, struct tcp_op *o)
 		e->op_tail++;
 }
 
-/* Move the endpoint to error state: close its sockets and complete every outstanding op. */
+/* Finish an op once no byte and no staging copy of it is outstanding. */
+static void op_settle(struct tcp_ep *e, struct tcp_op *o)
+{
+	if (!o->done && !o->left && !o->copies)
+		op_finish(e, o);
+}
+
+static inline struct tdev *ep_dev(struct tcp_ep *e)
+{
+	/* A2: pairs with R2 in ep_dev_attach(). */
+	return atomic_load_explicit(&e->dev, memory_order_acquire);
+}
+
+/* Bounce buffer of a chunk back to the D2H ring. */
+static void chunk_unhold(struct tdev *d, struct tcp_chunk *k)
+{
+	struct kvx_mem_chunk b = {.buf = k->payload, .slot = k->bslot};
+	(void)kvx_mem_stage_d2h_release(d->tx, &b);
+	k->held = false;
+}
+
+/* Move the endpoint to error state: close its sockets and complete every outstanding op (an
+ * op with staging copies in flight completes when they finished: see pump()). */
 static KVX_COLD void ep_fail(struct tcp_ep *e, int status)
 {
+	struct tdev *d = ep_dev(e);
 	if (!atomic_load_explicit(&e->base.status, memory_order_relaxed)) {
 		atomic_store_explicit(&e->base.status, status, memory_order_relaxed);
 		xport_cnt_add(&e->base.cnt, resets, 1);
 	}
 	for (uint32_t i = 0; i < e->nch; i++) {
 		struct ich *c = &e->ch[i];
+		if (d && c->pay_dev)
+			(void)kvx_mem_stage_h2d_cancel(d->rx, &c->pay_b);
+		c->pay_dev = false;
+		for (uint32_t q = c->sent; d && q != c->head; q++)
+			if (c->q[q & (TCP_CHQ - 1)].held)
+				chunk_unhold(d, &c->q[q & (TCP_CHQ - 1)]);
 		if (c->fd >= 0)
 			close(c->fd);
 		c->fd = -1;
@@ -675,7 +862,7 @@ static KVX_COLD void ep_fail(struct tcp_ep *e, int status)
 			o->status = now >= e->b[o->batch & e->b_mask].deadline_ns ? -ETIMEDOUT
 										   : -ECONNRESET;
 		o->left = 0;
-		op_finish(e, o);
+		op_settle(e, o);
 	}
 	e->op_sched = e->op_head;
 }
@@ -689,14 +876,14 @@ static void chunk_done(struct tcp_ep *e, struct ich *c, int32_t status)
 	o->left -= k->len;
 	c->out_bytes -= k->len;
 	c->tail++;
-	if (!o->left)
-		op_finish(e, o);
+	op_settle(e, o);
 }
 
 /* Schedule chunks of pending ops onto channels with room (round-robin striping). */
 static int fill(struct tcp_ep *e)
 {
 	uint32_t chunk = e->base.ctx->params.chunk_bytes;
+	struct tdev *d = ep_dev(e);
 	int work = 0;
 	/* Ops that failed at post may complete (and free their slots) before being scheduled. */
 	if ((int32_t)(e->op_tail - e->op_sched) > 0)
@@ -721,12 +908,25 @@ static int fill(struct tcp_ep *e)
 		uint64_t rem = o->len - o->sched;
 		uint32_t len = rem < chunk ? (uint32_t)rem : chunk;
 		struct tcp_chunk *k = &c->q[c->head & (TCP_CHQ - 1)];
+		k->ready = true;
+		k->held = false;
+		k->dev = o->dev && !o->write;
+		if (o->dev && o->write) {
+			/* Cookie: op index, channel, queue slot (see pump()). */
+			uint64_t ck = ((uint64_t)e->op_sched << 32) |
+				      ((uint64_t)(c - e->ch) << 16) | (c->head & (TCP_CHQ - 1));
+			if (kvx_mem_stage_d2h_push(d->tx, o->laddr + o->sched, len, ck))
+				break; /* job queue full: continue once chunks were handed out */
+			k->ready = false;
+			o->copies++;
+			d->copies++;
+		}
 		k->op = e->op_sched;
 		k->off = o->sched;
 		k->len = len;
 		k->seq = c->seq++;
 		k->write = o->write;
-		k->payload = o->laddr + o->sched;
+		k->payload = k->ready ? o->laddr + o->sched : NULL;
 		uint8_t *h = k->hdr;
 		h[0] = o->write ? REQ_WRITE : REQ_READ;
 		h[1] = 0;
@@ -745,7 +945,7 @@ static int fill(struct tcp_ep *e)
 	return work;
 }
 
-static int ich_tx(struct ich *c)
+static int ich_tx(struct tcp_ep *e, struct ich *c)
 {
 	int work = 0;
 	while (c->sent != c->head) {
@@ -754,6 +954,8 @@ static int ich_tx(struct ich *c)
 		uint32_t off = c->sent_off;
 		for (uint32_t i = c->sent; i != c->head && n < TCP_IOV - 1; i++) {
 			struct tcp_chunk *k = &c->q[i & (TCP_CHQ - 1)];
+			if (!k->ready)
+				break; /* its bounce buffer is still being filled: in order */
 			if (off < TCP_REQ)
 				iov[n++] = (struct iovec){k->hdr + off, TCP_REQ - off};
 			uint32_t po = off > TCP_REQ ? off - TCP_REQ : 0;
@@ -761,6 +963,8 @@ static int ich_tx(struct ich *c)
 				iov[n++] = (struct iovec){k->payload + po, k->len - po};
 			off = 0;
 		}
+		if (!n)
+			return work;
 		struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
 		ssize_t s = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (s < 0) {
@@ -777,6 +981,8 @@ static int ich_tx(struct ich *c)
 			uint32_t left = TCP_REQ + (k->write ? k->len : 0) - c->sent_off;
 			if (rem >= left) {
 				rem -= left;
+				if (k->held)
+					chunk_unhold(ep_dev(e), k);
 				c->sent++;
 				c->sent_off = 0;
 			} else {
@@ -786,6 +992,23 @@ static int ich_tx(struct ich *c)
 		}
 	}
 	return work;
+}
+
+/* A READ chunk's payload is in its bounce buffer: start the copy to the device destination.
+ * Returns the chunk's status (the op completes when the copy did: see pump()). */
+static int32_t rx_commit(struct tcp_ep *e, struct ich *c)
+{
+	struct tdev *d = ep_dev(e);
+	struct tcp_chunk *k = &c->q[c->tail & (TCP_CHQ - 1)];
+	struct tcp_op *o = &e->ops[k->op & e->op_mask];
+	c->pay_dev = false;
+	if (KVX_UNLIKELY(kvx_mem_stage_h2d_commit(d->rx, &c->pay_b, k->payload, k->len, k->op))) {
+		(void)kvx_mem_stage_h2d_cancel(d->rx, &c->pay_b);
+		return -EIO;
+	}
+	o->copies++;
+	d->copies++;
+	return 0;
 }
 
 static int ich_rx(struct tcp_ep *e, struct ich *c)
@@ -803,7 +1026,7 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 			}
 			if (!c->pay_left) {
 				c->in_pay = false;
-				chunk_done(e, c, 0);
+				chunk_done(e, c, c->pay_dev ? rx_commit(e, c) : 0);
 				work++;
 				continue;
 			}
@@ -833,11 +1056,17 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 			if (seq != k->seq || len != want || xport_get_u32(h + 12) ||
 			    (st != 0 && st != -ERANGE && st != -EACCES))
 				return -EPROTO;
+			if (want && k->dev) {
+				/* Device destination: receive into a bounce buffer, then copy. */
+				if (kvx_mem_stage_h2d_get(ep_dev(e)->rx, &c->pay_b))
+					return work; /* all buffers busy: retry after pump() */
+				c->pay_dev = true;
+			}
 			c->rx_start += TCP_RESP;
 			if (want) {
 				c->in_pay = true;
 				c->pay_left = want;
-				c->pay_dst = k->payload;
+				c->pay_dst = c->pay_dev ? c->pay_b.buf : k->payload;
 			} else {
 				chunk_done(e, c, st);
 				work++;
@@ -867,16 +1096,66 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 	}
 }
 
+/* Hand filled bounce buffers to their chunks and retire finished copies. In error state the
+ * buffers go straight back: the ops only wait for their copies to finish. */
+static int pump(struct tcp_ep *e, struct tdev *d)
+{
+	bool dead = atomic_load_explicit(&e->base.status, memory_order_relaxed) != 0;
+	struct kvx_mem_chunk b;
+	uint64_t ck;
+	size_t len;
+	int work = 0, rc;
+	while ((rc = kvx_mem_stage_d2h_poll(d->tx, &b)) == 1) {
+		struct tcp_op *o = &e->ops[(uint32_t)(b.cookie >> 32) & e->op_mask];
+		o->copies--;
+		d->copies--;
+		work++;
+		if (dead) {
+			(void)kvx_mem_stage_d2h_release(d->tx, &b);
+			op_settle(e, o);
+			continue;
+		}
+		struct tcp_chunk *k = &e->ch[(b.cookie >> 16) & 0xffff].q[b.cookie & (TCP_CHQ - 1)];
+		k->payload = b.buf;
+		k->bslot = b.slot;
+		k->held = true;
+		k->ready = true;
+	}
+	while ((rc = kvx_mem_stage_h2d_poll(d->rx, &ck, &len)) == 1) {
+		struct tcp_op *o = &e->ops[(uint32_t)ck & e->op_mask];
+		o->copies--;
+		d->copies--;
+		op_settle(e, o);
+		work++;
+	}
+	if (KVX_UNLIKELY(rc < 0 && d->copies)) {
+		/* A copy failed (device error): nothing more will come out of this staging. */
+		for (uint32_t i = e->op_tail; i != e->op_head; i++) {
+			struct tcp_op *o = &e->ops[i & e->op_mask];
+			if (!o->done && o->copies && !o->status)
+				o->status = -EIO;
+			o->copies = 0;
+		}
+		d->copies = 0;
+		ep_fail(e, -EIO);
+	}
+	return work;
+}
+
 static int drive(struct tcp_ep *e)
 {
+	struct tdev *d = ep_dev(e);
+	int work = d && d->copies ? pump(e, d) : 0;
 	if (atomic_load_explicit(&e->base.status, memory_order_relaxed))
-		return 0;
-	int work = fill(e);
+		return work;
+	work += fill(e);
+	if (d && d->copies)
+		work += pump(e, d);
 	for (uint32_t i = 0; i < e->nch; i++) {
 		struct ich *c = &e->ch[i];
 		if (c->tail == c->head && c->rx_start == c->rx_end)
 			continue;
-		int rc = ich_tx(c);
+		int rc = ich_tx(e, c);
 		if (rc >= 0) {
 			work += rc;
 			rc = ich_rx(e, c);
@@ -892,7 +1171,7 @@ static int drive(struct tcp_ep *e)
 	/* Chunks freed by responses make room for more. */
 	if (e->op_sched != e->op_head && fill(e)) {
 		for (uint32_t i = 0; i < e->nch; i++) {
-			int rc = ich_tx(&e->ch[i]);
+			int rc = ich_tx(e, &e->ch[i]);
 			if (KVX_UNLIKELY(rc < 0)) {
 				ep_fail(e, -ECONNRESET);
 				break;
@@ -922,6 +1201,7 @@ static int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		return -ENOBUFS;
 	}
 	int dead = atomic_load_explicit(&ep->status, memory_order_relaxed);
+	struct tdev *d = ep_dev(e);
 	uint32_t bi = e->b_head++;
 	struct tcp_batch *b = &e->b[bi & e->b_mask];
 	*b = (struct tcp_batch){.cookie = cookie, .n_ops = n, .left = n, .first_failed = n,
@@ -932,9 +1212,12 @@ static int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		struct tcp_op *o = &e->ops[e->op_head & e->op_mask];
 		*o = (struct tcp_op){.laddr = x->lmr->addr + x->loff, .len = x->len, .roff = x->roff,
 				     .left = x->len, .key = x->rmr->key, .batch = bi, .index = i,
-				     .write = opc == KVX_XPORT_OP_WRITE};
+				     .write = opc == KVX_XPORT_OP_WRITE,
+				     .dev = x->lmr->mem_type != KVX_XPORT_MEM_HOST};
 		e->op_head++;
 		o->status = dead ? -ECONNRESET : local_check(opc, x);
+		if (KVX_UNLIKELY(o->dev && !d && !o->status))
+			o->status = -ENOTSUP; /* unreachable: registration attached the staging */
 		if (o->status) {
 			o->left = 0;
 			o->sched = o->len;
@@ -1010,8 +1293,8 @@ static int32_t req_check(struct tcp_ctx *c, int op, uint32_t key, uint64_t roff,
 	return 0;
 }
 
-static void tq_push(struct tconn *t, int32_t st, uint32_t seq, uint8_t *payload, uint32_t len,
-		    int32_t slot)
+static struct tresp *tq_push(struct tconn *t, int32_t st, uint32_t seq, uint8_t *payload,
+			     uint32_t len, int32_t slot)
 {
 	struct tresp *r = &t->tq[t->tq_head & (TCP_TQ - 1)];
 	xport_put_u32(r->hdr, (uint32_t)st);
@@ -1021,7 +1304,163 @@ static void tq_push(struct tconn *t, int32_t st, uint32_t seq, uint8_t *payload,
 	r->payload = payload;
 	r->len = len;
 	r->slot = slot;
+	r->hlen = TCP_RESP;
+	r->ready = true;
+	r->held = false;
+	r->wdone = false;
+	r->rpiece = false;
+	r->pend = 0;
+	r->idx = t->tq_head;
+	r->t = t;
 	t->tq_head++;
+	return r;
+}
+
+static inline struct tdev *ctx_tdev(struct tcp_ctx *c)
+{
+	/* A3: pairs with R3 in ctx_dev_init(). */
+	return atomic_load_explicit(&c->tdev, memory_order_acquire);
+}
+
+static void resp_unhold(struct tdev *d, struct tresp *r)
+{
+	struct kvx_mem_chunk b = {.buf = r->payload, .slot = r->bslot};
+	(void)kvx_mem_stage_d2h_release(d->tx, &b);
+	r->held = false;
+}
+
+/* READ from a device region: reserve one response entry per bounce-buffer piece and queue
+ * the D2H job. -EAGAIN when entries or jobs are short (the request is retried later). */
+static int read_stage(struct tcp_ctx *c, struct tconn *t, uint32_t seq, const uint8_t *src,
+		      uint32_t clen, int32_t slot)
+{
+	struct tdev *d = ctx_tdev(c);
+	uint32_t np = (uint32_t)((clen + d->buf_bytes - 1) / d->buf_bytes);
+	if (t->tq_head - t->tq_sent + np > TCP_TQ)
+		return -EAGAIN;
+	struct tresp *r0 = &t->tq[t->tq_head & (TCP_TQ - 1)];
+	if (kvx_mem_stage_d2h_push(d->tx, src, clen, (uint64_t)(uintptr_t)r0))
+		return -EAGAIN;
+	struct tresp *r = NULL;
+	for (uint32_t i = 0; i < np; i++) {
+		/* The header announces the whole length; pieces follow it back to back. */
+		r = tq_push(t, 0, seq, NULL, clen, -1);
+		r->len = 0;
+		r->hlen = i ? 0 : TCP_RESP;
+		r->ready = false;
+		r->rpiece = true;
+	}
+	r->slot = slot; /* the region is needed until the last piece was copied */
+	t->copies += np;
+	d->copies += np;
+	return 0;
+}
+
+/* Receive a staged WRITE's payload into bounce buffers and start their H2D copies.
+ * 1 progressed, 0 blocked (no free buffer or no data yet), < 0 connection error. */
+static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
+{
+	struct tdev *d = ctx_tdev(c);
+	if (!t->wb_have) {
+		if (kvx_mem_stage_h2d_get(d->rx, &t->wb))
+			return 0; /* retried once pump() retired a copy */
+		t->wb_have = true;
+		t->wfill = 0;
+	}
+	uint32_t room = (uint32_t)t->wb.len - t->wfill;
+	uint32_t want = room < t->pay_left ? room : t->pay_left;
+	uint32_t avail = t->rx_end - t->rx_start, got;
+	if (avail) {
+		got = avail < want ? avail : want;
+		memcpy((uint8_t *)t->wb.buf + t->wfill, t->rx + t->rx_start, got);
+		t->rx_start += got;
+	} else {
+		if (!*budget)
+			return 0;
+		ssize_t n = recv(t->fd, (uint8_t *)t->wb.buf + t->wfill,
+				 want < *budget ? want : *budget, MSG_DONTWAIT);
+		if (n == 0)
+			return -ECONNRESET;
+		if (n < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0
+			       : errno == EINTR			      ? 1
+								      : -ECONNRESET;
+		got = (uint32_t)n;
+		*budget -= got;
+	}
+	t->wfill += got;
+	t->pay_left -= got;
+	if (t->wfill < t->wb.len && t->pay_left)
+		return 1;
+	struct tresp *r = t->wr;
+	if (KVX_UNLIKELY(kvx_mem_stage_h2d_commit(d->rx, &t->wb, t->wdev, t->wfill,
+						  (uint64_t)(uintptr_t)r))) {
+		(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
+		t->wb_have = false;
+		return -EIO;
+	}
+	t->wb_have = false;
+	t->wdev += t->wfill;
+	r->pend++;
+	t->copies++;
+	d->copies++;
+	if (!t->pay_left) {
+		xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+		r->wdone = true;
+		t->wr = NULL;
+		t->state = TC_HDR;
+	}
+	return 1;
+}
+
+/* Target staging: hand filled buffers to their READ pieces, retire WRITE copies. Entries of a
+ * closed connection only give back their buffers and region references. */
+static int tpump(struct tcp_ctx *c, struct tdev *d)
+{
+	struct kvx_mem_chunk b;
+	uint64_t ck;
+	size_t len;
+	int work = 0, rc;
+	while ((rc = kvx_mem_stage_d2h_poll(d->tx, &b)) == 1) {
+		struct tresp *r0 = (struct tresp *)(uintptr_t)b.cookie;
+		struct tconn *t = r0->t;
+		struct tresp *r = &t->tq[(r0->idx + (uint32_t)(b.job_off / d->buf_bytes)) &
+					 (TCP_TQ - 1)];
+		t->copies--;
+		d->copies--;
+		work++;
+		if (t->closed) {
+			(void)kvx_mem_stage_d2h_release(d->tx, &b);
+			slot_put(c, r->slot);
+			r->slot = -1;
+			continue;
+		}
+		r->payload = b.buf;
+		r->len = (uint32_t)b.len;
+		r->bslot = b.slot;
+		r->held = true;
+		r->ready = true;
+	}
+	if (KVX_UNLIKELY(rc < 0))
+		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+	while ((rc = kvx_mem_stage_h2d_poll(d->rx, &ck, &len)) == 1) {
+		struct tresp *r = (struct tresp *)(uintptr_t)ck;
+		struct tconn *t = r->t;
+		t->copies--;
+		d->copies--;
+		work++;
+		if (--r->pend || !r->wdone)
+			continue;
+		if (t->closed) {
+			slot_put(c, r->slot);
+			r->slot = -1;
+		} else {
+			r->ready = true;
+		}
+	}
+	if (KVX_UNLIKELY(rc < 0))
+		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+	return work;
 }
 
 static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
@@ -1033,13 +1472,17 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 		uint32_t off = t->tq_off;
 		for (uint32_t i = t->tq_sent; i != t->tq_head && n < TCP_IOV - 1; i++) {
 			struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
-			if (off < TCP_RESP)
-				iov[n++] = (struct iovec){r->hdr + off, TCP_RESP - off};
-			uint32_t po = off > TCP_RESP ? off - TCP_RESP : 0;
+			if (!r->ready)
+				break; /* staged: its copy has not finished; responses go in order */
+			if (off < r->hlen)
+				iov[n++] = (struct iovec){r->hdr + off, r->hlen - off};
+			uint32_t po = off > r->hlen ? off - r->hlen : 0;
 			if (r->len)
 				iov[n++] = (struct iovec){r->payload + po, r->len - po};
 			off = 0;
 		}
+		if (!n)
+			return work;
 		struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
 		ssize_t s = sendmsg(t->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (s < 0) {
@@ -1053,11 +1496,13 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 		size_t rem = (size_t)s;
 		while (rem) {
 			struct tresp *r = &t->tq[t->tq_sent & (TCP_TQ - 1)];
-			uint32_t left = TCP_RESP + r->len - t->tq_off;
+			uint32_t left = r->hlen + r->len - t->tq_off;
 			if (rem >= left) {
 				rem -= left;
 				slot_put(c, r->slot);
 				r->slot = -1;
+				if (r->held)
+					resp_unhold(ctx_tdev(c), r);
 				t->tq_sent++;
 				t->tq_off = 0;
 			} else {
@@ -1082,6 +1527,14 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 	uint8_t *addr = NULL;
 	int32_t slot = -1;
 	int32_t st = req_check(c, op, key, op_roff, op_len, &addr, &slot);
+	bool dev = !st && c->slots[slot].dev;
+	if (dev && op == REQ_READ) {
+		int rc = read_stage(c, t, seq, addr + coff, clen, slot);
+		if (rc) {
+			slot_put(c, slot);
+			return rc; /* -EAGAIN: the header stays in rx, retried later */
+		}
+	}
 	if (st)
 		xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
 	else
@@ -1089,10 +1542,10 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 	if (op == REQ_READ) {
 		if (st)
 			tq_push(t, st, seq, NULL, 0, -1);
-		else {
+		else if (!dev)
 			tq_push(t, 0, seq, addr + coff, clen, slot);
+		if (!st)
 			xport_cnt_add(&c->base.cnt, bytes_served, clen);
-		}
 		return 0;
 	}
 	t->state = TC_WPAY;
@@ -1100,8 +1553,17 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 	t->cur_len = clen;
 	t->cur_seq = seq;
 	t->cur_status = st;
-	t->cur_slot = slot;
-	t->dst = st ? NULL : addr + coff; /* NULL: discard the payload, memory untouched */
+	t->cur_slot = dev ? -1 : slot;
+	t->dst = st || dev ? NULL : addr + coff; /* NULL: discard the payload, memory untouched */
+	if (dev) {
+		/* Device region: payload through bounce buffers; the response (holding the region)
+		 * is reserved now and sent once every copy finished. */
+		struct tresp *r = tq_push(t, 0, seq, NULL, 0, slot);
+		r->ready = false;
+		t->wr = r;
+		t->wdev = addr + coff;
+		t->wb_have = false;
+	}
 	return 0;
 }
 
@@ -1120,6 +1582,13 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 	int work = 0;
 	uint32_t budget = TCP_CONN_BUDGET;
 	for (;;) {
+		if (t->state == TC_WPAY && t->wr) {
+			int rc = wdev_step(c, t, &budget);
+			if (rc <= 0)
+				return rc < 0 ? rc : work;
+			work++;
+			continue;
+		}
 		if (t->state == TC_WPAY) {
 			uint32_t avail = t->rx_end - t->rx_start;
 			if (avail) {
@@ -1160,6 +1629,8 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 				return work; /* responses back up: stop reading requests */
 			if (t->rx_end - t->rx_start >= TCP_REQ) {
 				int rc = tconn_req(c, t, t->rx + t->rx_start);
+				if (rc == -EAGAIN)
+					return work; /* staging is full: retried after tpump() */
 				if (rc)
 					return rc;
 				t->rx_start += TCP_REQ;
@@ -1194,15 +1665,31 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 
 static void tconn_close(struct tcp_ctx *c, struct tconn *t)
 {
+	struct tdev *d = ctx_tdev(c);
+	if (t->closed)
+		return;
+	t->closed = true;
 	if (t->fd >= 0)
 		close(t->fd);
 	t->fd = -1;
 	if (t->state == TC_WPAY)
 		slot_put(c, t->cur_slot);
 	t->cur_slot = -1;
+	if (t->wb_have)
+		(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
+	t->wb_have = false;
+	if (t->wr)
+		t->wr->wdone = true; /* its last retired copy gives back the region */
+	t->wr = NULL;
 	for (uint32_t i = t->tq_sent; i != t->tq_head; i++) {
-		slot_put(c, t->tq[i & (TCP_TQ - 1)].slot);
-		t->tq[i & (TCP_TQ - 1)].slot = -1;
+		struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
+		/* Entries whose copy is still running keep their region until tpump() sees it. */
+		if (!r->ready && (r->rpiece || r->pend))
+			continue;
+		if (r->held)
+			resp_unhold(d, r);
+		slot_put(c, r->slot);
+		r->slot = -1;
 	}
 	t->tq_head = t->tq_sent = t->tq_off = 0;
 	t->rx_start = t->rx_end = 0;
@@ -1252,7 +1739,7 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 		for (e = c->served; e && e->token != token; e = e->pnext)
 			;
 	if (!e || atomic_load_explicit(&e->closing, memory_order_acquire) || ch >= e->nch ||
-	    e->conns[ch].fd >= 0 || xport_get_u16(h->buf + 18) != e->nch) {
+	    e->conns[ch].fd >= 0 || e->conns[ch].closed || xport_get_u16(h->buf + 18) != e->nch) {
 		xport_cnt_add(&c->base.cnt, proto_errors, 1);
 		hello_close(c, h);
 		return 1;
@@ -1270,7 +1757,8 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 static int tcp_progress(struct kvx_xport_ctx *ctx)
 {
 	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
-	int work = 0;
+	struct tdev *d = ctx_tdev(c);
+	int work = d && d->copies ? tpump(c, d) : 0;
 	pick_pending(c);
 	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
 		if (c->hello[i].fd >= 0)
@@ -1297,8 +1785,16 @@ static int tcp_progress(struct kvx_xport_ctx *ctx)
 	while (*pp) {
 		struct tcp_ep *e = *pp;
 		if (KVX_UNLIKELY(atomic_load_explicit(&e->closing, memory_order_acquire))) {
-			for (uint32_t i = 0; i < e->nch; i++)
+			bool busy = false;
+			for (uint32_t i = 0; i < e->nch; i++) {
 				tconn_close(c, &e->conns[i]);
+				busy |= e->conns[i].copies != 0;
+			}
+			if (busy) {
+				/* Staging copies still point at its entries: free it after tpump(). */
+				pp = &e->pnext;
+				continue;
+			}
 			*pp = e->pnext;
 			if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
 				ep_free(e);
@@ -1325,6 +1821,11 @@ static int tcp_progress(struct kvx_xport_ctx *ctx)
 		}
 		pp = &e->pnext;
 	}
+	if (d && d->copies) {
+		work += tpump(c, d);
+		if (d->copies && !work)
+			work = 1; /* copies in flight: not idle (they finish without a socket event) */
+	}
 	return work;
 }
 
@@ -1332,12 +1833,16 @@ static void tcp_close(struct kvx_xport_ctx *ctx)
 {
 	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
 	pick_pending(c);
-	/* No progress thread runs now (kvx_xport_close contract): free what it owned. */
+	/* No progress thread runs now (kvx_xport_close contract): free what it owned. Buffers go
+	 * back to the staging before it finishes its copies and is destroyed. */
+	for (struct tcp_ep *e = c->served; e; e = e->pnext)
+		for (uint32_t i = 0; i < e->nch; i++)
+			tconn_close(c, &e->conns[i]);
+	tdev_destroy(ctx_tdev(c));
+	atomic_store_explicit(&c->tdev, NULL, memory_order_relaxed);
 	while (c->served) {
 		struct tcp_ep *e = c->served;
 		c->served = e->pnext;
-		for (uint32_t i = 0; i < e->nch; i++)
-			tconn_close(c, &e->conns[i]);
 		if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
 			ep_free(e);
 	}
@@ -1352,6 +1857,7 @@ static void tcp_close(struct kvx_xport_ctx *ctx)
 	if (c->lfd >= 0)
 		close(c->lfd);
 	close(c->epfd);
+	kvx_mem_close(c->dev);
 	free(c->slots);
 	free(c->gen);
 	free(c->used);
@@ -1375,13 +1881,19 @@ static int epoll_block(int epfd, int timeout_ms)
 
 static int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
 {
-	return epoll_block(((struct tcp_ctx *)ctx)->epfd, timeout_ms);
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	struct tdev *d = ctx_tdev(c);
+	if (d && d->copies)
+		return 1; /* staging copies finish without an fd event */
+	return epoll_block(c->epfd, timeout_ms);
 }
 
 static int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
 {
 	struct tcp_ep *e = (struct tcp_ep *)ep;
-	if (e->dq_tail != e->dq_head)
+	struct tdev *d = ep_dev(e);
+	/* Device copies finish without a socket event: poll again instead of sleeping. */
+	if (e->dq_tail != e->dq_head || (d && d->copies))
 		return 1;
 	return epoll_block(e->epfd, timeout_ms);
 }
