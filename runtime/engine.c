@@ -4,20 +4,32 @@
  *
  * Threads and ownership:
  *  - app thread: every public call. Owns the transfer registry (`reg`, duplicate ids), the peer
- *    records (creation, handshake start through its own control inbox), the xf objects
- *    (allocated at submit, freed when their last completion is polled).
- *  - polling lcore 0: owns the transfer state machines (`tab`), posting, completion polling,
- *    timeouts, outbound notifications (its own control inbox) and the tcp target progress.
- *  - control lcore: handshakes (make_blob / on_done), connection accept, inbound notifications;
- *    everything it learns goes to the poller through the ctl->poller ring.
- * Rings (all SPSC, element rings of fixed messages): app->poller `sub`, control->poller `cin`,
- * poller->app `cpl`. A peer's transport state is written by the control thread before it
- * enqueues PEER_READY; the ring's release/acquire pair publishes it to the poller. */
+ *    identities (`peers[]`, handshake start through its own control inbox) and the pool of
+ *    transfer objects (`xpool`, block-id arena, per-layer arrays: all preallocated at start;
+ *    a submission takes a free object, the last polled completion gives it back).
+ *  - polling lcore k (0..n_po-1): owns the transfers whose id hashes to k (tid_poller(), the
+ *    same function on every thread, so a notification is routed to the poller that owns its
+ *    transfer with no shared state): their state machines (`tab`), posting, completion
+ *    polling of its own endpoint of every peer connection (link k), timeouts, outbound
+ *    notifications (its own control inbox). Poller 0 also runs the tcp target progress and
+ *    the reader fence (both act on the context's accepted endpoints).
+ *  - control lcore: handshakes (make_blob / on_done), connection accept, inbound
+ *    notifications; it publishes peer connections (`struct conn`: epoch, one endpoint per
+ *    polling lcore, remote regions, num_blocks) in the RCU table `conns` keyed by peer id, and
+ *    routes notifications to the owning poller's ring.
+ * Rings (all SPSC, element rings of fixed messages), per polling lcore k: app->k `sub`,
+ * control->k `cin`, k->app `cpl`, k->control (its control inbox `ib`).
+ * Peer connections: pollers look a peer's connection up in the RCU table (QSBR: their poll
+ * loop announces a quiescent state once per iteration) and take a reference while a transfer
+ * or a poll list uses it; a re-handshake (endpoint error, peer restart: new epoch) publishes a
+ * new connection that replaces the old entry; the old one is destroyed only after a grace
+ * period AND once its last reference is dropped (conn_put()). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kvxfer/control.h"
@@ -82,36 +94,64 @@ struct layer {
 };
 
 struct kvx_engine;
+struct poller;
+struct conn;
 
+/* A peer worker's identity (immutable after creation by the app thread) and handshake state. */
 struct peer {
 	struct kvx_engine *e;
+	uint64_t id; /* key in the engine's RCU table of connections */
 	char host[KVX_ENGINE_HOST_MAX];
 	uint16_t hs_port, notify_port;
 	uint32_t dp_rank, dp_size_local, tp_size;
-	atomic_int hs_state; /* enum hs_state; control thread writes, app thread reads */
-	/* Written by the control thread before PEER_READY, then owned by the poller. */
-	struct kvx_xport_ep *ep;
-	struct kvx_xport_ep *ep_alt; /* initiator: the offered candidate the responder did not take */
-	uint32_t xi;                 /* index of ep's context in the engine's xctx[] */
-	struct kvx_xport_rmr **rmr;
-	struct kvx_layout_geom *geom;
-	uint64_t remote_num_blocks;
-	uint64_t epoch; /* the peer's kvx_epoch from the last successful handshake */
-	int hs_error;
-	/* Poller-owned. */
-	bool ready;
-	bool listed;
-	bool stale; /* endpoint in error state: drain, then re-handshake (PROTOCOL.md §6 item 18) */
-	uint32_t outstanding;
+	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
+	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
+	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
+	uint64_t epoch; /* control thread: epoch of the last published connection */
+	uint64_t gen;   /* control thread: connections published */
 	_Atomic uint64_t bytes, ops, transfers, failures;
+};
+
+/* One polling lcore's endpoint of a connection. */
+struct clink {
+	struct kvx_xport_ep *ep;
+	struct kvx_xport_rmr **rmr; /* Array[n_layers] */
+	/* Owned by poller k. */
+	uint32_t outstanding;
+	bool listed;
+	struct conn *next; /* poller k's poll list */
+};
+
+/* A peer connection (one handshake's result), published in the RCU table; immutable once
+ * published except the atomics and the per-link poller fields. */
+struct conn {
+	struct kvx_engine *e;
+	struct peer *pr;
+	uint64_t epoch, gen;
+	uint32_t xi; /* index of the endpoints' context in the engine's xctx[] */
+	uint32_t n_links;
+	uint64_t remote_num_blocks;
+	struct kvx_layout_geom *geom; /* Array[n_layers] */
+	_Atomic uint32_t refs;        /* 1 for the table + transfers + poll lists */
+	atomic_bool stale;            /* an endpoint entered error state: no new transfer binds */
+	struct conn *next_dead;       /* a poller's list of conns to destroy (acc_lock busy) */
+	struct clink link[];
+};
+
+/* Layer readiness (P WRITE): the legacy host flag or an event. */
+struct lgate {
+	const atomic_uint *flag;
+	struct kvx_mem_event ev;
 };
 
 struct xf {
 	char tid[KVX_ENGINE_ID_MAX];
 	enum xf_kind kind;
 	struct peer *peer;
-	uint32_t *lblocks;
-	uint32_t *rblocks;
+	struct poller *po;  /* owning poller */
+	struct conn *conn;  /* poller: bound connection (a reference), or NULL */
+	uint32_t *lblocks;  /* Array[max_blocks] in the engine's arena */
+	uint32_t *rblocks;  /* Array[max_blocks] in the engine's arena */
 	size_t n;
 	uint32_t consumer_tp;
 	uint64_t start_ns;
@@ -121,22 +161,40 @@ struct xf {
 	atomic_int final_error;
 	/* Poller-owned. */
 	uint32_t live_idx;
-	uint32_t slot; /* stable index used in completion cookies */
+	uint32_t slot; /* index in the engine's pool; used in completion cookies */
+	bool live;
 	uint32_t next_layer;
 	uint32_t batches_out;
-	uint32_t layer_batches[KVX_ENGINE_MAX_LAYERS];
-	/* Layer readiness (P WRITE): the legacy host flag (kvx_xfer_layer_ready()) or an event
-	 * (kvx_xfer_layer_ready_event()); queried, never waited on, by the poller. */
-	const atomic_uint *ready_flag[KVX_ENGINE_MAX_LAYERS];
-	struct kvx_mem_event ready_ev[KVX_ENGINE_MAX_LAYERS];
+	uint32_t *layer_batches; /* Array[n_layers] */
+	struct lgate *gate;      /* Array[n_layers] */
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
 	bool reported, released, failed, aborted, timed_out, done_posting, release_sent;
 	bool fence_pending; /* P READ: defer timeout passed, blocks held until the wire is fenced */
 	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
+	uint64_t fence_ticket;
 	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
 	int error;
 	uint64_t bytes;
 	uint64_t quarantine_deadline;
+	uint32_t next_free; /* app thread free list */
+};
+
+struct poller {
+	struct kvx_engine *e;
+	uint32_t k;
+	struct kvx_lcore *lc;
+	struct kvx_ring *sub, *cin, *cpl;
+	struct kvx_ctl_inbox *ib;
+	struct kvx_xfer_table *tab;
+	struct xf **live;
+	uint32_t n_live;
+	struct kvx_plan_cache *pc;
+	struct kvx_xport_op *ops;
+	struct conn *plist; /* connections with ops outstanding on link k */
+	struct conn *dead;  /* unreferenced connections waiting for acc_lock */
+	uint64_t next_scan_ns;
+	uint32_t n_fence_pending;
+	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 
 struct kvx_engine {
@@ -149,49 +207,53 @@ struct kvx_engine {
 	uint32_t n_layers;
 	struct layer layers[KVX_ENGINE_MAX_LAYERS];
 	struct kvx_lcore_set *set;
-	struct kvx_lcore *poll_lc;
 	/* xctx[0]: the provider named by `transport` (auto: verbs if usable, else tcp); xctx[1]:
 	 * auto only, shm for same-host peers when CMA is permitted (NULL otherwise). */
 	struct kvx_xport_ctx *xctx[2];
 	struct kvx_xport_caps caps[2];
 	uint32_t n_xctx;
 	bool has_hip; /* a layer is HIP memory: `auto` does not add shm (CMA reads host memory) */
-	int hip_probe;       /* app thread: 0 not probed, 1 HIP device usable, else -errno */
+	int hip_probe; /* app thread: 0 not probed, 1 HIP device usable, else -errno */
 	char hip_why[KVX_MEM_WHY_LEN];
 	_Atomic(const char *) last_xport; /* provider of the latest peer connection set up */
 	struct kvx_ctl *ctl;
-	struct kvx_ctl_inbox *app_ib, *poll_ib;
-	struct kvx_ring *sub, *cin, *cpl;
+	struct kvx_ctl_inbox *app_ib;
+	struct poller *po[KVX_ENGINE_MAX_POLLERS];
+	uint32_t n_po;
+	struct kvx_rcu_table *conns; /* peer id -> struct conn (control publishes, pollers read) */
 	/* app thread */
 	struct kvx_xfer_table *reg;
-	struct peer *peers[KVX_ENGINE_MAX_PEERS];
+	struct peer peers[KVX_ENGINE_MAX_PEERS];
 	uint32_t n_peers;
-	/* control thread; the poller destroys them to fence readers (acc_lock, trylock only) */
+	struct xf *xpool;         /* Array[max_transfers] */
+	uint32_t xfree;           /* free list head, index+1 */
+	uint32_t *arena;          /* block ids: Array[max_transfers * 2 * max_blocks], mmap'ed */
+	size_t arena_bytes;
+	uint32_t *lb_pool;        /* Array[max_transfers * n_layers] */
+	struct lgate *gate_pool;  /* Array[max_transfers * n_layers] */
+	uint32_t cpl_rr;
+	/* control thread; poller 0 destroys them to fence readers (acc_lock, trylock only) */
 	pthread_mutex_t acc_lock;
 	struct kvx_xport_ep **accepted;
 	uint32_t n_accepted, cap_accepted;
-	/* poller */
-	struct kvx_xfer_table *tab;
-	struct xf **live;
-	uint32_t n_live;
-	struct xf **slots;
-	uint32_t *free_slots;
-	uint32_t n_free;
-	struct kvx_plan_cache *pc;
-	struct kvx_xport_op *ops;
-	struct peer *ready_peers[KVX_ENGINE_MAX_PEERS];
-	uint32_t n_ready;
-	uint64_t next_scan_ns;
-	uint32_t n_fence_pending;
-	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the poller wakes it */
+	_Atomic uint64_t fence_req, fence_done; /* fences asked by any poller / done by poller 0 */
+	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
 	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
-	_Atomic uint64_t st_bytes, st_ops, st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar,
-		st_notify_drop, st_fences, st_peer_resets;
-	uint64_t st_dup;
+	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
+		st_peer_resets;
+	uint64_t st_dup, st_nobufs;
+	struct kvx_ratelimit rl_nobufs;
 };
 
-/* KVX_ENGINE_AUTO_NO_SHM=1 (engine.h): `auto` never uses shm, even for a same-host peer. */
+/* Polling lcore that owns a transfer id: FNV-1a of the id, the same on every thread. */
+static uint32_t tid_poller(const struct kvx_engine *e, const char *tid)
+{
+	uint32_t h = 2166136261u;
+	for (; *tid; tid++)
+		h = (h ^ (uint8_t)*tid) * 16777619u;
+	return e->n_po > 1 ? h % e->n_po : 0;
+}
 static bool auto_shm_disabled(void)
 {
 	const char *v = getenv("KVX_ENGINE_AUTO_NO_SHM");
@@ -376,9 +438,13 @@ KVX_API int kvx_engine_register_layer(struct kvx_engine *e, const struct kvx_eng
 /* Control-thread callbacks                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
-static void cin_push(struct kvx_engine *e, const struct emsg *m)
+/* ---------------------------------------------------------------------------------------- */
+/* Control-thread callbacks                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+static void cin_push(struct kvx_engine *e, uint32_t k, const struct emsg *m)
 {
-	if (!kvx_ring_enqueue_elem_burst_sp(e->cin, m, 1, NULL)) {
+	if (!kvx_ring_enqueue_elem_burst_sp(e->po[k]->cin, m, 1, NULL)) {
 		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
 		if (m->type == M_NOTIFY)
 			free(m->ptr);
@@ -395,7 +461,7 @@ static void on_notify(void *arg, const struct kvx_msg_notify *msg)
 	if (t == KVX_MSG_COMPLETION)
 		t = producer ? KVX_MSG_RELEASE : KVX_MSG_WRITE_DONE;
 	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE) : t == KVX_MSG_WRITE_DONE;
-	if (!ok || strlen(msg->transfer_id) >= KVX_ENGINE_ID_MAX) {
+	if (!ok || strlen(msg->transfer_id) >= KVX_ENGINE_ID_MAX || !msg->transfer_id[0]) {
 		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
 	}
@@ -406,7 +472,7 @@ static void on_notify(void *arg, const struct kvx_msg_notify *msg)
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 			return;
 		}
-		uint32_t *ids = malloc(msg->num_blocks * sizeof(*ids));
+		uint32_t *ids = malloc(msg->num_blocks * sizeof(*ids)); /* control path */
 		if (!ids)
 			return;
 		memcpy(ids, msg->block_ids, msg->num_blocks * sizeof(*ids));
@@ -415,14 +481,15 @@ static void on_notify(void *arg, const struct kvx_msg_notify *msg)
 		m.status = (int32_t)(msg->decode_rank < 0 ? 0 : msg->decode_rank);
 	}
 	m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
-	cin_push(e, &m);
+	cin_push(e, tid_poller(e, m.tid), &m);
 }
 
 static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
 			  size_t *len_b);
 
-/* Every control-thread transport call runs under acc_lock: the poller's fence destroys target
- * endpoints on the same context (transport.h: control-path calls one thread at a time). */
+/* Every control-thread transport call runs under acc_lock: poller 0's fence destroys target
+ * endpoints and pollers destroy unreferenced connections on the same contexts (transport.h:
+ * control-path calls one thread at a time). */
 static int on_connect(void *arg, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b, size_t *len_b)
 {
 	struct kvx_engine *e = arg;
@@ -452,80 +519,117 @@ static int xctx_index(const struct kvx_engine *e, uint8_t code)
 	return -1;
 }
 
-/* Blob A = [u8 n_candidates] n x ([u8 provider code][u32 len][xport blob A]), in the initiator's
- * order of preference. The responder takes the first candidate it has a context for and whose
- * accept succeeds (shm checks same host and CMA there), so a wrong same-host guess degrades to
- * the next candidate (tcp) instead of failing the handshake.
- * Blob B = [u8 provider code][u32 xport_len][xport blob B][u32 n_regions][n x RDESC][u64 num_blocks]. */
+/* Connection blobs (kvxfer <-> kvxfer). The initiator offers one endpoint per polling lcore
+ * (links) for each candidate provider, in its order of preference:
+ *   A = [u8 n_candidates][u8 n_links] n_candidates x ([u8 code] n_links x ([u32 len][xport blob A]))
+ * The responder takes the first candidate it has a context for and whose accepts all succeed
+ * (shm checks same host and CMA there), so a wrong same-host guess degrades to the next
+ * candidate (tcp) instead of failing the handshake:
+ *   B = [u8 code][u8 n_links] n_links x ([u32 len][xport blob B]) [u32 n_regions][n x RDESC][u64 num_blocks]. */
 static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
 			  size_t *len_b)
 {
 	size_t cap = *len_b;
-	size_t need = 1 + 4 + KVX_XPORT_BLOB_MAX + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8;
+	if (len_a < 2 || blob_a[0] == 0 || blob_a[0] > 4 || blob_a[1] == 0 || blob_a[1] > KVX_ENGINE_MAX_POLLERS) {
+		kvx_log(KVX_LOG_WARN, "engine: connect: blob A has %u transport candidates (1..4) and %u links (1..%d)",
+			len_a ? blob_a[0] : 0u, len_a > 1 ? blob_a[1] : 0u, KVX_ENGINE_MAX_POLLERS);
+		return -EPROTO;
+	}
+	uint32_t nc = blob_a[0], nl = blob_a[1];
+	size_t need = 2 + (size_t)nl * (4 + KVX_XPORT_BLOB_MAX) + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8;
 	if (cap < need)
 		return -EMSGSIZE;
-	if (e->n_accepted == e->cap_accepted) {
-		uint32_t nc = e->cap_accepted ? 2 * e->cap_accepted : 16;
-		struct kvx_xport_ep **na = realloc(e->accepted, nc * sizeof(*na));
+	if (e->n_accepted + nl > e->cap_accepted) {
+		uint32_t ncap = e->cap_accepted ? 2 * e->cap_accepted : 16;
+		while (ncap < e->n_accepted + nl)
+			ncap *= 2;
+		struct kvx_xport_ep **na = realloc(e->accepted, ncap * sizeof(*na));
 		if (!na)
 			return -ENOMEM;
 		e->accepted = na;
-		e->cap_accepted = nc;
+		e->cap_accepted = ncap;
 	}
-	struct kvx_xport_ep *ep = NULL;
-	size_t xl = 0, pos = 1;
+	struct kvx_xport_ep *eps[KVX_ENGINE_MAX_POLLERS] = {0};
+	size_t pos = 2, out = 2;
 	int rc = -EPROTO, xi = -1;
+	bool ok = false;
 	char offered[64] = "";
-	if (len_a < 1 || blob_a[0] == 0 || blob_a[0] > 4) {
-		kvx_log(KVX_LOG_WARN, "engine: connect: blob A has %u transport candidates (1..4)",
-			len_a ? blob_a[0] : 0u);
-		return -EPROTO;
-	}
-	for (uint8_t c = 0; c < blob_a[0] && !ep; c++) {
-		uint32_t cl;
-		if (len_a < pos + 5)
+	for (uint32_t c = 0; c < nc && !ok; c++) {
+		if (len_a < pos + 1)
 			return -EPROTO;
-		uint8_t code = blob_a[pos];
-		memcpy(&cl, blob_a + pos + 1, 4);
-		pos += 5;
-		if (cl > len_a - pos)
-			return -EPROTO;
+		uint8_t code = blob_a[pos++];
 		size_t ol = strlen(offered);
 		snprintf(offered + ol, sizeof(offered) - ol, "%s%s", ol ? "," : "", xport_code_name(code));
 		xi = xctx_index(e, code);
-		if (xi >= 0) {
-			rc = kvx_xport_ep_accept(e->xctx[xi], blob_a + pos, cl, &ep, blob_b + 5, KVX_XPORT_BLOB_MAX,
-						 &xl);
-			if (rc && c + 1 < blob_a[0])
+		out = 2;
+		uint32_t got = 0;
+		for (uint32_t l = 0; l < nl; l++) {
+			uint32_t cl;
+			if (len_a < pos + 4)
+				return -EPROTO;
+			memcpy(&cl, blob_a + pos, 4);
+			pos += 4;
+			if (cl > len_a - pos)
+				return -EPROTO;
+			if (xi >= 0 && got == l) {
+				size_t xl = 0;
+				rc = kvx_xport_ep_accept(e->xctx[xi], blob_a + pos, cl, &eps[l], blob_b + out + 4,
+							 KVX_XPORT_BLOB_MAX, &xl);
+				if (rc == 0) {
+					uint32_t x32 = (uint32_t)xl;
+					memcpy(blob_b + out, &x32, 4);
+					out += 4 + xl;
+					got++;
+				}
+			}
+			pos += cl;
+		}
+		if (xi >= 0 && got == nl) {
+			ok = true;
+		} else {
+			for (uint32_t l = 0; l < got; l++) {
+				kvx_xport_ep_destroy(eps[l]);
+				eps[l] = NULL;
+			}
+			if (xi >= 0 && c + 1 < nc)
 				kvx_log(KVX_LOG_INFO, "engine: connect: %s not usable with this peer (%s), trying the next",
 					xport_code_name(code), kvx_strerror(rc));
 		}
-		pos += cl;
 	}
-	if (!ep) {
+	if (!ok) {
 		if (rc == -EPROTO)
 			kvx_log(KVX_LOG_ERROR, "engine: connect: peer offers transport %s, this engine uses %s",
 				offered, e->transport);
 		return rc;
 	}
-	e->accepted[e->n_accepted++] = ep;
+	for (uint32_t l = 0; l < nl; l++)
+		e->accepted[e->n_accepted++] = eps[l];
 	blob_b[0] = xport_code(kvx_xport_name(e->xctx[xi]));
+	blob_b[1] = (uint8_t)nl;
 	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[xi]));
-	uint32_t x32 = (uint32_t)xl, nreg = e->n_layers;
-	memcpy(blob_b + 1, &x32, 4);
-	size_t off = 5 + xl;
-	memcpy(blob_b + off, &nreg, 4);
-	off += 4;
+	uint32_t nreg = e->n_layers;
+	memcpy(blob_b + out, &nreg, 4);
+	out += 4;
 	for (uint32_t i = 0; i < nreg; i++) {
-		rc = kvx_xport_mr_export(e->layers[i].mr[xi], blob_b + off, KVX_XPORT_RDESC_BYTES, NULL);
+		rc = kvx_xport_mr_export(e->layers[i].mr[xi], blob_b + out, KVX_XPORT_RDESC_BYTES, NULL);
 		if (rc)
 			return rc;
-		off += KVX_XPORT_RDESC_BYTES;
+		out += KVX_XPORT_RDESC_BYTES;
 	}
 	uint64_t nb = e->layers[0].geom.num_blocks;
-	memcpy(blob_b + off, &nb, 8);
-	*len_b = off + 8;
+	memcpy(blob_b + out, &nb, 8);
+	*len_b = out + 8;
 	return 0;
+}
+
+static void hs_eps_destroy(struct peer *pr)
+{
+	for (uint32_t l = 0; l < KVX_ENGINE_MAX_POLLERS; l++) {
+		for (uint32_t c = 0; c < 2; c++) {
+			kvx_xport_ep_destroy(pr->hs_ep[l][c]);
+			pr->hs_ep[l][c] = NULL;
+		}
+	}
 }
 
 static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *remote, uint8_t *blob_a, size_t cap,
@@ -534,69 +638,132 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
 	(void)dp_rank;
 	(void)remote;
 	struct peer *pr = arg;
-	/* A re-handshake (stale peer): the poller drained and unlisted the old endpoint before it
-	 * queued this job, so nothing else touches it. */
+	/* New endpoints for a new connection: the published one (if any) stays untouched until
+	 * it is replaced and unreferenced. */
 	struct kvx_engine *e = pr->e;
 	pthread_mutex_lock(&e->acc_lock);
-	kvx_xport_ep_destroy(pr->ep);
-	kvx_xport_ep_destroy(pr->ep_alt);
-	pr->ep = pr->ep_alt = NULL;
-	/* Candidates: shm first when this engine has it (auto), then the primary provider. */
-	struct kvx_xport_ep *eps[2] = {NULL, NULL};
-	size_t pos = 1;
+	hs_eps_destroy(pr);
+	size_t pos = 2;
 	int rc = 0;
-	uint8_t n = 0;
+	/* Candidates: shm first when this engine has it (auto), then the primary provider. */
 	for (uint32_t k = 0; k < e->n_xctx && !rc; k++) {
 		uint32_t xi = e->n_xctx - 1 - k;
-		size_t xl = 0;
-		if (cap < pos + 5) {
+		if (cap < pos + 1) {
 			rc = -EMSGSIZE;
 			break;
 		}
-		rc = kvx_xport_ep_create(e->xctx[xi], &eps[xi], blob_a + pos + 5, cap - pos - 5, &xl);
-		if (rc)
-			break;
-		uint32_t x32 = (uint32_t)xl;
-		blob_a[pos] = xport_code(kvx_xport_name(e->xctx[xi]));
-		memcpy(blob_a + pos + 1, &x32, 4);
-		pos += 5 + xl;
-		n++;
+		blob_a[pos++] = xport_code(kvx_xport_name(e->xctx[xi]));
+		for (uint32_t l = 0; l < e->n_po && !rc; l++) {
+			size_t xl = 0;
+			if (cap < pos + 4) {
+				rc = -EMSGSIZE;
+				break;
+			}
+			rc = kvx_xport_ep_create(e->xctx[xi], &pr->hs_ep[l][xi], blob_a + pos + 4, cap - pos - 4, &xl);
+			if (rc)
+				break;
+			uint32_t x32 = (uint32_t)xl;
+			memcpy(blob_a + pos, &x32, 4);
+			pos += 4 + xl;
+		}
 	}
 	if (rc) {
-		kvx_xport_ep_destroy(eps[0]);
-		kvx_xport_ep_destroy(eps[1]);
+		hs_eps_destroy(pr);
 	} else {
-		blob_a[0] = n;
+		blob_a[0] = (uint8_t)e->n_xctx;
+		blob_a[1] = (uint8_t)e->n_po;
 		*len_a = pos;
-		pr->ep = eps[0];
-		pr->ep_alt = eps[1];
-		pr->xi = 0;
 	}
 	pthread_mutex_unlock(&e->acc_lock);
 	return rc;
 }
 
-static int peer_setup(struct peer *pr, const struct kvx_ctl_hs_rank *r)
+/* Destroy a connection's endpoints and imported regions (acc_lock held). */
+static void conn_destroy(struct conn *c)
+{
+	for (uint32_t l = 0; l < c->n_links; l++) {
+		kvx_xport_ep_destroy(c->link[l].ep); /* frees its imported regions too */
+		free(c->link[l].rmr);
+	}
+	free(c->geom);
+	free(c);
+}
+
+/* Drop a reference. The last one destroys the connection: at once where blocking on acc_lock
+ * is fine (po NULL: the RCU callback thread, the app thread at stop), else on the poller's
+ * dead list until acc_lock is free (pollers never block). */
+static void conn_reap(struct poller *po);
+static void conn_put(struct poller *po, struct conn *c)
+{
+	if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	if (!po) {
+		struct kvx_engine *e = c->e;
+		pthread_mutex_lock(&e->acc_lock);
+		conn_destroy(c);
+		pthread_mutex_unlock(&e->acc_lock);
+		return;
+	}
+	c->next_dead = po->dead;
+	po->dead = c;
+	conn_reap(po);
+}
+
+static void conn_reap(struct poller *po)
+{
+	if (!po->dead || pthread_mutex_trylock(&po->e->acc_lock))
+		return;
+	while (po->dead) {
+		struct conn *c = po->dead;
+		po->dead = c->next_dead;
+		conn_destroy(c);
+	}
+	pthread_mutex_unlock(&po->e->acc_lock);
+}
+
+/* RCU table free_fn: runs after a grace period for a replaced or deleted connection. */
+static void conn_table_free(void *value, void *ctx)
+{
+	(void)ctx;
+	conn_put(NULL, value);
+}
+
+static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t epoch, struct conn **out)
 {
 	struct kvx_engine *e = pr->e;
 	const uint8_t *b = r->blob_b;
-	size_t len = r->blob_b_len, off = 0;
-	uint32_t xl, nreg;
+	size_t len = r->blob_b_len, off;
+	uint32_t nreg;
 	uint64_t nb;
-	if (!b || len < 5)
+	if (!b || len < 2)
 		return -EPROTO;
 	int xi = xctx_index(e, b[0]);
-	if (xi < 0 || (xi == 0 ? !pr->ep : !pr->ep_alt)) {
+	if (xi < 0 || !pr->hs_ep[0][xi]) {
 		kvx_log(KVX_LOG_ERROR, "engine: peer %s:%u chose transport %s, which this engine did not offer",
 			pr->host, pr->hs_port, xport_code_name(b[0]));
 		return -EPROTO;
 	}
-	b++;
-	len--;
-	memcpy(&xl, b, 4);
-	if (xl > KVX_XPORT_BLOB_MAX || len < 4 + (size_t)xl + 4)
+	if (b[1] != e->n_po) {
+		kvx_log(KVX_LOG_ERROR, "engine: peer %s:%u answered %u links, %u offered", pr->host, pr->hs_port, b[1],
+			e->n_po);
 		return -EPROTO;
-	off = 4 + xl;
+	}
+	/* Walk the links' blobs first (bounds), then the regions. */
+	size_t xoff[KVX_ENGINE_MAX_POLLERS], xlen[KVX_ENGINE_MAX_POLLERS];
+	off = 2;
+	for (uint32_t l = 0; l < e->n_po; l++) {
+		uint32_t xl;
+		if (len < off + 4)
+			return -EPROTO;
+		memcpy(&xl, b + off, 4);
+		if (xl > KVX_XPORT_BLOB_MAX || len < off + 4 + xl)
+			return -EPROTO;
+		xoff[l] = off + 4;
+		xlen[l] = xl;
+		off += 4 + xl;
+	}
+	if (len < off + 4)
+		return -EPROTO;
 	memcpy(&nreg, b + off, 4);
 	off += 4;
 	if (nreg != e->n_layers) {
@@ -609,29 +776,44 @@ static int peer_setup(struct peer *pr, const struct kvx_ctl_hs_rank *r)
 	memcpy(&nb, b + off + (size_t)nreg * KVX_XPORT_RDESC_BYTES, 8);
 	if (nb == 0)
 		return -EPROTO;
+	struct conn *c = calloc(1, sizeof(*c) + e->n_po * sizeof(struct clink));
+	if (!c)
+		return -ENOMEM;
+	c->e = e;
+	c->pr = pr;
+	c->epoch = epoch;
+	c->xi = (uint32_t)xi;
+	c->n_links = e->n_po;
+	c->remote_num_blocks = nb;
+	atomic_init(&c->refs, 1);
+	c->geom = calloc(e->n_layers, sizeof(*c->geom));
+	int rc = c->geom ? 0 : -ENOMEM;
 	pthread_mutex_lock(&e->acc_lock);
-	if (xi == 1) {
-		struct kvx_xport_ep *t = pr->ep;
-		pr->ep = pr->ep_alt;
-		pr->ep_alt = t;
+	for (uint32_t l = 0; l < e->n_po; l++) {
+		/* The connection owns the chosen endpoints from here on. */
+		c->link[l].ep = pr->hs_ep[l][xi];
+		pr->hs_ep[l][xi] = NULL;
 	}
-	kvx_xport_ep_destroy(pr->ep_alt);
-	pr->ep_alt = NULL;
-	pr->xi = (uint32_t)xi;
-	int rc = kvx_xport_ep_connect(pr->ep, b + 4, xl);
-	if (!rc)
-		atomic_store(&e->last_xport, kvx_xport_name(e->xctx[xi]));
-	for (uint32_t i = 0; !rc && i < nreg; i++)
-		rc = kvx_xport_rmr_import(pr->ep, b + off + (size_t)i * KVX_XPORT_RDESC_BYTES, KVX_XPORT_RDESC_BYTES,
-					  &pr->rmr[i]);
-	pthread_mutex_unlock(&e->acc_lock);
-	if (rc)
+	hs_eps_destroy(pr); /* the candidate the responder did not take */
+	for (uint32_t l = 0; !rc && l < e->n_po; l++) {
+		c->link[l].rmr = calloc(nreg, sizeof(*c->link[l].rmr));
+		rc = c->link[l].rmr ? kvx_xport_ep_connect(c->link[l].ep, b + xoff[l], xlen[l]) : -ENOMEM;
+		for (uint32_t i = 0; !rc && i < nreg; i++)
+			rc = kvx_xport_rmr_import(c->link[l].ep, b + off + (size_t)i * KVX_XPORT_RDESC_BYTES,
+						  KVX_XPORT_RDESC_BYTES, &c->link[l].rmr[i]);
+	}
+	if (rc) {
+		conn_destroy(c);
+		pthread_mutex_unlock(&e->acc_lock);
 		return rc;
-	for (uint32_t i = 0; i < nreg; i++) {
-		pr->geom[i] = e->layers[i].geom;
-		kvx_layout_set_remote_blocks(&pr->geom[i], nb);
 	}
-	pr->remote_num_blocks = nb;
+	pthread_mutex_unlock(&e->acc_lock);
+	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[xi]));
+	for (uint32_t i = 0; i < nreg; i++) {
+		c->geom[i] = e->layers[i].geom;
+		kvx_layout_set_remote_blocks(&c->geom[i], nb);
+	}
+	*out = c;
 	return 0;
 }
 
@@ -640,28 +822,45 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	struct peer *pr = arg;
 	struct kvx_engine *e = pr->e;
 	int rc = res->status;
+	uint64_t epoch = rc == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
+	struct conn *c = NULL;
 	if (rc == 0 && res->num_ranks == 1)
-		rc = peer_setup(pr, &res->ranks[0]);
+		rc = conn_build(pr, &res->ranks[0], epoch, &c);
 	else if (rc == 0)
 		rc = -EPROTO;
-	if (rc == 0 && res->ranks[0].meta) {
-		uint64_t ep_new = res->ranks[0].meta->epoch;
-		if (pr->epoch && ep_new != pr->epoch)
+	if (rc == 0) {
+		if (pr->epoch && epoch != pr->epoch)
 			kvx_log(KVX_LOG_INFO, "engine: peer %s:%u dp %u restarted (epoch %llu -> %llu)", pr->host,
-				pr->hs_port, pr->dp_rank, (unsigned long long)pr->epoch, (unsigned long long)ep_new);
-		pr->epoch = ep_new; /* published to the poller by the PEER_READY enqueue below */
+				pr->hs_port, pr->dp_rank, (unsigned long long)pr->epoch, (unsigned long long)epoch);
+		pr->epoch = epoch;
+		c->gen = ++pr->gen;
+		/* Publish (replacing a previous connection: it is freed after a grace period and
+		 * its last reference). The control thread is an RCU updater only for this call. */
+		kvx_rcu_register();
+		int pr_rc = kvx_rcu_table_replace_u64(e->conns, pr->id, c);
+		kvx_rcu_unregister();
+		if (pr_rc < 0) {
+			pthread_mutex_lock(&e->acc_lock);
+			conn_destroy(c);
+			pthread_mutex_unlock(&e->acc_lock);
+			rc = pr_rc;
+		}
+	} else {
+		pthread_mutex_lock(&e->acc_lock);
+		hs_eps_destroy(pr);
+		pthread_mutex_unlock(&e->acc_lock);
 	}
 	if (rc)
 		kvx_log(KVX_LOG_WARN, "engine: handshake with %s:%u dp %u failed: %s%s%s", pr->host, pr->hs_port,
 			pr->dp_rank, kvx_strerror(rc), res->error[0] ? ": " : "", res->error);
-	pr->hs_error = rc;
-	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr};
-	cin_push(e, &m);
 	atomic_store_explicit(&pr->hs_state, rc ? HS_FAILED : HS_READY, memory_order_release);
+	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr};
+	for (uint32_t k = 0; k < e->n_po; k++)
+		cin_push(e, k, &m);
 }
 
 /* Start a handshake with @p pr through inbox @p ib if its state is still @p from (CAS, so the
- * app thread and the poller never both start one). -EALREADY: another thread won. */
+ * app thread and the pollers never both start one). -EALREADY: another thread won. */
 static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from)
 {
 	uint32_t rtp = 0, ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
@@ -694,7 +893,7 @@ static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer 
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Poller                                                                                    */
+/* Pollers                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
 static uint32_t port_off(const struct kvx_engine *e, uint32_t dp, uint32_t tp, uint32_t tp_size)
@@ -717,9 +916,10 @@ static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *
 	return (uint16_t)(pr->notify_port + port_off(e, kvx_ctl_fold_local_rank(pr->dp_rank, pr->dp_size_local), rtp, ptp));
 }
 
-static void send_notify(struct kvx_engine *e, const struct peer *pr, uint16_t port, enum kvx_msg_type t,
+static void send_notify(struct poller *po, const struct peer *pr, uint16_t port, enum kvx_msg_type t,
 			const char *tid, const uint32_t *blocks, uint32_t n)
 {
+	struct kvx_engine *e = po->e;
 	struct kvx_msg_notify m;
 	memset(&m, 0, sizeof(m));
 	m.type = t;
@@ -732,26 +932,28 @@ static void send_notify(struct kvx_engine *e, const struct peer *pr, uint16_t po
 		m.num_blocks = n;
 		m.decode_rank = e->p.dp_rank;
 	}
-	if (kvx_ctl_send_notify(e->poll_ib, pr->host, port, &m))
+	if (kvx_ctl_send_notify(po->ib, pr->host, port, &m))
 		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
 }
 
-static void send_to_paired_rank(struct kvx_engine *e, const struct peer *pr, enum kvx_msg_type t, const char *tid)
+static void send_to_paired_rank(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid)
 {
+	struct kvx_engine *e = po->e;
 	uint32_t rtp = 0;
 	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, peer_tp(e, pr), &rtp, NULL, 0);
-	send_notify(e, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0);
+	send_notify(po, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0);
 }
 
 /* D WRITE: remote_blocks / release go to every P TP rank, from TP rank 0 only (PROTOCOL.md
  * §1.3 step 5b: the scheduler of the D DP rank sends once). */
-static void send_to_all_ranks(struct kvx_engine *e, const struct peer *pr, enum kvx_msg_type t, const char *tid,
+static void send_to_all_ranks(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid,
 			      const uint32_t *blocks, uint32_t n)
 {
+	struct kvx_engine *e = po->e;
 	if (e->p.tp_rank != 0)
 		return;
 	for (uint32_t r = 0; r < peer_tp(e, pr); r++)
-		send_notify(e, pr, peer_notify_port(e, pr, r), t, tid, blocks, n);
+		send_notify(po, pr, peer_notify_port(e, pr, r), t, tid, blocks, n);
 }
 
 static void build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c, enum kvx_cpl_kind kind,
@@ -770,28 +972,33 @@ static void build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c
 }
 
 /* The ring holds 4 entries per transfer slot; at most 2 per transfer are ever queued. After a
- * `last` entry is enqueued the application may free the xf: the caller must not touch it. */
-static void push_cpl(struct kvx_engine *e, const struct cmsg *c, unsigned n)
+ * `last` entry is enqueued the application may reuse the xf: the caller must not touch it. */
+static void push_cpl(struct poller *po, const struct cmsg *c, unsigned n)
 {
-	kvx_ring_enqueue_elem_burst_sp(e->cpl, c, n, NULL);
+	kvx_ring_enqueue_elem_burst_sp(po->cpl, c, n, NULL);
 }
 
-static void remove_live(struct kvx_engine *e, struct xf *x)
+static void remove_live(struct poller *po, struct xf *x)
 {
 	uint32_t i = x->live_idx;
-	e->live[i] = e->live[--e->n_live];
-	e->live[i]->live_idx = i;
-	e->slots[x->slot] = NULL;
-	e->free_slots[e->n_free++] = x->slot;
+	po->live[i] = po->live[--po->n_live];
+	po->live[i]->live_idx = i;
+	x->live = false;
+	conn_put(po, x->conn); /* retiring: no op of x is outstanding */
+	x->conn = NULL;
 }
 
-static void count_terminal(struct kvx_engine *e, struct xf *x, enum kvx_cpl_status st)
+static void count_terminal(struct poller *po, struct xf *x, enum kvx_cpl_status st)
 {
+	struct kvx_engine *e = po->e;
 	_Atomic uint64_t *c = st == KVX_CPL_DONE ? &e->st_done
 			      : st == KVX_CPL_ABORTED ? &e->st_aborted
 			      : st == KVX_CPL_TIMED_OUT ? &e->st_timed_out
 							: &e->st_failed;
 	atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&po->st_transfers, 1, memory_order_relaxed);
+	if (st == KVX_CPL_FAILED || st == KVX_CPL_TIMED_OUT)
+		atomic_fetch_add_explicit(&po->st_failures, 1, memory_order_relaxed);
 	if (x->peer) {
 		atomic_fetch_add_explicit(&x->peer->transfers, 1, memory_order_relaxed);
 		if (st != KVX_CPL_DONE)
@@ -801,9 +1008,10 @@ static void count_terminal(struct kvx_engine *e, struct xf *x, enum kvx_cpl_stat
 
 /* Report the terminal state once; if release_now the blocks are reusable too and the xf
  * retires: it is unlinked first and the completions are enqueued last, so the poller never
- * touches an xf the application may already have freed. */
-static void report(struct kvx_engine *e, struct xf *x, enum kvx_cpl_status st, int error, bool release_now)
+ * touches an xf the application may already have reused. */
+static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int error, bool release_now)
 {
+	struct kvx_engine *e = po->e;
 	struct cmsg c[2];
 	unsigned n = 0;
 	if (!x->reported) {
@@ -811,7 +1019,7 @@ static void report(struct kvx_engine *e, struct xf *x, enum kvx_cpl_status st, i
 		atomic_store_explicit(&x->final_error, error, memory_order_relaxed);
 		atomic_store_explicit(&x->final, 1 + (int)st, memory_order_release);
 		kvx_waiter_wake(&e->app_w);
-		count_terminal(e, x, st);
+		count_terminal(po, x, st);
 		bool release_cpl = x->kind == XK_WRITE || x->kind == XK_SERVE || st != KVX_CPL_DONE;
 		build(e, x, &c[n++], KVX_CPL_TRANSFER, st, error, release_now && !release_cpl);
 		if (release_now && release_cpl)
@@ -825,52 +1033,100 @@ static void report(struct kvx_engine *e, struct xf *x, enum kvx_cpl_status st, i
 	}
 	if (release_now && !x->released) {
 		x->released = true;
-		kvx_ctl_mark_terminal(e->poll_ib, x->tid);
-		remove_live(e, x);
+		kvx_ctl_mark_terminal(po->ib, x->tid);
+		remove_live(po, x);
 	}
-	push_cpl(e, c, n);
+	push_cpl(po, c, n);
 }
 
-static struct kvx_xfer *tab_open(struct kvx_engine *e, const char *tid)
+static struct kvx_xfer *tab_open(struct poller *po, const char *tid)
 {
-	struct kvx_xfer *t = kvx_xfer_find(e->tab, tid);
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, tid);
 	if (t)
 		return t;
-	if (kvx_xfer_open(e->tab, tid, &t))
+	if (kvx_xfer_open(po->tab, tid, &t))
 		return NULL;
 	return t;
 }
 
-static void list_peer(struct kvx_engine *e, struct peer *pr)
+/* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
+ * unless a reference is taken). */
+static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
 {
-	if (pr->listed)
-		return;
-	pr->listed = true;
-	e->ready_peers[e->n_ready++] = pr;
+	return kvx_rcu_table_lookup_u64(po->e->conns, pr->id);
 }
 
-/* Post one layer of a transfer: plan (cached per geometry), one batch per caps.max_batch ops. */
-static int post_layer(struct kvx_engine *e, struct xf *x, uint32_t layer, enum kvx_xport_opcode op,
+static void conn_bind(struct xf *x, struct conn *c)
+{
+	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* the table's ref is held */
+	x->conn = c;
+}
+
+/* 1 if x has a usable connection to post on (binding the peer's current one if needed), 0 to
+ * wait (no connection yet, re-handshake in progress, own ops still draining), or a negative
+ * errno: a WRITE bound to a connection whose peer has since restarted (new epoch: the
+ * consumer's allocation is gone, never write into the new process). */
+static int xf_conn(struct poller *po, struct xf *x)
+{
+	struct conn *c = x->conn;
+	if (c && !atomic_load_explicit(&c->stale, memory_order_acquire))
+		return 1;
+	if (c && x->batches_out)
+		return 0;
+	if (c && x->kind == XK_READ) {
+		/* Bytes may have landed from the old endpoint: rehs_decide() settles it. */
+		x->await_rehs = true;
+		return 0;
+	}
+	struct conn *n = conn_lookup(po, x->peer);
+	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) &&
+	    atomic_load_explicit(&x->peer->hs_state, memory_order_acquire) == HS_READY)
+		hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
+	if (!n || n == c || atomic_load_explicit(&n->stale, memory_order_acquire))
+		return 0;
+	if (c && x->kind == XK_WRITE && n->epoch != c->epoch)
+		return -ECONNRESET;
+	conn_put(po, c);
+	conn_bind(x, n);
+	return 1;
+}
+
+static void list_link(struct poller *po, struct conn *c)
+{
+	struct clink *l = &c->link[po->k];
+	if (l->listed)
+		return;
+	l->listed = true;
+	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* held by a bound xf */
+	l->next = po->plist;
+	po->plist = c;
+}
+
+/* Post one layer of a transfer on its connection's link of this poller: plan (cached per
+ * geometry), one batch per caps.max_batch ops. */
+static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_xport_opcode op,
 		      const uint32_t *lids, const uint32_t *rids, size_t n)
 {
-	struct peer *pr = x->peer;
+	struct kvx_engine *e = po->e;
+	struct conn *c = x->conn;
+	struct clink *l = &c->link[po->k];
 	struct kvx_plan plan;
-	int rc = kvx_plan_cache_get(e->pc, &pr->geom[layer], lids, rids, n, &plan);
+	int rc = kvx_plan_cache_get(po->pc, &c->geom[layer], lids, rids, n, &plan);
 	if (rc < 0)
 		return rc;
-	uint32_t maxb = e->caps[pr->xi].max_batch ? e->caps[pr->xi].max_batch : 1;
+	uint32_t maxb = e->caps[c->xi].max_batch ? e->caps[c->xi].max_batch : 1;
 	uint32_t nb = (uint32_t)((plan.n + maxb - 1) / maxb);
 	if (nb == 0)
 		return 0;
 	for (size_t i = 0; i < plan.n; i++) {
-		e->ops[i] = (struct kvx_xport_op){.lmr = e->layers[layer].mr[pr->xi], .rmr = pr->rmr[layer],
-						  .loff = plan.loc[i], .roff = plan.rem[i], .len = plan.size[i]};
+		po->ops[i] = (struct kvx_xport_op){.lmr = e->layers[layer].mr[c->xi], .rmr = l->rmr[layer],
+						   .loff = plan.loc[i], .roff = plan.rem[i], .len = plan.size[i]};
 	}
 	uint64_t cookie = ((uint64_t)x->slot << 16) | layer;
 	for (uint32_t b = 0; b < nb; b++) {
 		size_t first = (size_t)b * maxb;
 		uint32_t cnt = (uint32_t)(plan.n - first < maxb ? plan.n - first : maxb);
-		rc = kvx_xport_post_bulk(pr->ep, op, e->ops + first, cnt, cookie);
+		rc = kvx_xport_post_bulk(l->ep, op, po->ops + first, cnt, cookie);
 		if (rc) {
 			if (b == 0)
 				return rc; /* -ENOBUFS: retry the layer later */
@@ -881,15 +1137,37 @@ static int post_layer(struct kvx_engine *e, struct xf *x, uint32_t layer, enum k
 		}
 		x->batches_out++;
 		x->layer_batches[layer]++;
-		pr->outstanding++;
-		atomic_fetch_add_explicit(&e->st_ops, cnt, memory_order_relaxed);
-		atomic_fetch_add_explicit(&pr->ops, cnt, memory_order_relaxed);
+		l->outstanding++;
+		list_link(po, c);
+		atomic_fetch_add_explicit(&po->st_ops, cnt, memory_order_relaxed);
+		atomic_fetch_add_explicit(&x->peer->ops, cnt, memory_order_relaxed);
 	}
 	return 0;
 }
 
-static void read_progress(struct kvx_engine *e, struct xf *x)
+/* After a re-handshake: retry a READ that moved nothing only against a new peer epoch (the old
+ * incarnation's blocks are gone either way); the same epoch means the producer fenced us (its
+ * defer timeout) or the link failed, and the blocks may have been reused: fail. */
+static void rehs_decide(struct poller *po, struct xf *x, struct conn *n)
 {
+	x->await_rehs = false;
+	if (n->epoch != x->peer_epoch && x->bytes == 0 && x->batches_out == 0) {
+		x->next_layer = 0;
+		x->done_posting = false;
+		memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
+		conn_put(po, x->conn);
+		conn_bind(x, n);
+		x->peer_epoch = n->epoch;
+		return;
+	}
+	x->failed = true;
+	x->error = -ECONNRESET;
+	x->done_posting = true;
+}
+
+static void read_progress(struct poller *po, struct xf *x)
+{
+	struct kvx_engine *e = po->e;
 	if (x->reported) {
 		/* Terminal (timed out / aborted): release P and the blocks once the ops are terminal. */
 		if (x->batches_out == 0) {
@@ -897,23 +1175,31 @@ static void read_progress(struct kvx_engine *e, struct xf *x)
 			 * terminal now): a peer that never answered gets nothing late. */
 			if ((x->aborted || x->next_layer > 0) && !x->release_sent) {
 				x->release_sent = true;
-				send_to_paired_rank(e, x->peer, KVX_MSG_RELEASE, x->tid);
+				send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
 			}
-			report(e, x, KVX_CPL_ABORTED, 0, true);
+			report(po, x, KVX_CPL_ABORTED, 0, true);
 		}
 		return;
 	}
+	if (x->await_rehs) {
+		if (x->batches_out)
+			return;
+		struct conn *n = conn_lookup(po, x->peer);
+		if (!n || n == x->conn || atomic_load_explicit(&n->stale, memory_order_acquire))
+			return; /* the re-handshake is still running */
+		rehs_decide(po, x, n);
+	}
 	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
-	if (x->await_rehs || (!x->failed && !x->peer->ready))
+	if (!x->failed && !x->done_posting && xf_conn(po, x) != 1)
 		return;
 	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
 	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
-	if (x->next_layer == 0)
-		x->peer_epoch = x->peer->epoch;
+	if (x->next_layer == 0 && x->conn)
+		x->peer_epoch = x->conn->epoch;
 	if (!x->failed)
-		kvx_plan_cache_reset(e->pc);
+		kvx_plan_cache_reset(po->pc);
 	while (!x->failed && x->next_layer < limit) {
-		if (post_layer(e, x, x->next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
+		if (post_layer(po, x, x->next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
 			break;
 		x->next_layer++;
 	}
@@ -921,8 +1207,8 @@ static void read_progress(struct kvx_engine *e, struct xf *x)
 		x->done_posting = true;
 	if (x->done_posting && x->batches_out == 0) {
 		x->release_sent = true;
-		send_to_paired_rank(e, x->peer, KVX_MSG_RELEASE, x->tid);
-		report(e, x, x->failed ? KVX_CPL_FAILED : KVX_CPL_DONE, x->failed ? x->error : 0, true);
+		send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
+		report(po, x, x->failed ? KVX_CPL_FAILED : KVX_CPL_DONE, x->failed ? x->error : 0, true);
 	}
 }
 
@@ -930,34 +1216,50 @@ static void read_progress(struct kvx_engine *e, struct xf *x)
  * error). Never blocks (kvx_mem_event_query() is a load or one hipEventQuery). */
 static int layer_gate_open(const struct xf *x, uint32_t layer)
 {
-	const atomic_uint *f = x->ready_flag[layer];
-	if (f)
-		return atomic_load_explicit(f, memory_order_acquire) != 0;
-	return kvx_mem_event_query(&x->ready_ev[layer]);
+	const struct lgate *g = &x->gate[layer];
+	if (g->flag)
+		return atomic_load_explicit(g->flag, memory_order_acquire) != 0;
+	return kvx_mem_event_query(&g->ev);
 }
 
-static void write_progress(struct kvx_engine *e, struct xf *x)
+static void write_fail(struct poller *po, struct xf *x, int err)
 {
-	struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
+	memset(x->want_post, 0, sizeof(x->want_post));
+	x->failed = true;
+	x->error = err;
+	kvx_xfer_mark_write_done(po->tab, x->tid, false);
+	report(po, x, KVX_CPL_FAILED, err, x->batches_out == 0);
+}
+
+static void write_progress(struct poller *po, struct xf *x)
+{
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 	if (x->reported || !t || t->state != KVX_XFER_S_LIVE) {
 		if (x->batches_out == 0) {
 			if (x->aborted && !x->release_sent) {
 				/* D aborted: tell it our writes are terminal so its blocks leave quarantine. */
 				x->release_sent = true;
-				send_to_paired_rank(e, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+				send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
 			}
-			report(e, x, x->aborted ? KVX_CPL_ABORTED : x->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED,
+			report(po, x, x->aborted ? KVX_CPL_ABORTED : x->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED,
 			       x->error, true);
 		}
 		return;
 	}
-	if (!x->peer->ready || !t->has_alloc)
+	if (!t->has_alloc)
+		return;
+	int cr = xf_conn(po, x);
+	if (cr < 0) {
+		write_fail(po, x, cr);
+		return;
+	}
+	if (cr == 0)
 		return;
 	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
 	 * block (first generated token) stays unpaired (PROTOCOL.md §6 item 8). */
 	size_t nl = x->n, nr = t->n_remote_blocks, n = nl < nr ? nl : nr;
 	const uint32_t *lids = x->lblocks + (nl > nr ? nl - nr : 0);
-	kvx_plan_cache_reset(e->pc);
+	kvx_plan_cache_reset(po->pc);
 	for (uint32_t w = 0; w < KVX_ENGINE_MAX_LAYERS / 64; w++) {
 		uint64_t bits = x->want_post[w];
 		while (bits) {
@@ -969,44 +1271,41 @@ static void write_progress(struct kvx_engine *e, struct xf *x)
 			if (g < 0) {
 				/* The producer's event failed: nothing of this layer is known to be
 				 * computed, so nothing more is written; the transfer fails. */
-				memset(x->want_post, 0, sizeof(x->want_post));
-				x->failed = true;
-				x->error = g;
-				kvx_xfer_mark_write_done(e->tab, x->tid, false);
-				report(e, x, KVX_CPL_FAILED, g, x->batches_out == 0);
+				write_fail(po, x, g);
 				return;
 			}
-			if (post_layer(e, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
+			if (post_layer(po, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
 				return;
 			x->want_post[w] &= ~(1ull << (layer % 64));
 			if (x->layer_batches[layer] == 0 && !x->failed) {
 				/* Nothing to move for this layer (empty plan): it is done. */
-				kvx_xfer_mark_write_done(e->tab, x->tid, true);
+				kvx_xfer_mark_write_done(po->tab, x->tid, true);
 			}
 		}
 	}
 }
 
-static void finish_write_ok(struct kvx_engine *e, struct xf *x, int32_t decode_dp)
+static void finish_write_ok(struct poller *po, struct xf *x, int32_t decode_dp)
 {
+	struct kvx_engine *e = po->e;
 	struct peer *pr = x->peer;
 	uint32_t rtp = 0, dtp = peer_tp(e, pr);
 	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, dtp, &rtp, NULL, 0);
 	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
 	uint16_t port = (uint16_t)(pr->notify_port +
 				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
-	send_notify(e, pr, port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
-	report(e, x, KVX_CPL_DONE, 0, true);
+	send_notify(po, pr, port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
+	report(po, x, KVX_CPL_DONE, 0, true);
 }
 
-static void progress(struct kvx_engine *e, struct xf *x)
+static void progress(struct poller *po, struct xf *x)
 {
 	switch (x->kind) {
 	case XK_READ:
-		read_progress(e, x);
+		read_progress(po, x);
 		break;
 	case XK_WRITE:
-		write_progress(e, x);
+		write_progress(po, x);
 		break;
 	case XK_ANNOUNCE:
 	case XK_SERVE:
@@ -1014,77 +1313,77 @@ static void progress(struct kvx_engine *e, struct xf *x)
 	}
 }
 
-static void handle_submit(struct kvx_engine *e, struct xf *x)
+static void handle_submit(struct poller *po, struct xf *x)
 {
-	x->live_idx = e->n_live;
-	e->live[e->n_live++] = x;
-	x->slot = e->free_slots[--e->n_free];
-	e->slots[x->slot] = x;
+	x->live_idx = po->n_live;
+	po->live[po->n_live++] = x;
+	x->live = true;
 	struct kvx_xfer *t;
 	switch (x->kind) {
 	case XK_READ:
 		if (x->n == 0) {
 			/* Full prefix hit / abort before allocation: release P, no RDMA. */
-			send_to_paired_rank(e, x->peer, KVX_MSG_RELEASE, x->tid);
-			report(e, x, KVX_CPL_DONE, 0, true);
+			send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
+			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
 		}
-		read_progress(e, x);
+		read_progress(po, x);
 		return;
 	case XK_ANNOUNCE:
 		if (x->n == 0) {
-			send_to_all_ranks(e, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
-			report(e, x, KVX_CPL_DONE, 0, true);
+			send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
 		}
-		t = tab_open(e, x->tid);
+		t = tab_open(po, x->tid);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
 			/* write_done arrived before the announcement was processed (parked). */
-			report(e, x, KVX_CPL_DONE, 0, true);
+			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
 		}
-		kvx_ctl_mark_live(e->poll_ib, x->tid, x->peer->host, x->peer->notify_port);
-		send_to_all_ranks(e, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
+		kvx_ctl_mark_live(po->ib, x->tid, x->peer->host, x->peer->notify_port);
+		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
 		return;
 	case XK_WRITE:
-		t = tab_open(e, x->tid);
+		t = tab_open(po, x->tid);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
 			/* D released (aborted) before we began: nothing was written; say so, so that D's
 			 * quarantined blocks are freed without waiting for its defer timeout. */
 			x->aborted = true;
-			send_to_paired_rank(e, x->peer, KVX_MSG_WRITE_DONE, x->tid);
-			report(e, x, KVX_CPL_ABORTED, -ECANCELED, true);
+			send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+			report(po, x, KVX_CPL_ABORTED, -ECANCELED, true);
 			return;
 		}
 		return;
 	case XK_SERVE:
-		t = tab_open(e, x->tid);
+		t = tab_open(po, x->tid);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
-			report(e, x, KVX_CPL_DONE, 0, true);
+			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
 		}
 		return;
 	}
 }
 
-static struct xf *live_find(struct kvx_engine *e, const char *tid)
+static struct xf *live_find(struct poller *po, const char *tid)
 {
-	for (uint32_t i = 0; i < e->n_live; i++)
-		if (!strcmp(e->live[i]->tid, tid))
-			return e->live[i];
+	for (uint32_t i = 0; i < po->n_live; i++)
+		if (!strcmp(po->live[i]->tid, tid))
+			return po->live[i];
 	return NULL;
 }
 
-static void handle_notify(struct kvx_engine *e, struct emsg *m)
+static void handle_notify(struct poller *po, struct emsg *m)
 {
-	struct xf *x = live_find(e, m->tid);
+	struct kvx_engine *e = po->e;
+	struct xf *x = live_find(po, m->tid);
 	switch (m->u32) {
 	case KVX_MSG_REMOTE_BLOCKS: {
-		int rc = kvx_xfer_remote_blocks_take(e->tab, m->tid, m->ptr, m->n, m->status);
+		int rc = kvx_xfer_remote_blocks_take(po->tab, m->tid, m->ptr, m->n, m->status);
 		if (rc <= 0)
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		if (x)
-			write_progress(e, x);
+			write_progress(po, x);
 		return;
 	}
 	case KVX_MSG_RELEASE: {
@@ -1094,31 +1393,31 @@ static void handle_notify(struct kvx_engine *e, struct emsg *m)
 				x->aborted = true;
 				x->error = -ECANCELED;
 				memset(x->want_post, 0, sizeof(x->want_post));
-				struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
+				struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 				if (t && t->state == KVX_XFER_S_LIVE)
-					kvx_xfer_make_terminal(e->tab, t);
-				report(e, x, KVX_CPL_ABORTED, -ECANCELED, false);
+					kvx_xfer_make_terminal(po->tab, t);
+				report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
 			}
-			write_progress(e, x);
+			write_progress(po, x);
 			return;
 		}
-		if (!x && !kvx_xfer_find(e->tab, m->tid))
-			tab_open(e, m->tid); /* early release: parked until the transfer is submitted */
-		int rc = kvx_xfer_resolve_ack(e->tab, m->tid, (uint32_t)m->u64, e->p.tp_size);
+		if (!x && !kvx_xfer_find(po->tab, m->tid))
+			tab_open(po, m->tid); /* early release: parked until the transfer is submitted */
+		int rc = kvx_xfer_resolve_ack(po->tab, m->tid, (uint32_t)m->u64, e->p.tp_size);
 		if (rc == 1 && x && x->kind == XK_SERVE)
-			report(e, x, KVX_CPL_DONE, 0, true);
+			report(po, x, KVX_CPL_DONE, 0, true);
 		else if (rc < 0)
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
 	}
 	case KVX_MSG_WRITE_DONE: {
-		if (!x && !kvx_xfer_find(e->tab, m->tid))
-			tab_open(e, m->tid); /* parked until announce (fault b) */
+		if (!x && !kvx_xfer_find(po->tab, m->tid))
+			tab_open(po, m->tid); /* parked until announce (fault b) */
 		uint32_t ptp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
-		int rc = kvx_xfer_resolve_ack(e->tab, m->tid, ptp, e->p.tp_size);
+		int rc = kvx_xfer_resolve_ack(po->tab, m->tid, ptp, e->p.tp_size);
 		if (rc == 1 && x && x->kind == XK_ANNOUNCE) {
 			/* Done, or (after abort/timeout) P's writes are terminal: blocks leave quarantine. */
-			report(e, x, KVX_CPL_DONE, 0, true);
+			report(po, x, KVX_CPL_DONE, 0, true);
 		} else if (rc == 0 && !x) {
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		}
@@ -1129,51 +1428,35 @@ static void handle_notify(struct kvx_engine *e, struct emsg *m)
 	}
 }
 
-/* The peer's endpoint is in error state (transport.h: every op fails from now on): stop using
- * it, drain it, then re-handshake (poll_fn) so later transfers get a fresh endpoint
- * (PROTOCOL.md §6 item 18). */
-static void peer_stale(struct kvx_engine *e, struct peer *pr)
+/* A connection's endpoint is in error state (transport.h: every op on it fails from now on):
+ * no new transfer binds it, and the peer is re-handshaken at once (a new connection with new
+ * endpoints; the old one drains and is freed when unreferenced) (PROTOCOL.md §6 item 18). */
+static void conn_stale(struct poller *po, struct conn *c)
 {
-	if (pr->stale)
+	if (atomic_exchange_explicit(&c->stale, true, memory_order_acq_rel))
 		return;
-	pr->stale = true;
-	pr->ready = false;
-	atomic_fetch_add_explicit(&e->st_peer_resets, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&po->e->st_peer_resets, 1, memory_order_relaxed);
+	int rc = hs_start(po->e, po->ib, c->pr, HS_READY);
+	(void)rc; /* -EALREADY: a handshake is already running; -ENOBUFS: retried by rehs_scan() */
 }
 
-/* After a re-handshake: retry a READ that moved nothing only against a new peer epoch (the old
- * incarnation's blocks are gone either way); the same epoch means the producer fenced us (its
- * defer timeout) or the link failed, and the blocks may have been reused: fail. */
-static void rehs_decide(struct peer *pr, struct xf *x)
+static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xport_cpl *c)
 {
-	x->await_rehs = false;
-	if (pr->epoch != x->peer_epoch && x->bytes == 0 && x->batches_out == 0) {
-		x->next_layer = 0;
-		x->done_posting = false;
-		memset(x->layer_batches, 0, sizeof(x->layer_batches));
-		return;
-	}
-	x->failed = true;
-	x->error = -ECONNRESET;
-	x->done_posting = true;
-}
-
-static void handle_cpl(struct kvx_engine *e, struct peer *pr, const struct kvx_xport_cpl *c)
-{
+	struct kvx_engine *e = po->e;
 	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
-	pr->outstanding--;
-	struct xf *x = slot < e->p.max_transfers ? e->slots[slot] : NULL;
-	if (!x || layer >= e->n_layers)
+	cn->link[po->k].outstanding--;
+	struct xf *x = slot < e->p.max_transfers ? &e->xpool[slot] : NULL;
+	if (!x || !x->live || x->po != po || layer >= e->n_layers)
 		return;
 	x->batches_out--;
 	x->layer_batches[layer]--;
 	x->bytes += c->bytes;
-	atomic_fetch_add_explicit(&e->st_bytes, c->bytes, memory_order_relaxed);
-	atomic_fetch_add_explicit(&pr->bytes, c->bytes, memory_order_relaxed);
+	atomic_fetch_add_explicit(&po->st_bytes, c->bytes, memory_order_relaxed);
+	atomic_fetch_add_explicit(&x->peer->bytes, c->bytes, memory_order_relaxed);
 	if (c->status) {
-		bool ep_dead = kvx_xport_ep_status(pr->ep) != 0;
+		bool ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0;
 		if (ep_dead)
-			peer_stale(e, pr);
+			conn_stale(po, cn);
 		/* Nothing of this READ landed and the endpoint is dead: the peer may have restarted
 		 * before the first op (a new epoch at re-handshake makes a retry equivalent to a fresh
 		 * transfer); decided in rehs_decide(). */
@@ -1191,76 +1474,76 @@ static void handle_cpl(struct kvx_engine *e, struct peer *pr, const struct kvx_x
 			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
 		} else if (x->kind == XK_WRITE && !x->reported) {
 			int32_t dp = -1;
-			struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
+			struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 			if (t)
 				dp = t->decode_dp_rank;
-			if (kvx_xfer_mark_write_done(e->tab, x->tid, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE) {
-				finish_write_ok(e, x, dp);
+			if (kvx_xfer_mark_write_done(po->tab, x->tid, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE) {
+				finish_write_ok(po, x, dp);
 				return;
 			}
 		}
 	}
 	if (x->failed && x->kind == XK_WRITE && !x->reported) {
-		kvx_xfer_mark_write_done(e->tab, x->tid, false);
-		report(e, x, KVX_CPL_FAILED, x->error, false);
+		kvx_xfer_mark_write_done(po->tab, x->tid, false);
+		report(po, x, KVX_CPL_FAILED, x->error, false);
 	}
-	progress(e, x);
+	progress(po, x);
 }
 
-static void handle_sub(struct kvx_engine *e, struct emsg *m)
+static void handle_sub(struct poller *po, struct emsg *m)
 {
 	struct xf *x;
 	switch (m->type) {
 	case M_SUBMIT:
-		handle_submit(e, m->ptr);
+		handle_submit(po, m->ptr);
 		return;
 	case M_LAYER_READY:
-		x = live_find(e, m->tid);
+		x = live_find(po, m->tid);
 		if (!x || x->kind != XK_WRITE || x->reported)
 			return;
-		if (!kvx_xfer_schedule_write(e->tab, x->tid, m->u32))
+		if (!kvx_xfer_schedule_write(po->tab, x->tid, m->u32))
 			return; /* duplicate (transfer, layer): no-op */
-		x->ready_flag[m->u32] = m->ptr;
-		x->ready_ev[m->u32] = m->ev;
+		x->gate[m->u32].flag = m->ptr;
+		x->gate[m->u32].ev = m->ev;
 		x->want_post[m->u32 / 64] |= 1ull << (m->u32 % 64);
-		write_progress(e, x);
+		write_progress(po, x);
 		return;
 	case M_SEAL: {
-		x = live_find(e, m->tid);
+		x = live_find(po, m->tid);
 		if (!x || x->kind != XK_WRITE || x->reported)
 			return;
 		enum kvx_xfer_action act;
 		int32_t dp = -1;
-		struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
+		struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 		if (t)
 			dp = t->decode_dp_rank;
-		if (kvx_xfer_seal_count(e->tab, x->tid, m->u32, &act) >= 0 && act == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
-			finish_write_ok(e, x, dp);
+		if (kvx_xfer_seal_count(po->tab, x->tid, m->u32, &act) >= 0 && act == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
+			finish_write_ok(po, x, dp);
 		return;
 	}
 	case M_ABORT:
-		x = live_find(e, m->tid);
+		x = live_find(po, m->tid);
 		if (!x || x->reported)
 			return;
 		x->aborted = true;
 		x->error = -ECANCELED;
 		if (x->kind == XK_ANNOUNCE) {
-			send_to_all_ranks(e, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
-			x->quarantine_deadline = kvx_now_ns() + ms_ns(e->p.defer_timeout_ms);
-			report(e, x, KVX_CPL_ABORTED, -ECANCELED, false);
+			send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+			x->quarantine_deadline = kvx_now_ns() + ms_ns(po->e->p.defer_timeout_ms);
+			report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
 			return;
 		}
 		if (x->kind == XK_WRITE) {
 			memset(x->want_post, 0, sizeof(x->want_post));
-			struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
+			struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 			if (t && t->state == KVX_XFER_S_LIVE)
-				kvx_xfer_make_terminal(e->tab, t);
+				kvx_xfer_make_terminal(po->tab, t);
 		}
 		if (x->kind == XK_READ) {
-			report(e, x, KVX_CPL_ABORTED, -ECANCELED, false);
-			read_progress(e, x);
+			report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
+			read_progress(po, x);
 		} else {
-			report(e, x, KVX_CPL_ABORTED, -ECANCELED, x->batches_out == 0);
+			report(po, x, KVX_CPL_ABORTED, -ECANCELED, x->batches_out == 0);
 		}
 		return;
 	default:
@@ -1268,30 +1551,24 @@ static void handle_sub(struct kvx_engine *e, struct emsg *m)
 	}
 }
 
-static void handle_cin(struct kvx_engine *e, struct emsg *m)
+static void handle_cin(struct poller *po, struct emsg *m)
 {
 	struct peer *pr = m->ptr;
 	if (m->type == M_NOTIFY) {
-		handle_notify(e, m);
+		handle_notify(po, m);
 		return;
 	}
-	pr->stale = false;
-	if (m->type == M_PEER_READY) {
-		pr->ready = true;
-		list_peer(e, pr);
-	}
-	for (uint32_t i = 0; i < e->n_live;) {
-		struct xf *x = e->live[i];
-		uint32_t before = e->n_live;
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
 		if (x->peer == pr && !x->reported) {
-			if (m->type == M_PEER_READY && x->kind == XK_READ && x->await_rehs)
-				rehs_decide(pr, x);
-			if (m->type == M_PEER_FAILED && (x->kind == XK_READ || x->kind == XK_WRITE))
-				report(e, x, KVX_CPL_FAILED, m->status ? m->status : -ECONNREFUSED, x->batches_out == 0);
+			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
+			if (m->type == M_PEER_FAILED && unbound && (x->kind == XK_READ || x->kind == XK_WRITE))
+				report(po, x, KVX_CPL_FAILED, m->status ? m->status : -ECONNREFUSED, x->batches_out == 0);
 			else
-				progress(e, x);
+				progress(po, x);
 		}
-		if (e->n_live == before)
+		if (po->n_live == before)
 			i++;
 	}
 }
@@ -1300,9 +1577,14 @@ static void handle_cin(struct kvx_engine *e, struct emsg *m)
  * reads, so it revokes them: destroying the target endpoints makes every consumer's further
  * access impossible (verbs: the QPs are gone; tcp: the next kvx_xport_progress(), on this
  * thread, closes their connections before serving anything else), and only then are the
- * blocks reported reusable. shm cannot be revoked by the target (see engine.h). */
-static void fence_readers(struct kvx_engine *e)
+ * blocks reported reusable. shm cannot be revoked by the target (see engine.h). Runs on
+ * poller 0 (the thread of kvx_xport_progress()) for the fences any poller asked for. */
+static void fence_readers(struct poller *po)
 {
+	struct kvx_engine *e = po->e;
+	uint64_t req = atomic_load_explicit(&e->fence_req, memory_order_acquire);
+	if (req == atomic_load_explicit(&e->fence_done, memory_order_relaxed))
+		return;
 	if (pthread_mutex_trylock(&e->acc_lock))
 		return; /* the control thread is inside a transport call: retry at the next scan */
 	for (uint32_t i = 0; i < e->n_accepted; i++)
@@ -1310,30 +1592,37 @@ static void fence_readers(struct kvx_engine *e)
 	e->n_accepted = 0;
 	pthread_mutex_unlock(&e->acc_lock);
 	atomic_fetch_add_explicit(&e->st_fences, 1, memory_order_relaxed);
-	for (uint32_t i = 0; i < e->n_live;) {
-		struct xf *x = e->live[i];
-		uint32_t before = e->n_live;
-		if (x->fence_pending) {
+	atomic_store_explicit(&e->fence_done, req, memory_order_release);
+}
+
+/* Serve transfers whose fence is done: their blocks are reusable now. */
+static void fence_release(struct poller *po)
+{
+	uint64_t done = atomic_load_explicit(&po->e->fence_done, memory_order_acquire);
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		if (x->fence_pending && x->fence_ticket <= done) {
 			x->fence_pending = false;
-			e->n_fence_pending--;
-			report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, true);
+			po->n_fence_pending--;
+			report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, true);
 		}
-		if (e->n_live == before)
+		if (po->n_live == before)
 			i++;
 	}
 }
 
-static void scan_timeouts(struct kvx_engine *e, uint64_t now)
+static void scan_timeouts(struct poller *po, uint64_t now)
 {
+	struct kvx_engine *e = po->e;
 	uint64_t tmo = ms_ns(e->p.transfer_timeout_ms), dfr = ms_ns(e->p.defer_timeout_ms);
-	for (uint32_t i = 0; i < e->n_live;) {
-		struct xf *x = e->live[i];
-		uint32_t before = e->n_live;
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
 		uint64_t age = now - x->start_ns;
 		if (!x->reported) {
-			bool serve_like = x->kind == XK_SERVE ||
-					  (x->kind == XK_WRITE && !(kvx_xfer_find(e->tab, x->tid) &&
-								    kvx_xfer_find(e->tab, x->tid)->has_alloc));
+			struct kvx_xfer *tw = x->kind == XK_WRITE ? kvx_xfer_find(po->tab, x->tid) : NULL;
+			bool serve_like = x->kind == XK_SERVE || (x->kind == XK_WRITE && !(tw && tw->has_alloc));
 			uint64_t limit = serve_like ? dfr : tmo;
 			if (age > limit) {
 				x->timed_out = true;
@@ -1341,98 +1630,114 @@ static void scan_timeouts(struct kvx_engine *e, uint64_t now)
 				if (x->kind == XK_ANNOUNCE) {
 					/* Tell P to stop; our blocks stay quarantined until its write_done or a
 					 * further defer_timeout (P's ops are bounded by its op timeout). */
-					send_to_all_ranks(e, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+					send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
 					x->quarantine_deadline = now + dfr;
-					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
 				} else if (x->kind == XK_WRITE) {
 					memset(x->want_post, 0, sizeof(x->want_post));
-					struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
-					if (t && t->state == KVX_XFER_S_LIVE)
-						kvx_xfer_make_terminal(e->tab, t);
-					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, x->batches_out == 0);
+					if (tw && tw->state == KVX_XFER_S_LIVE)
+						kvx_xfer_make_terminal(po->tab, tw);
+					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, x->batches_out == 0);
 				} else if (x->kind == XK_SERVE) {
-					struct kvx_xfer *t = kvx_xfer_find(e->tab, x->tid);
+					struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 					if (t && t->state == KVX_XFER_S_LIVE)
-						kvx_xfer_make_terminal(e->tab, t);
+						kvx_xfer_make_terminal(po->tab, t);
 					/* A consumer's one-sided READ may still be in flight: the blocks stay
-					 * held until fence_readers() revoked every reader at the wire. */
-					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+					 * held until poller 0 revoked every reader at the wire. */
+					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
 					x->fence_pending = true;
-					e->n_fence_pending++;
+					x->fence_ticket = atomic_fetch_add_explicit(&e->fence_req, 1, memory_order_acq_rel) + 1;
+					po->n_fence_pending++;
 				} else {
-					report(e, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-					read_progress(e, x);
+					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+					read_progress(po, x);
 				}
 			}
 		} else if (x->kind == XK_ANNOUNCE && x->quarantine_deadline && now > x->quarantine_deadline) {
-			report(e, x, KVX_CPL_DONE, 0, true);
+			report(po, x, KVX_CPL_DONE, 0, true);
 		}
-		if (e->n_live == before)
+		if (po->n_live == before)
 			i++;
 	}
-	if (e->n_fence_pending)
-		fence_readers(e);
+	if (po->k == 0)
+		fence_readers(po);
+	if (po->n_fence_pending)
+		fence_release(po);
+	conn_reap(po);
+}
+
+/* A stale connection whose re-handshake could not be queued (inbox full): retry. */
+static void rehs_scan(struct poller *po)
+{
+	for (struct conn *c = po->plist; c; c = c->link[po->k].next)
+		if (atomic_load_explicit(&c->stale, memory_order_relaxed) &&
+		    atomic_load_explicit(&c->pr->hs_state, memory_order_acquire) == HS_READY &&
+		    conn_lookup(po, c->pr) == c)
+			hs_start(po->e, po->ib, c->pr, HS_READY);
 }
 
 static int poll_fn(void *arg)
 {
-	struct kvx_engine *e = arg;
+	struct poller *po = arg;
+	struct kvx_engine *e = po->e;
 	int busy = 0;
 	struct emsg m[8];
-	unsigned n = kvx_ring_dequeue_elem_burst_sc(e->sub, m, 8, NULL);
+	unsigned n = kvx_ring_dequeue_elem_burst_sc(po->sub, m, 8, NULL);
 	for (unsigned i = 0; i < n; i++)
-		handle_sub(e, &m[i]);
+		handle_sub(po, &m[i]);
 	busy |= n != 0;
-	n = kvx_ring_dequeue_elem_burst_sc(e->cin, m, 8, NULL);
+	n = kvx_ring_dequeue_elem_burst_sc(po->cin, m, 8, NULL);
 	for (unsigned i = 0; i < n; i++)
-		handle_cin(e, &m[i]);
+		handle_cin(po, &m[i]);
 	busy |= n != 0;
+	/* Completions on this poller's link of every connection with ops outstanding. New
+	 * connections are listed at the head, so they are not visited this round. */
 	struct kvx_xport_cpl c[32];
-	for (uint32_t p = 0; p < e->n_ready; p++) {
-		struct peer *pr = e->ready_peers[p];
-		if (pr->stale && !pr->outstanding) {
-			/* Drained: unlist first (the handshake job destroys the endpoint on the control
-			 * thread; the inbox enqueue orders our last use before it), then re-handshake. */
-			if (hs_start(e, e->poll_ib, pr, HS_READY) == 0) {
-				pr->listed = false;
-				e->ready_peers[p--] = e->ready_peers[--e->n_ready];
-			}
+	for (struct conn *cn = po->plist; cn;) {
+		struct clink *l = &cn->link[po->k];
+		struct conn *next = l->next;
+		if (l->outstanding) {
+			int k = kvx_xport_poll_burst(l->ep, c, 32);
+			for (int i = 0; i < k; i++)
+				handle_cpl(po, cn, &c[i]);
+			busy |= k > 0 || l->outstanding != 0;
+		}
+		cn = next;
+	}
+	for (struct conn **pp = &po->plist; *pp;) {
+		struct conn *cn = *pp;
+		struct clink *l = &cn->link[po->k];
+		if (l->outstanding) {
+			pp = &l->next;
 			continue;
 		}
-		if (!pr->outstanding)
-			continue;
-		int k = kvx_xport_poll_burst(pr->ep, c, 32);
-		for (int i = 0; i < k; i++)
-			handle_cpl(e, pr, &c[i]);
-		busy |= pr->outstanding != 0 || k > 0;
+		*pp = l->next;
+		l->listed = false;
+		conn_put(po, cn);
 	}
-	/* Transfers waiting on the send queue or on a layer's readiness flag. */
-	for (uint32_t i = 0; i < e->n_live;) {
-		struct xf *x = e->live[i];
-		uint32_t before = e->n_live;
-		if (!x->reported && x->peer && x->peer->ready &&
-		    ((x->kind == XK_READ && !x->done_posting) || x->kind == XK_WRITE))
-			progress(e, x);
-		if (e->n_live == before)
+	/* Transfers waiting on the send queue, a connection or a layer's readiness event. */
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		if (!x->reported && ((x->kind == XK_READ && !x->done_posting) || x->kind == XK_WRITE))
+			progress(po, x);
+		if (po->n_live == before)
 			i++;
 	}
-	for (uint32_t i = 0; i < e->n_xctx; i++)
-		if (e->caps[i].needs_progress)
-			busy |= kvx_xport_progress(e->xctx[i]) > 0;
+	if (po->k == 0)
+		for (uint32_t i = 0; i < e->n_xctx; i++)
+			if (e->caps[i].needs_progress)
+				busy |= kvx_xport_progress(e->xctx[i]) > 0;
 	uint64_t now = kvx_now_ns();
-	if (now >= e->next_scan_ns) {
-		e->next_scan_ns = now + 1000000ull;
-		scan_timeouts(e, now);
+	if (now >= po->next_scan_ns) {
+		po->next_scan_ns = now + 1000000ull;
+		scan_timeouts(po, now);
+		rehs_scan(po);
 	}
 	/* Idle sleeps are capped at 1 ms (kvx_engine_start), which bounds how late a deadline
 	 * or a tcp target request is noticed. */
 	return busy ? KVX_POLL_BUSY : KVX_POLL_IDLE;
 }
-
-/* ---------------------------------------------------------------------------------------- */
-/* Lifecycle                                                                                 */
-/* ---------------------------------------------------------------------------------------- */
-
 KVX_API int kvx_engine_start(struct kvx_engine *e)
 {
 	if (!e)
@@ -1462,7 +1767,28 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		kvx_log(KVX_LOG_ERROR, "engine: lcores: %s", err[0] ? err : kvx_strerror(rc));
 		return rc;
 	}
-	e->poll_lc = kvx_lcore_set_at(e->set, 0);
+	uint32_t n_po = 0;
+	for (unsigned i = 0; i < kvx_lcore_set_count(e->set); i++)
+		n_po += kvx_lcore_set_at(e->set, i) != kvx_lcore_set_control(e->set);
+	if (n_po == 0 || n_po > KVX_ENGINE_MAX_POLLERS) {
+		kvx_log(KVX_LOG_ERROR, "engine: lcores: %u polling lcores (1..%d)", n_po, KVX_ENGINE_MAX_POLLERS);
+		return -EINVAL;
+	}
+	for (unsigned i = 0; i < kvx_lcore_set_count(e->set); i++) {
+		struct kvx_lcore *lc = kvx_lcore_set_at(e->set, i);
+		if (lc == kvx_lcore_set_control(e->set))
+			continue;
+		struct poller *po = calloc(1, sizeof(*po));
+		if (!po)
+			return -ENOMEM;
+		po->e = e;
+		po->k = e->n_po;
+		po->lc = lc;
+		e->po[e->n_po++] = po;
+	}
+	struct kvx_rcu_table_params tp = {.key_type = KVX_RCU_KEY_U64, .free_fn = conn_table_free};
+	if ((rc = kvx_rcu_table_create(&tp, &e->conns)))
+		return rc;
 
 	/* DESIGN.md §3 `auto`: verbs if usable; else tcp, plus shm for same-host peers when CMA is
 	 * permitted (chosen per peer at the handshake: see connect_locked()). */
@@ -1499,38 +1825,58 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		}
 	}
 	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[0]));
-	size_t maxops = 2 * (size_t)e->p.max_blocks;
-	e->ops = calloc(maxops, sizeof(*e->ops));
-	e->live = calloc(e->p.max_transfers, sizeof(*e->live));
-	e->slots = calloc(e->p.max_transfers, sizeof(*e->slots));
-	e->free_slots = calloc(e->p.max_transfers, sizeof(*e->free_slots));
-	if (!e->ops || !e->live || !e->slots || !e->free_slots)
+	/* Transfer objects, block ids and per-layer arrays: all sized here, from the params, so
+	 * that no submission allocates (the hot-path rule). The block-id arena is mmap'ed: pages
+	 * are only backed once a transfer of that size used them. */
+	size_t mt = e->p.max_transfers, nlay = e->n_layers;
+	e->xpool = calloc(mt, sizeof(*e->xpool));
+	e->lb_pool = calloc(mt * nlay, sizeof(*e->lb_pool));
+	e->gate_pool = calloc(mt * nlay, sizeof(*e->gate_pool));
+	e->arena_bytes = mt * 2 * (size_t)e->p.max_blocks * sizeof(uint32_t);
+	void *ar = mmap(NULL, e->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	e->arena = ar == MAP_FAILED ? NULL : ar;
+	if (!e->xpool || !e->lb_pool || !e->gate_pool || !e->arena)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < e->p.max_transfers; i++)
-		e->free_slots[i] = e->p.max_transfers - 1 - i;
-	e->n_free = e->p.max_transfers;
-	if ((rc = kvx_plan_cache_create(e->p.max_blocks, &e->pc)) ||
-	    (rc = kvx_xfer_table_create(2 * e->p.max_transfers + KVX_XFER_TERMINAL_LRU + 64, KVX_XFER_TERMINAL_LRU,
-					&e->tab)))
-		return rc;
+	for (uint32_t i = 0; i < mt; i++) {
+		struct xf *x = &e->xpool[i];
+		x->slot = i;
+		x->lblocks = e->arena + (size_t)i * 2 * e->p.max_blocks;
+		x->rblocks = x->lblocks + e->p.max_blocks;
+		x->layer_batches = e->lb_pool + (size_t)i * nlay;
+		x->gate = e->gate_pool + (size_t)i * nlay;
+		x->next_free = i + 2 <= mt ? i + 2 : 0;
+	}
+	e->xfree = 1;
 	uint32_t cnt = 1;
 	while (cnt < 4 * e->p.max_transfers)
 		cnt <<= 1;
-	struct kvx_ring_params rp = {.name = "eng-sub", .count = cnt, .elem_size = sizeof(struct emsg)};
-	if ((rc = kvx_ring_create(&rp, &e->sub)))
-		return rc;
-	rp.name = "eng-cin";
-	if ((rc = kvx_ring_create(&rp, &e->cin)))
-		return rc;
-	rp.name = "eng-cpl";
-	rp.elem_size = sizeof(struct cmsg);
-	if ((rc = kvx_ring_create(&rp, &e->cpl)))
-		return rc;
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		char name[32];
+		po->ops = calloc(2 * (size_t)e->p.max_blocks, sizeof(*po->ops));
+		po->live = calloc(mt, sizeof(*po->live));
+		if (!po->ops || !po->live)
+			return -ENOMEM;
+		if ((rc = kvx_plan_cache_create(e->p.max_blocks, &po->pc)) ||
+		    (rc = kvx_xfer_table_create(2 * mt + KVX_XFER_TERMINAL_LRU + 64, KVX_XFER_TERMINAL_LRU, &po->tab)))
+			return rc;
+		struct kvx_ring_params rp = {.name = name, .count = cnt, .elem_size = sizeof(struct emsg)};
+		snprintf(name, sizeof(name), "eng-sub%u", k);
+		if ((rc = kvx_ring_create(&rp, &po->sub)))
+			return rc;
+		snprintf(name, sizeof(name), "eng-cin%u", k);
+		if ((rc = kvx_ring_create(&rp, &po->cin)))
+			return rc;
+		snprintf(name, sizeof(name), "eng-cpl%u", k);
+		rp.elem_size = sizeof(struct cmsg);
+		if ((rc = kvx_ring_create(&rp, &po->cpl)))
+			return rc;
+		kvx_ring_set_waiter(po->sub, kvx_lcore_waiter(po->lc));
+		kvx_ring_set_waiter(po->cin, kvx_lcore_waiter(po->lc));
+	}
 	if ((rc = kvx_waiter_init(&e->app_w)))
 		return rc;
 	e->app_w_init = true;
-	kvx_ring_set_waiter(e->sub, kvx_lcore_waiter(e->poll_lc));
-	kvx_ring_set_waiter(e->cin, kvx_lcore_waiter(e->poll_lc));
 
 	struct kvx_ctl_params cp = {
 		.host = e->host,
@@ -1553,6 +1899,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		.notify_arg = e,
 		.on_connect = on_connect,
 		.connect_arg = e,
+		.max_inboxes = e->n_po + 1 > 16 ? e->n_po + 1 : 0,
 	};
 	if ((rc = kvx_ctl_create(&cp, &e->ctl)))
 		return rc;
@@ -1602,23 +1949,27 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	free(descs);
 	if (rc)
 		return rc;
-	if ((rc = kvx_ctl_inbox_open(e->ctl, &e->app_ib)) || (rc = kvx_ctl_inbox_open(e->ctl, &e->poll_ib)))
+	if ((rc = kvx_ctl_inbox_open(e->ctl, &e->app_ib)))
 		return rc;
-	if ((rc = kvx_ctl_start(e->ctl)))
-		return rc;
-	if ((rc = kvx_poller_register(e->poll_lc, poll_fn, e, "engine", NULL)))
-		return rc;
-	if (e->p.idle == KVX_ENGINE_IDLE_ADAPTIVE) {
-		struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = 1000000ull};
-		kvx_lcore_set_idle(e->poll_lc, &ip);
-	}
-	for (unsigned i = 0; i < kvx_lcore_set_count(e->set); i++) {
-		struct kvx_lcore *lc = kvx_lcore_set_at(e->set, i);
-		if (lc == kvx_lcore_set_control(e->set))
-			continue;
-		if ((rc = kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL)))
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		if ((rc = kvx_ctl_inbox_open(e->ctl, &po->ib)))
 			return rc;
 	}
+	if ((rc = kvx_ctl_start(e->ctl)))
+		return rc;
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		if ((rc = kvx_poller_register(po->lc, poll_fn, po, "engine", NULL)))
+			return rc;
+		if (e->p.idle == KVX_ENGINE_IDLE_ADAPTIVE) {
+			struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = 1000000ull};
+			kvx_lcore_set_idle(po->lc, &ip);
+		}
+	}
+	for (uint32_t k = 0; k < e->n_po; k++)
+		if ((rc = kvx_lcore_launch(e->po[k]->lc, kvx_lcore_poll_loop, NULL)))
+			return rc;
 	e->started = true;
 	return 0;
 }
@@ -1635,48 +1986,47 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 	if (!e || !e->started || e->stopped)
 		return;
 	e->stopped = true;
-	for (unsigned i = 0; i < kvx_lcore_set_count(e->set); i++) {
-		struct kvx_lcore *lc = kvx_lcore_set_at(e->set, i);
-		if (lc == kvx_lcore_set_control(e->set))
-			continue;
-		kvx_lcore_stop(lc);
-		kvx_lcore_wait(lc);
-	}
+	for (uint32_t k = 0; k < e->n_po; k++)
+		kvx_lcore_stop(e->po[k]->lc);
+	for (uint32_t k = 0; k < e->n_po; k++)
+		kvx_lcore_wait(e->po[k]->lc);
 	kvx_ctl_stop(e->ctl);
-	/* The poller is joined: this thread now owns its state. Submissions it never saw and live
-	 * transfers end as aborted (their blocks are reusable: no op can run any more). */
-	struct emsg m;
-	while (kvx_ring_dequeue_elem_burst_sc(e->sub, &m, 1, NULL)) {
-		if (m.type != M_SUBMIT)
-			continue;
-		struct xf *x = m.ptr;
-		x->live_idx = e->n_live;
-		e->live[e->n_live++] = x;
-		x->slot = e->free_slots[--e->n_free];
-		e->slots[x->slot] = x;
-	}
-	while (e->n_live) {
-		struct xf *x = e->live[0];
-		struct cmsg c[2];
-		unsigned n = 0;
-		if (!x->reported) {
-			x->reported = true;
-			atomic_store_explicit(&x->final, 1 + KVX_CPL_ABORTED, memory_order_release);
-			build(e, x, &c[n++], KVX_CPL_TRANSFER, KVX_CPL_ABORTED, -ECANCELED, false);
+	/* The pollers are joined: this thread now owns their state. Submissions they never saw and
+	 * live transfers end as aborted (their blocks are reusable: no op can run any more). */
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		struct emsg m;
+		while (kvx_ring_dequeue_elem_burst_sc(po->sub, &m, 1, NULL)) {
+			if (m.type != M_SUBMIT)
+				continue;
+			struct xf *x = m.ptr;
+			x->live_idx = po->n_live;
+			po->live[po->n_live++] = x;
+			x->live = true;
 		}
-		build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
-		remove_live(e, x);
-		push_cpl(e, c, n);
+		while (po->n_live) {
+			struct xf *x = po->live[0];
+			struct cmsg c[2];
+			unsigned n = 0;
+			if (!x->reported) {
+				x->reported = true;
+				atomic_store_explicit(&x->final, 1 + KVX_CPL_ABORTED, memory_order_release);
+				build(e, x, &c[n++], KVX_CPL_TRANSFER, KVX_CPL_ABORTED, -ECANCELED, false);
+			}
+			build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
+			struct conn *cn = x->conn;
+			x->conn = NULL;
+			remove_live(po, x);
+			conn_put(NULL, cn);
+			push_cpl(po, c, n);
+		}
+		while (po->plist) {
+			struct conn *cn = po->plist;
+			po->plist = cn->link[k].next;
+			cn->link[k].listed = false;
+			conn_put(NULL, cn);
+		}
 	}
-}
-
-static void free_xf(struct xf *x)
-{
-	if (!x)
-		return;
-	free(x->lblocks);
-	free(x->rblocks);
-	free(x);
 }
 
 KVX_API void kvx_engine_destroy(struct kvx_engine *e)
@@ -1684,28 +2034,28 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	if (!e)
 		return;
 	kvx_engine_stop(e);
-	struct cmsg c;
-	while (e->cpl && kvx_ring_dequeue_elem_burst_sc(e->cpl, &c, 1, NULL))
-		if (c.last)
-			free_xf(c.xf);
-	struct emsg m;
-	while (e->sub && kvx_ring_dequeue_elem_burst_sc(e->sub, &m, 1, NULL))
-		if (m.type == M_SUBMIT)
-			free_xf(m.ptr);
-	while (e->cin && kvx_ring_dequeue_elem_burst_sc(e->cin, &m, 1, NULL))
-		if (m.type == M_NOTIFY)
-			free(m.ptr);
-	kvx_ctl_inbox_close(e->app_ib);
-	kvx_ctl_inbox_close(e->poll_ib);
-	kvx_ctl_destroy(e->ctl);
-	for (uint32_t i = 0; i < e->n_peers; i++) {
-		struct peer *pr = e->peers[i];
-		kvx_xport_ep_destroy(pr->ep);
-		kvx_xport_ep_destroy(pr->ep_alt);
-		free(pr->rmr);
-		free(pr->geom);
-		free(pr);
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		struct emsg m;
+		while (po->cin && kvx_ring_dequeue_elem_burst_sc(po->cin, &m, 1, NULL))
+			if (m.type == M_NOTIFY)
+				free(m.ptr);
+		kvx_ctl_inbox_close(po->ib);
 	}
+	kvx_ctl_inbox_close(e->app_ib);
+	kvx_ctl_destroy(e->ctl);
+	/* Connections: the table's references go after a grace period (no reader is left). */
+	kvx_rcu_table_destroy(e->conns);
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		while (po->dead) {
+			struct conn *c = po->dead;
+			po->dead = c->next_dead;
+			conn_destroy(c);
+		}
+	}
+	for (uint32_t i = 0; i < e->n_peers; i++)
+		hs_eps_destroy(&e->peers[i]);
 	for (uint32_t i = 0; i < e->n_accepted; i++)
 		kvx_xport_ep_destroy(e->accepted[i]);
 	free(e->accepted);
@@ -1716,19 +2066,26 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 		kvx_xport_close(e->xctx[k]);
 	}
 	kvx_lcore_set_destroy(e->set);
-	kvx_ring_destroy(e->sub);
-	kvx_ring_destroy(e->cin);
-	kvx_ring_destroy(e->cpl);
-	kvx_plan_cache_destroy(e->pc);
-	kvx_xfer_table_destroy(e->tab);
+	for (uint32_t k = 0; k < e->n_po; k++) {
+		struct poller *po = e->po[k];
+		kvx_ring_destroy(po->sub);
+		kvx_ring_destroy(po->cin);
+		kvx_ring_destroy(po->cpl);
+		kvx_plan_cache_destroy(po->pc);
+		kvx_xfer_table_destroy(po->tab);
+		free(po->ops);
+		free(po->live);
+		free(po);
+	}
 	kvx_xfer_table_destroy(e->reg);
 	pthread_mutex_destroy(&e->acc_lock);
 	if (e->app_w_init)
 		kvx_waiter_fini(&e->app_w);
-	free(e->ops);
-	free(e->live);
-	free(e->slots);
-	free(e->free_slots);
+	if (e->arena)
+		munmap(e->arena, e->arena_bytes);
+	free(e->xpool);
+	free(e->lb_pool);
+	free(e->gate_pool);
 	free(e);
 }
 
@@ -1745,7 +2102,7 @@ static struct peer *peer_get(struct kvx_engine *e, const struct kvx_engine_peer 
 	}
 	struct peer *pr = NULL;
 	for (uint32_t i = 0; i < e->n_peers; i++) {
-		struct peer *q = e->peers[i];
+		struct peer *q = &e->peers[i];
 		if (!strcmp(q->host, pp->host) && q->hs_port == pp->handshake_port && q->notify_port == pp->notify_port &&
 		    q->dp_rank == pp->dp_rank) {
 			pr = q;
@@ -1754,31 +2111,21 @@ static struct peer *peer_get(struct kvx_engine *e, const struct kvx_engine_peer 
 	}
 	if (!pr) {
 		if (e->n_peers == KVX_ENGINE_MAX_PEERS) {
+			kvx_log(KVX_LOG_ERROR, "engine: more than %d peers", KVX_ENGINE_MAX_PEERS);
 			*rc = -ENOBUFS;
 			return NULL;
 		}
-		pr = calloc(1, sizeof(*pr));
-		if (pr) {
-			pr->rmr = calloc(e->n_layers, sizeof(*pr->rmr));
-			pr->geom = calloc(e->n_layers, sizeof(*pr->geom));
-		}
-		if (!pr || !pr->rmr || !pr->geom) {
-			if (pr) {
-				free(pr->rmr);
-				free(pr->geom);
-			}
-			free(pr);
-			*rc = -ENOMEM;
-			return NULL;
-		}
+		pr = &e->peers[e->n_peers];
 		pr->e = e;
+		pr->id = e->n_peers + 1;
 		strcpy(pr->host, pp->host);
 		pr->hs_port = pp->handshake_port;
 		pr->notify_port = pp->notify_port;
 		pr->dp_rank = pp->dp_rank;
 		pr->dp_size_local = pp->dp_size_local;
 		pr->tp_size = pp->tp_size;
-		e->peers[e->n_peers++] = pr;
+		/* Published to the pollers by the ring enqueue of the first submission naming it. */
+		e->n_peers++;
 	}
 	int st = atomic_load_explicit(&pr->hs_state, memory_order_acquire);
 	if (handshake && (st == HS_IDLE || st == HS_FAILED)) {
@@ -1811,8 +2158,15 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 		kvx_log(KVX_LOG_WARN, "engine: transfer id '%s' already used: rejected (the first is unaffected)", tid);
 		return -EEXIST;
 	}
-	if (kvx_xfer_live_count(e->reg) >= e->p.max_transfers)
+	if (kvx_xfer_live_count(e->reg) >= e->p.max_transfers || !e->xfree) {
+		e->st_nobufs++;
+		uint64_t supp = 0;
+		if (kvx_ratelimit_ok(&e->rl_nobufs, &supp))
+			kvx_log(KVX_LOG_WARN, "engine: %u transfers in flight (params.max_transfers): '%s' refused with "
+					      "-ENOBUFS (%llu more refusals not logged)",
+				e->p.max_transfers, tid, (unsigned long long)supp);
 		return -ENOBUFS;
+	}
 	int rc = 0;
 	struct peer *pr = NULL;
 	if (pp) {
@@ -1821,44 +2175,44 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 		if (!pr)
 			return rc;
 	}
-	struct xf *x = calloc(1, sizeof(*x));
-	if (!x)
-		return -ENOMEM;
+	struct kvx_xfer *r;
+	rc = kvx_xfer_open(e->reg, tid, &r);
+	if (rc)
+		return rc;
+	/* A preallocated transfer object; its storage is reset here, on the app thread, which
+	 * got it back from the last completion (ring acquire) and hands it over by the ring. */
+	uint32_t slot = e->xfree - 1;
+	struct xf *x = &e->xpool[slot];
+	uint32_t *lb = x->lblocks, *rb = x->rblocks, *lbat = x->layer_batches;
+	struct lgate *gate = x->gate;
+	uint32_t next_free = x->next_free;
+	memset(x, 0, sizeof(*x));
+	memset(lbat, 0, e->n_layers * sizeof(*lbat));
+	memset(gate, 0, e->n_layers * sizeof(*gate));
+	x->lblocks = lb;
+	x->rblocks = rb;
+	x->layer_batches = lbat;
+	x->gate = gate;
+	x->slot = slot;
 	memcpy(x->tid, tid, tl + 1);
 	x->kind = kind;
 	x->peer = pr;
 	x->n = n;
 	x->consumer_tp = consumer_tp;
 	x->start_ns = kvx_now_ns();
-	if (n) {
-		x->lblocks = malloc(n * sizeof(uint32_t));
-		if (!x->lblocks) {
-			free_xf(x);
-			return -ENOMEM;
-		}
+	if (n)
 		memcpy(x->lblocks, lids, n * sizeof(uint32_t));
-		if (rids) {
-			x->rblocks = malloc(n * sizeof(uint32_t));
-			if (!x->rblocks) {
-				free_xf(x);
-				return -ENOMEM;
-			}
-			memcpy(x->rblocks, rids, n * sizeof(uint32_t));
-		}
-	}
-	struct kvx_xfer *r;
-	rc = kvx_xfer_open(e->reg, tid, &r);
-	if (rc) {
-		free_xf(x);
-		return rc;
-	}
-	r->user = x;
+	if (n && rids)
+		memcpy(x->rblocks, rids, n * sizeof(uint32_t));
+	x->po = e->po[tid_poller(e, tid)];
 	struct emsg m = {.type = M_SUBMIT, .ptr = x};
-	if (!kvx_ring_enqueue_elem_burst_sp(e->sub, &m, 1, NULL)) {
+	if (!kvx_ring_enqueue_elem_burst_sp(x->po->sub, &m, 1, NULL)) {
+		x->next_free = next_free;
 		kvx_xfer_make_terminal(e->reg, r);
-		free_xf(x);
 		return -ENOBUFS;
 	}
+	e->xfree = next_free;
+	r->user = x;
 	return 0;
 }
 
@@ -1916,9 +2270,8 @@ static int push_tid_msg(struct kvx_engine *e, uint32_t type, const char *tid, ui
 	if (ev)
 		m.ev = *ev;
 	strcpy(m.tid, tid);
-	return kvx_ring_enqueue_elem_burst_sp(e->sub, &m, 1, NULL) ? 0 : -ENOBUFS;
+	return kvx_ring_enqueue_elem_burst_sp(e->po[tid_poller(e, tid)]->sub, &m, 1, NULL) ? 0 : -ENOBUFS;
 }
-
 KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
 				 const atomic_uint *ready)
 {
@@ -2068,28 +2421,35 @@ KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, u
 
 KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_completion *out, size_t n)
 {
-	if (!e || !out || !e->cpl)
+	if (!e || !out || !e->started)
 		return 0;
 	size_t got = 0;
 	struct cmsg c;
-	while (got < n && kvx_ring_dequeue_elem_burst_sc(e->cpl, &c, 1, NULL)) {
-		out[got++] = c.c;
-		if (c.c.kind == KVX_CPL_TRANSFER) {
-			struct kvx_xfer *r = kvx_xfer_find(e->reg, c.c.transfer_id);
-			if (r) {
-				r->final_status = (uint8_t)(1 + c.c.status);
-				r->final_error = c.c.error;
+	/* Every poller's ring, starting where the last call stopped (no poller starves). */
+	for (uint32_t j = 0; j < e->n_po && got < n; j++) {
+		struct poller *po = e->po[(e->cpl_rr + j) % e->n_po];
+		while (got < n && kvx_ring_dequeue_elem_burst_sc(po->cpl, &c, 1, NULL)) {
+			out[got++] = c.c;
+			if (c.c.kind == KVX_CPL_TRANSFER) {
+				struct kvx_xfer *r = kvx_xfer_find(e->reg, c.c.transfer_id);
+				if (r) {
+					r->final_status = (uint8_t)(1 + c.c.status);
+					r->final_error = c.c.error;
+				}
 			}
-		}
-		if (c.last) {
-			struct kvx_xfer *r = kvx_xfer_find(e->reg, c.c.transfer_id);
-			if (r && r->user == c.xf) {
-				r->user = NULL;
-				kvx_xfer_make_terminal(e->reg, r);
+			if (c.last) {
+				struct xf *x = c.xf;
+				struct kvx_xfer *r = kvx_xfer_find(e->reg, c.c.transfer_id);
+				if (r && r->user == x) {
+					r->user = NULL;
+					kvx_xfer_make_terminal(e->reg, r);
+				}
+				x->next_free = e->xfree; /* the object is free for the next submission */
+				e->xfree = x->slot + 1;
 			}
-			free_xf(c.xf);
 		}
 	}
+	e->cpl_rr = e->n_po ? (e->cpl_rr + 1) % e->n_po : 0;
 	return got;
 }
 
@@ -2107,43 +2467,36 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	memset(st, 0, sizeof(*st));
 	if (!e)
 		return;
-	st->transfers_done = atomic_load_explicit(&((struct kvx_engine *)e)->st_done, memory_order_relaxed);
-	st->transfers_failed = atomic_load_explicit(&((struct kvx_engine *)e)->st_failed, memory_order_relaxed);
-	st->transfers_aborted = atomic_load_explicit(&((struct kvx_engine *)e)->st_aborted, memory_order_relaxed);
-	st->transfers_timed_out = atomic_load_explicit(&((struct kvx_engine *)e)->st_timed_out, memory_order_relaxed);
-	st->late_notifications = atomic_load_explicit(&((struct kvx_engine *)e)->st_late, memory_order_relaxed);
-	st->quarantined = atomic_load_explicit(&((struct kvx_engine *)e)->st_quar, memory_order_relaxed);
+	struct kvx_engine *m = (struct kvx_engine *)e; /* atomics are read, never written */
+	st->transfers_done = atomic_load_explicit(&m->st_done, memory_order_relaxed);
+	st->transfers_failed = atomic_load_explicit(&m->st_failed, memory_order_relaxed);
+	st->transfers_aborted = atomic_load_explicit(&m->st_aborted, memory_order_relaxed);
+	st->transfers_timed_out = atomic_load_explicit(&m->st_timed_out, memory_order_relaxed);
+	st->late_notifications = atomic_load_explicit(&m->st_late, memory_order_relaxed);
+	st->quarantined = atomic_load_explicit(&m->st_quar, memory_order_relaxed);
 	st->duplicates_rejected = e->st_dup;
-	st->fences = atomic_load_explicit(&((struct kvx_engine *)e)->st_fences, memory_order_relaxed);
-	st->peer_resets = atomic_load_explicit(&((struct kvx_engine *)e)->st_peer_resets, memory_order_relaxed);
+	st->fences = atomic_load_explicit(&m->st_fences, memory_order_relaxed);
+	st->peer_resets = atomic_load_explicit(&m->st_peer_resets, memory_order_relaxed);
 	if (e->ctl) {
 		struct kvx_ctl_counters cc;
 		kvx_ctl_counters_get(e->ctl, &cc);
 		st->notifications_sent = cc.notify_tx;
 		st->notifications_received = cc.notify_rx;
 	}
-	if (e->set) {
-		unsigned nl = kvx_lcore_set_count(e->set);
-		for (unsigned i = 0; i < nl && st->n_lcores < KVX_ENGINE_MAX_POLLERS; i++) {
-			struct kvx_lcore *lc = kvx_lcore_set_at(e->set, i);
-			if (lc == kvx_lcore_set_control(e->set))
-				continue;
-			struct kvx_lcore_stats ls;
-			kvx_lcore_stats_get(lc, &ls);
-			struct kvx_engine_lcore_stats *o = &st->lcores[st->n_lcores++];
-			o->lcore_id = kvx_lcore_id(lc);
-			o->utilization = ls.util_pct / 100.0;
-			if (lc == e->poll_lc) {
-				o->bytes = atomic_load_explicit(&((struct kvx_engine *)e)->st_bytes, memory_order_relaxed);
-				o->ops = atomic_load_explicit(&((struct kvx_engine *)e)->st_ops, memory_order_relaxed);
-				o->transfers = st->transfers_done + st->transfers_failed + st->transfers_aborted +
-					       st->transfers_timed_out;
-				o->failures = st->transfers_failed + st->transfers_timed_out;
-			}
-		}
+	for (uint32_t k = 0; k < e->n_po && st->n_lcores < KVX_ENGINE_MAX_POLLERS; k++) {
+		struct poller *po = e->po[k];
+		struct kvx_lcore_stats ls;
+		kvx_lcore_stats_get(po->lc, &ls);
+		struct kvx_engine_lcore_stats *o = &st->lcores[st->n_lcores++];
+		o->lcore_id = kvx_lcore_id(po->lc);
+		o->utilization = ls.util_pct / 100.0;
+		o->bytes = atomic_load_explicit(&po->st_bytes, memory_order_relaxed);
+		o->ops = atomic_load_explicit(&po->st_ops, memory_order_relaxed);
+		o->transfers = atomic_load_explicit(&po->st_transfers, memory_order_relaxed);
+		o->failures = atomic_load_explicit(&po->st_failures, memory_order_relaxed);
 	}
 	for (uint32_t i = 0; i < e->n_peers && i < KVX_ENGINE_MAX_PEERS; i++) {
-		struct peer *pr = e->peers[i];
+		struct peer *pr = &m->peers[i];
 		struct kvx_engine_peer_stats *o = &st->peers[st->n_peers++];
 		snprintf(o->host, sizeof(o->host), "%s", pr->host);
 		o->port = pr->notify_port;

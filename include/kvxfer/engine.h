@@ -54,10 +54,28 @@
  * epoch is the same (the producer fenced it: its blocks may be reused). WRITE transfers whose
  * ops failed end FAILED; later ones use the new endpoint.
  *
- * Thread model: one application thread (the engine's worker thread) owns the engine and makes
- * every call in this header; the calls never block except kvx_xfer_layer_wait() and
- * kvx_engine_stop(). Internally each call is a descriptor pushed onto an SPSC ring to a polling
- * lcore or to the control lcore (DESIGN.md §1); completions come back on SPSC rings.
+ * Thread model (DESIGN.md §1): one application thread (the engine's worker thread) owns the
+ * engine and makes every call in this header; the calls never block except
+ * kvx_xfer_layer_wait() and kvx_engine_stop(), and never allocate per submission (see below).
+ * - Every polling lcore of `params.lcores` runs transfers. A transfer belongs to one polling
+ *   lcore, chosen by a hash of its transfer id: the application thread pushes the
+ *   transfer's descriptors (submit, layer ready, seal, abort) onto that lcore's SPSC ring,
+ *   and the control lcore routes the transfer's inbound notifications (`remote_blocks`,
+ *   `release`, `write_done`) to the same lcore by the same hash, with no shared state. There
+ *   is one SPSC ring per (thread, thread) pair: application -> lcore k, control -> lcore k,
+ *   lcore k -> application (completions), lcore k -> control (outbound notifications).
+ *   kvx_engine_poll_completions() drains every lcore's ring.
+ * - Peers: a handshake gives one endpoint per polling lcore (each endpoint is driven by one
+ *   thread only). The control lcore publishes the peer connection (peer epoch, endpoints,
+ *   remote regions, remote num_blocks) in a read-mostly RCU table (QSBR); the polling lcores
+ *   look it up and announce a quiescent state once per loop iteration. A re-handshake (peer
+ *   restart: new epoch; endpoint error) publishes a new connection in place of the old one,
+ *   which is freed after a grace period and only once no transfer uses it.
+ * - Statistics are kept per polling lcore (struct kvx_engine_lcore_stats) and per peer.
+ * - No allocation per submission: params.max_transfers transfer objects, their per-layer
+ *   state and 2 x max_blocks block ids each are reserved by kvx_engine_start() (the block-id
+ *   arena is reserved address space, backed by pages only as transfers use it). A
+ *   submission beyond max_transfers live transfers fails with -ENOBUFS (rate-limited log).
  *
  * Errors: 0 / counts or a negative errno (include/kvxfer/common.h table).
  */
@@ -105,8 +123,9 @@ struct kvx_engine_params {
 	enum kvx_sched_role role;      /**< Producer (prefill) or consumer (decode). */
 	enum kvx_sched_mode mode;      /**< READ or WRITE (PROTOCOL.md §1.2). Default WRITE. */
 	const char *transport;         /**< "auto" (default), "verbs", "tcp" or "shm". */
-	const char *lcores;            /**< Polling lcore list, DPDK `-l` syntax ("2,3" or "2-3"); NULL = one
-	                                    poller on any CPU. */
+	const char *lcores;            /**< Polling lcore list, DPDK `-l` syntax ("2,3" or "2-3"), at most
+	                                    KVX_ENGINE_MAX_POLLERS; every one runs transfers (sharded by
+	                                    transfer id); NULL = one poller on any CPU. */
 	uint32_t control_lcore;        /**< CPU of the control lcore; KVX_LCORE_ID_ANY (UINT32_MAX) = any. */
 	enum kvx_engine_idle idle;     /**< Poller idle policy. */
 	const char *host;              /**< Advertised IP of this engine; not NULL ("127.0.0.1" for tests). */
@@ -123,8 +142,11 @@ struct kvx_engine_params {
 	const char *proxy_addr;        /**< "ip:port" of the proxy heartbeat ROUTER, or NULL for none. */
 	const char *http_addr;         /**< "ip:port" advertised in the heartbeat; NULL if no proxy. */
 	bool vllm_port_compat;         /**< Use vLLM's `dp + tp` port offset instead of `dp*tp_size + tp`. */
-	uint32_t max_transfers;        /**< Concurrent transfers (default 1024). */
-	uint32_t max_blocks;           /**< Most blocks in one transfer (default 8192). */
+	uint32_t max_transfers;        /**< Live transfers (submitted, last completion not yet polled),
+	                                    1..2^20 (default 1024); objects preallocated at start. */
+	uint32_t max_blocks;           /**< Most blocks in one transfer, 1..2^24 (default 8192);
+	                                    2 x max_blocks x 4 bytes of block-id space reserved per
+	                                    transfer object. */
 };
 
 /** A KV layer to register (PROTOCOL.md §4.1). */
@@ -280,9 +302,13 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 KVX_API int kvx_engine_register_layer(struct kvx_engine *e, const struct kvx_engine_layer *l);
 
 /**
- * Start the lcores, bind the handshake and notify listeners, start the heartbeat.
- * @return 0, -EINVAL (no layer registered), -EADDRINUSE (port bound), -EBUSY (already started),
- *         or the errno of the failing module.
+ * Start the lcores, bind the handshake and notify listeners, start the heartbeat; preallocate
+ * the transfer objects (params.max_transfers) and their block-id space.
+ * @param e  Engine; not NULL; layers registered.
+ * @return 0, -EINVAL (no layer registered, or more than KVX_ENGINE_MAX_POLLERS polling lcores),
+ *         -EADDRINUSE (port bound), -EBUSY (already started), -ENOMEM (preallocation), or the
+ *         errno of the failing module.
+ * @par Thread safety  Application thread. @par Context  Control path (creates threads).
  */
 KVX_API int kvx_engine_start(struct kvx_engine *e);
 
@@ -314,9 +340,10 @@ KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_por
  * endpoints are torn down instead, then the blocks leave quarantine).
  *
  * @return 0 accepted; -EEXIST duplicate transfer id (the first is unaffected); -EINVAL bad
- *         request (n > max_blocks, block id out of range, NULL arrays); -ENOBUFS too many live
- *         transfers; -EBUSY wrong role/mode or engine not started.
- * @par Context  Non-blocking (ring enqueue).
+ *         request (n > max_blocks, block id out of range, NULL arrays); -ENOBUFS max_transfers
+ *         live transfers (message logged, rate-limited) or the owning lcore's ring is full;
+ *         -EBUSY wrong role/mode or engine not started.
+ * @par Context  Non-blocking (ring enqueue); no allocation (preallocated transfer objects).
  */
 KVX_API int kvx_xfer_read(struct kvx_engine *e, const struct kvx_engine_read *r);
 

@@ -6,6 +6,7 @@
  * and stop() ending live transfers. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -478,15 +479,27 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	eng_free(&P);
 }
 
-Test(runtime_engine, producer_restart_between_transfers_second_succeeds)
+/* Polling lcores "0,1" when this host lets us pin to CPUs 0 and 1, else NULL (skip). */
+static const char *two_lcores(void)
 {
-	/* PROTOCOL.md §6 item 18: D caches P's endpoint after the first transfer; P restarts on
-	 * the same ports (new epoch, new tcp data port, new regions). D's second READ must not be
-	 * poisoned by the stale endpoint: it re-handshakes and completes byte-exact. */
+	cpu_set_t cs;
+	if (sched_getaffinity(0, sizeof(cs), &cs) || !CPU_ISSET(0, &cs) || !CPU_ISSET(1, &cs))
+		return NULL;
+	return "0,1";
+}
+
+/* PROTOCOL.md §6 item 18: D caches P's connection after the first transfer; P restarts on the
+ * same ports (new epoch, new tcp data port, new regions). D's second READ must not be poisoned
+ * by the stale connection: the poller that meets the dead endpoint marks it stale, D
+ * re-handshakes, the new connection replaces the old one in the RCU table (the old one is
+ * freed once unreferenced), and the READ completes byte-exact. */
+static void restart_case(const char *lcores)
+{
 	struct kvx_engine_params pp, dp;
 	struct eng P, D;
 	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
 	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	pp.lcores = dp.lcores = lcores;
 	eng_start(&P, &pp, 0x31);
 	eng_start(&D, &dp, 0);
 	uint16_t hs = P.hs, nt = P.nt;
@@ -530,6 +543,19 @@ Test(runtime_engine, producer_restart_between_transfers_second_succeeds)
 	cr_assert_eq(st.peer_resets, 1);
 	eng_free(&D);
 	eng_free(&P);
+}
+
+Test(runtime_engine, producer_restart_between_transfers_second_succeeds)
+{
+	restart_case(NULL);
+}
+
+Test(runtime_engine, producer_restart_two_pollers_second_succeeds)
+{
+	const char *lc = two_lcores();
+	if (!lc)
+		cr_skip_test("needs CPUs 0 and 1 in this process's affinity mask");
+	restart_case(lc);
 }
 
 Test(runtime_engine, g_layer_wait_sleeps_until_the_layer_lands)
@@ -795,3 +821,120 @@ Test(runtime_engine, layer_ready_hip_event_without_gpu_is_refused)
 	cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-hip", 0, NULL), 0, "the transfer is still live");
 	eng_free(&P);
 }
+
+/* Issue 6 / DESIGN.md §1: transfers run on every polling lcore. Two engines with two polling
+ * lcores each (adaptive idle: this host may have fewer free CPUs than threads) move 24
+ * transfers in 4 rounds of 6 concurrent ones; every byte is checked, and the per-lcore stats
+ * show that both lcores of each engine ran transfers (routing by transfer-id hash). */
+static void multi_poller_case(enum kvx_sched_mode mode, const char *prov)
+{
+	const char *lc = two_lcores();
+	if (!lc)
+		cr_skip_test("needs CPUs 0 and 1 in this process's affinity mask");
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, mode);
+	params(&dp, KVX_SCHED_CONSUMER, mode);
+	pp.transport = dp.transport = prov;
+	pp.lcores = dp.lcores = lc;
+	pp.idle = dp.idle = KVX_ENGINE_IDLE_ADAPTIVE;
+	pp.max_transfers = dp.max_transfers = 16;
+	eng_start(&P, &pp, 0);
+	eng_start(&D, &dp, 0);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.n_lcores, 2);
+	struct kvx_engine_peer to_p = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt};
+	struct kvx_engine_peer to_d = {.host = "127.0.0.1", .handshake_port = D.hs, .notify_port = D.nt};
+	enum { ROUNDS = 4, PER = 6 };
+	uint32_t total = 0;
+	for (int round = 0; round < ROUNDS; round++) {
+		char tids[PER][32];
+		uint32_t pb[PER][2], db[PER][2];
+		for (int l = 0; l < NL; l++)
+			for (int b = 0; b < NB; b++)
+				memset(P.mem[l] + b * 128, 1 + ((round * 31 + l * 7 + b) & 0x7f), 128);
+		for (int i = 0; i < PER; i++) {
+			snprintf(tids[i], sizeof(tids[i]), "tx-%s-%d-%d", mode == KVX_SCHED_MODE_READ ? "rd" : "wr", round, i);
+			pb[i][0] = (uint32_t)(i + round) % NB;
+			pb[i][1] = (uint32_t)(i + round + 7) % NB;
+			db[i][0] = (uint32_t)(2 * i);
+			db[i][1] = (uint32_t)(2 * i + 1);
+			if (mode == KVX_SCHED_MODE_READ) {
+				struct kvx_engine_serve sv = {.transfer_id = tids[i], .local_blocks = pb[i], .n = 2};
+				cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+				struct kvx_engine_read r = {.transfer_id = tids[i], .peer = to_p, .local_blocks = db[i],
+							    .remote_blocks = pb[i], .n = 2};
+				cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+			} else {
+				struct kvx_engine_announce an = {.transfer_id = tids[i], .peer = to_p, .local_blocks = db[i], .n = 2};
+				cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+				struct kvx_engine_write w = {.transfer_id = tids[i], .peer = to_d, .local_blocks = pb[i], .n = 2};
+				cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+				for (uint32_t l = 0; l < NL; l++)
+					cr_assert_eq(kvx_xfer_layer_ready_event(P.e, tids[i], l, NULL), 0);
+				cr_assert_eq(kvx_xfer_seal(P.e, tids[i], NL), 0);
+			}
+		}
+		/* Every transfer terminal on both sides (P: blocks released too). */
+		int done_p = 0, done_d = 0, rel_p = 0;
+		uint64_t end = kvx_now_ns() + 30000000000ull;
+		while ((done_p < PER || done_d < PER || rel_p < PER) && kvx_now_ns() < end) {
+			struct kvx_completion c[16];
+			size_t n = kvx_engine_poll_completions(P.e, c, 16);
+			for (size_t k = 0; k < n; k++) {
+				if (c[k].kind == KVX_CPL_TRANSFER) {
+					cr_assert_eq(c[k].status, KVX_CPL_DONE, "P %s status %d error %d", c[k].transfer_id,
+						     c[k].status, c[k].error);
+					done_p++;
+				} else {
+					rel_p++;
+				}
+			}
+			n = kvx_engine_poll_completions(D.e, c, 16);
+			for (size_t k = 0; k < n; k++) {
+				if (c[k].kind == KVX_CPL_TRANSFER) {
+					cr_assert_eq(c[k].status, KVX_CPL_DONE, "D %s status %d error %d", c[k].transfer_id,
+						     c[k].status, c[k].error);
+					done_d++;
+				}
+			}
+			usleep(200); /* application polling cadence; the condition is the completions */
+		}
+		cr_assert_eq(done_p, PER, "round %d: P finished %d of %d", round, done_p, PER);
+		cr_assert_eq(done_d, PER, "round %d: D finished %d of %d", round, done_d, PER);
+		cr_assert_eq(rel_p, PER);
+		for (int i = 0; i < PER; i++)
+			for (int l = 0; l < NL; l++)
+				for (int j = 0; j < 2; j++)
+					cr_assert(!memcmp(D.mem[l] + db[i][j] * 128, P.mem[l] + pb[i][j] * 128, 128),
+						  "round %d transfer %d layer %d block %u differs", round, i, l, db[i][j]);
+		total += PER;
+	}
+	struct kvx_engine_stats sp, sd;
+	kvx_engine_get_stats(P.e, &sp);
+	kvx_engine_get_stats(D.e, &sd);
+	cr_assert_eq(sp.n_lcores, 2);
+	cr_assert_eq(sd.n_lcores, 2);
+	cr_assert_eq(sp.transfers_done, total);
+	cr_assert_eq(sd.transfers_done, total);
+	const struct kvx_engine_stats *mover = mode == KVX_SCHED_MODE_READ ? &sd : &sp;
+	uint64_t bytes = 0;
+	for (int k = 0; k < 2; k++) {
+		cr_assert_gt(sp.lcores[k].transfers, 0, "P lcore %d ran no transfer", k);
+		cr_assert_gt(sd.lcores[k].transfers, 0, "D lcore %d ran no transfer", k);
+		cr_assert_eq(sp.lcores[k].failures + sd.lcores[k].failures, 0);
+		cr_assert_gt(mover->lcores[k].bytes, 0, "lcore %d moved no byte", k);
+		bytes += mover->lcores[k].bytes;
+	}
+	cr_assert_eq(sp.lcores[0].transfers + sp.lcores[1].transfers, total);
+	cr_assert_eq(sd.lcores[0].transfers + sd.lcores[1].transfers, total);
+	cr_assert_eq(bytes, (uint64_t)total * 2 * NL * 128, "bytes %llu", (unsigned long long)bytes);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+Test(runtime_engine, two_pollers_tcp_read_many) { multi_poller_case(KVX_SCHED_MODE_READ, "tcp"); }
+Test(runtime_engine, two_pollers_tcp_write_many) { multi_poller_case(KVX_SCHED_MODE_WRITE, "tcp"); }
+Test(runtime_engine, two_pollers_shm_read_many) { multi_poller_case(KVX_SCHED_MODE_READ, "shm"); }
+Test(runtime_engine, two_pollers_shm_write_many) { multi_poller_case(KVX_SCHED_MODE_WRITE, "shm"); }
