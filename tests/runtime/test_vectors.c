@@ -65,6 +65,16 @@ static void expect_triples(const struct triples *r, int n, const uint64_t *loc, 
 	}
 }
 
+static bool same_triples(const struct triples *x, const struct triples *y)
+{
+	if (x->n != y->n)
+		return false;
+	for (int i = 0; i < x->n; i++)
+		if (x->loc[i] != y->loc[i] || x->rem[i] != y->rem[i] || x->size[i] != y->size[i])
+			return false;
+	return true;
+}
+
 static const uint64_t t1_loc[] = {48, 144, 432, 528}, t1_rem[] = {192, 240, 960, 1008}, t1_sz[] = {48, 48, 48, 48};
 static const uint64_t t2_loc[] = {96, 288}, t2_rem[] = {384, 480}, t2_sz[] = {96, 96};
 
@@ -96,10 +106,13 @@ Test(runtime_vectors, t03_hnd_split_same_as_t01)
 {
 	struct kvx_layout_geom g;
 	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 8, 2, 4, 3}, &g);
+	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_SPLIT);
 	cr_assert_eq(g.block_size, 4);
+	cr_assert_eq(g.num_blocks, 8);
 	cr_assert_eq(g.block_stride, 24);
 	cr_assert_eq(g.local_kv_stride, 192);
 	cr_assert_eq(g.remote_kv_stride, 384);
+	cr_assert(g.split_kv_regions);
 	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
 }
 
@@ -107,7 +120,11 @@ Test(runtime_vectors, t04_hnd_interleaved_same_as_t02)
 {
 	struct kvx_layout_geom g;
 	struct triples r = plan(&g_spec, 5, (uint64_t[]){8, 2, 2, 4, 3}, &g);
+	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_INTERLEAVED);
 	cr_assert_eq(g.block_stride, 48);
+	cr_assert_eq(g.local_kv_stride, 24);
+	cr_assert_eq(g.remote_kv_stride, 24);
+	cr_assert_not(g.split_kv_regions);
 	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
 }
 
@@ -201,9 +218,13 @@ Test(runtime_vectors, t14_three_layouts_three_triples)
 	struct triples a = plan(&g_spec, 5, (uint64_t[]){2, 8, 4, 2, 3}, &g);
 	struct triples b = plan(&g_spec, 5, (uint64_t[]){8, 2, 4, 2, 3}, &g);
 	struct triples c = plan(&mla, 3, (uint64_t[]){8, 4, 3}, &g);
-	cr_assert_neq(a.n, b.n);
-	cr_assert(b.loc[0] != c.loc[0] || b.size[0] != c.size[0]);
-	cr_assert(a.loc[0] != b.loc[0]);
+	/* Pairwise different as whole triples (T1, T2 and T9 give the exact values). */
+	cr_assert_not(same_triples(&a, &b), "split and interleaved gave the same triples");
+	cr_assert_not(same_triples(&b, &c), "interleaved and MLA gave the same triples");
+	cr_assert_not(same_triples(&a, &c), "split and MLA gave the same triples");
+	expect_triples(&a, 4, t1_loc, t1_rem, t1_sz);
+	expect_triples(&b, 2, t2_loc, t2_rem, t2_sz);
+	expect_triples(&c, 2, (uint64_t[]){24, 72}, (uint64_t[]){96, 120}, (uint64_t[]){24, 24});
 }
 
 Test(runtime_vectors, t15_plan_cached_per_geometry)
@@ -229,6 +250,8 @@ Test(runtime_vectors, t15_plan_cached_per_geometry)
 	cr_assert_eq(p2.n, 2);
 	kvx_plan_cache_destroy(c);
 }
+
+static struct kvx_sched *sched(enum kvx_sched_role role, enum kvx_sched_mode mode);
 
 static struct kvx_xfer_table *table(void)
 {
@@ -431,13 +454,31 @@ Test(runtime_vectors, t26_resolve_ack_fan_in)
 
 Test(runtime_vectors, t27_fan_in_two_ticks)
 {
+	/* P worker get_finished over two ticks, each with one Ack(tx-fanin, 8), world_size 4:
+	 * (empty, empty) then ({req-fanin}, empty). The transfer table does the fan-in; the
+	 * scheduler turns the completed ACK into the finished request id. */
 	struct kvx_xfer_table *t = table();
+	struct kvx_sched *s = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	struct kvx_sched_alloc_result res;
+	struct kvx_sched_alloc a = {.transfer_id = "tx-fanin", .request_id = "req-fanin",
+				    .block_ids = (uint32_t[]){2}, .n_blocks = 1, .num_prompt_tokens = 16};
+	cr_assert_eq(kvx_sched_alloc(s, &a, 0, &res), 0);
+	cr_assert_eq(kvx_sched_finished(s, "tx-fanin", true, 0), 1);
 	struct kvx_xfer *x;
 	cr_assert_eq(kvx_xfer_open(t, "tx-fanin", &x), 0);
-	int done_tick1 = kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4);
-	int done_tick2 = kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4);
-	cr_assert_eq(done_tick1, 0);
-	cr_assert_eq(done_tick2, 1);
+	struct kvx_sched_event ev[4];
+	/* tick 1 */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 0);
+	cr_assert_eq(kvx_sched_update(s, 1, ev, 4), 0, "tick 1: nothing finished");
+	/* tick 2 */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 1);
+	cr_assert_eq(kvx_sched_ack(s, "tx-fanin", 2), 0);
+	cr_assert_eq(kvx_sched_update(s, 2, ev, 4), 1);
+	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_SENDING);
+	cr_assert_str_eq(ev[0].request_id, "req-fanin");
+	cr_assert_str_eq(ev[0].transfer_id, "tx-fanin");
+	cr_assert_not(ev[0].reaped);
+	kvx_sched_destroy(s);
 	kvx_xfer_table_destroy(t);
 }
 
@@ -452,6 +493,19 @@ Test(runtime_vectors, t28_read_batch_done_releases)
 	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 8, 1, &rtp, NULL, 0), 0);
 	cr_assert_eq(kvx_ctl_port_offset(KVX_CTL_PORT_INJECTIVE, 0, rtp, 1, &off), 0);
 	cr_assert_eq(7000 + off, 7000);
+	/* The frame: ("tx-release", "release", {"consumer_tp_size": 8}) with world_size 8. */
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_RELEASE;
+	strcpy(m.transfer_id, "tx-release");
+	m.has_consumer_tp_size = true;
+	m.consumer_tp_size = 8;
+	uint8_t buf[128];
+	const uint8_t want[] = "\x83\xa4type\xa7release\xabtransfer_id\xaatx-release"
+			       "\xb0" "consumer_tp_size\x08";
+	int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)sizeof(want) - 1);
+	cr_assert_arr_eq(buf, want, sizeof(want) - 1);
 }
 
 Test(runtime_vectors, t30_read_batch_pending_sends_nothing)

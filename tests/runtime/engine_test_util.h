@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_TESTS_ENGINE_TEST_UTIL_H
+#define KVX_TESTS_ENGINE_TEST_UTIL_H
+/* Helpers for engine-level tests that use only the public engine API (include/kvxfer/engine.h)
+ * with real engines on loopback: start an engine over split K/V host layers with a known byte
+ * pattern, track completions by transfer id, wait on real conditions with a bounded deadline,
+ * and play a MoRIIO peer process on the notify channel with a real libzmq DEALER.
+ * Any test in tests/runtime may use them (link engine_test_util.c and PkgConfig::ZMQ). */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvxfer/control.h"
+#include "kvxfer/engine.h"
+
+/** Layers per test engine, and logical blocks per layer. */
+#define ET_NL 2
+#define ET_NB 16
+/** Bytes of one block of one K (or V) plane: block_size 4 x 2 heads x head size 8 x bf16. */
+#define ET_BLOCK 128
+/** Generous deadline for anything that crosses the loopback, ns (slow, shared 2-core machine). */
+#define ET_DEADLINE_NS 20000000000ull
+/** Transfers one tracker follows. */
+#define ET_TRACK_MAX 8
+
+/** One test engine and its split K/V layers `[2, ET_NB, 4, 2, 8]` (bf16). */
+struct et_eng {
+	struct kvx_engine *e;
+	uint8_t *mem[ET_NL]; /* Array[2 * ET_NB * ET_BLOCK] per layer: K plane then V plane */
+	uint16_t hs, nt;     /* bound handshake / notify ports */
+};
+
+/** Parameters for a tcp engine on ephemeral loopback ports, 8 transfers of <= ET_NB blocks. */
+void et_params(struct kvx_engine_params *p, enum kvx_sched_role role, enum kvx_sched_mode mode);
+
+/** Create, register ET_NL split layers and start; pattern true fills every block with
+ * et_pattern(), false with zeros. Asserts on failure. */
+void et_start(struct et_eng *g, const struct kvx_engine_params *p, bool pattern);
+
+/** Destroy the engine and free its layers. */
+void et_free(struct et_eng *g);
+
+/** A producer P (patterned layers) and a consumer D (zeroed layers) in @p mode with
+ * et_params() defaults; et_pair_free() destroys both. */
+void et_pair_start(struct et_eng *p, struct et_eng *d, enum kvx_sched_mode mode);
+void et_pair_free(struct et_eng *p, struct et_eng *d);
+
+/** The fill byte of (layer, plane 0=K/1=V, block) on a patterned engine; never 0. */
+uint8_t et_pattern(uint32_t layer, uint32_t plane, uint32_t block);
+
+/** Address of one block of one plane of one layer. */
+uint8_t *et_block(const struct et_eng *g, uint32_t layer, uint32_t plane, uint32_t block);
+
+/** Assert that every plane of every layer of D's block dst[i] holds P's pattern of src[i],
+ * and (if others_zero) that every other block of D is still zero. */
+void et_expect_blocks(const struct et_eng *d, const uint32_t *dst, const uint32_t *src, size_t n, bool others_zero);
+
+/** Completion tracker: per followed transfer id, terminal status (-1 none), error, releases. */
+struct et_track {
+	const char *tid[ET_TRACK_MAX];
+	int status[ET_TRACK_MAX];
+	int error[ET_TRACK_MAX];
+	int released[ET_TRACK_MAX];
+	uint64_t bytes[ET_TRACK_MAX];
+	size_t n;
+};
+
+/** Follow @p tid (status -1, no releases yet). Returns its index. */
+size_t et_follow(struct et_track *t, const char *tid);
+
+/** Poll one burst of completions into @p t; asserts on a completion for an unfollowed id or a
+ * second terminal completion for one transfer. */
+void et_pump(struct kvx_engine *e, struct et_track *t);
+
+/** Pump until transfer @p tid is terminal (and, if want_release, has a BLOCKS_RELEASED) or
+ * ET_DEADLINE_NS passes. Returns whether the condition was met. */
+bool et_wait(struct kvx_engine *e, struct et_track *t, const char *tid, bool want_release);
+
+/** et_wait() for @p tid, then assert it ended KVX_CPL_DONE with error 0 (message names the
+ * status and error otherwise). Returns the transfer's tracker index. */
+size_t et_expect_done(struct kvx_engine *e, struct et_track *t, const char *tid, bool want_release);
+
+/** Pump @p e (into @p t) until @p pred(e, arg) holds or ET_DEADLINE_NS passes. */
+bool et_wait_until(struct kvx_engine *e, struct et_track *t, bool (*pred)(struct kvx_engine *e, void *arg),
+		   void *arg);
+
+/** Sum of the per-lcore byte counters. */
+uint64_t et_bytes_moved(struct kvx_engine *e);
+
+/** A real libzmq DEALER on 127.0.0.1:port, playing a MoRIIO process on the notify channel. */
+struct et_dealer {
+	void *ctx, *sock;
+};
+
+void et_dealer_open(struct et_dealer *d, uint16_t port);
+/** Encode @p m with the kvxfer codec and send it as one frame. */
+void et_dealer_send(struct et_dealer *d, const struct kvx_msg_notify *m);
+/** Close with a bounded linger: returns once queued frames were handed to the peer. */
+void et_dealer_close(struct et_dealer *d);
+
+#endif /* KVX_TESTS_ENGINE_TEST_UTIL_H */
