@@ -945,53 +945,83 @@ static int fill(struct tcp_ep *e)
 	return work;
 }
 
+/* One entry of a send queue as the gathered send sees it: header bytes, then payload bytes. */
+struct txent {
+	const uint8_t *hdr;
+	uint32_t hlen;
+	const uint8_t *pay;
+	uint32_t plen;
+};
+
+/* Entries gathered per sendmsg() (each takes one or two iovecs). */
+#define TCP_TXENT (TCP_IOV - 1)
+
+/*
+ * The partial-send step shared by the initiator's request channels and the target's response
+ * connections: one gathered, non-blocking sendmsg() of the entries x[0..n) in order, the first
+ * resumed *off bytes in. Returns how many entries went out completely (the caller retires them
+ * in order) with *off the bytes sent of the next one, or -EAGAIN (socket full, nothing sent),
+ * or -ECONNRESET.
+ */
+static int txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off)
+{
+	struct iovec iov[TCP_IOV];
+	int v = 0;
+	uint32_t o = *off, used = 0;
+	for (; used < n && v < TCP_IOV - 1; used++) {
+		if (o < x[used].hlen)
+			iov[v++] = (struct iovec){(void *)(x[used].hdr + o), x[used].hlen - o};
+		uint32_t po = o > x[used].hlen ? o - x[used].hlen : 0;
+		if (x[used].plen)
+			iov[v++] = (struct iovec){(void *)(x[used].pay + po), x[used].plen - po};
+		o = 0;
+	}
+	struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)v};
+	ssize_t s;
+	do
+		s = sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (s < 0 && errno == EINTR);
+	if (s < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -ECONNRESET;
+	size_t rem = (size_t)s;
+	int full = 0;
+	while (rem) {
+		uint32_t left = x[full].hlen + x[full].plen - *off;
+		if (rem < left) {
+			*off += (uint32_t)rem;
+			break;
+		}
+		rem -= left;
+		*off = 0;
+		full++;
+	}
+	return full;
+}
+
 static int ich_tx(struct tcp_ep *e, struct ich *c)
 {
+	struct txent x[TCP_TXENT];
 	int work = 0;
-	while (c->sent != c->head) {
-		struct iovec iov[TCP_IOV];
-		int n = 0;
-		uint32_t off = c->sent_off;
-		for (uint32_t i = c->sent; i != c->head && n < TCP_IOV - 1; i++) {
-			struct tcp_chunk *k = &c->q[i & (TCP_CHQ - 1)];
+	for (;;) {
+		uint32_t n = 0;
+		for (uint32_t i = c->sent; i != c->head && n < TCP_TXENT; i++) {
+			const struct tcp_chunk *k = &c->q[i & (TCP_CHQ - 1)];
 			if (!k->ready)
 				break; /* its bounce buffer is still being filled: in order */
-			if (off < TCP_REQ)
-				iov[n++] = (struct iovec){k->hdr + off, TCP_REQ - off};
-			uint32_t po = off > TCP_REQ ? off - TCP_REQ : 0;
-			if (k->write)
-				iov[n++] = (struct iovec){k->payload + po, k->len - po};
-			off = 0;
+			x[n++] = (struct txent){k->hdr, TCP_REQ, k->payload, k->write ? k->len : 0};
 		}
 		if (!n)
 			return work;
-		struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-		ssize_t s = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (s < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return work;
-			if (errno == EINTR)
-				continue;
-			return -ECONNRESET;
-		}
+		int full = txv_send(c->fd, x, n, &c->sent_off);
+		if (full < 0)
+			return full == -EAGAIN ? work : full;
 		work++;
-		size_t rem = (size_t)s;
-		while (rem) {
+		for (; full > 0; full--, c->sent++) {
 			struct tcp_chunk *k = &c->q[c->sent & (TCP_CHQ - 1)];
-			uint32_t left = TCP_REQ + (k->write ? k->len : 0) - c->sent_off;
-			if (rem >= left) {
-				rem -= left;
-				if (k->held)
-					chunk_unhold(ep_dev(e), k);
-				c->sent++;
-				c->sent_off = 0;
-			} else {
-				c->sent_off += (uint32_t)rem;
-				rem = 0;
-			}
+			if (k->held)
+				chunk_unhold(ep_dev(e), k);
 		}
 	}
-	return work;
 }
 
 /* A READ chunk's payload is in its bounce buffer: start the copy to the device destination.
@@ -1465,53 +1495,30 @@ static int tpump(struct tcp_ctx *c, struct tdev *d)
 
 static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 {
+	struct txent x[TCP_TXENT];
 	int work = 0;
-	while (t->tq_sent != t->tq_head) {
-		struct iovec iov[TCP_IOV];
-		int n = 0;
-		uint32_t off = t->tq_off;
-		for (uint32_t i = t->tq_sent; i != t->tq_head && n < TCP_IOV - 1; i++) {
-			struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
+	for (;;) {
+		uint32_t n = 0;
+		for (uint32_t i = t->tq_sent; i != t->tq_head && n < TCP_TXENT; i++) {
+			const struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
 			if (!r->ready)
 				break; /* staged: its copy has not finished; responses go in order */
-			if (off < r->hlen)
-				iov[n++] = (struct iovec){r->hdr + off, r->hlen - off};
-			uint32_t po = off > r->hlen ? off - r->hlen : 0;
-			if (r->len)
-				iov[n++] = (struct iovec){r->payload + po, r->len - po};
-			off = 0;
+			x[n++] = (struct txent){r->hdr, r->hlen, r->payload, r->len};
 		}
 		if (!n)
 			return work;
-		struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-		ssize_t s = sendmsg(t->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (s < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return work;
-			if (errno == EINTR)
-				continue;
-			return -ECONNRESET;
-		}
+		int full = txv_send(t->fd, x, n, &t->tq_off);
+		if (full < 0)
+			return full == -EAGAIN ? work : full;
 		work++;
-		size_t rem = (size_t)s;
-		while (rem) {
+		for (; full > 0; full--, t->tq_sent++) {
 			struct tresp *r = &t->tq[t->tq_sent & (TCP_TQ - 1)];
-			uint32_t left = r->hlen + r->len - t->tq_off;
-			if (rem >= left) {
-				rem -= left;
-				slot_put(c, r->slot);
-				r->slot = -1;
-				if (r->held)
-					resp_unhold(ctx_tdev(c), r);
-				t->tq_sent++;
-				t->tq_off = 0;
-			} else {
-				t->tq_off += (uint32_t)rem;
-				rem = 0;
-			}
+			slot_put(c, r->slot);
+			r->slot = -1;
+			if (r->held)
+				resp_unhold(ctx_tdev(c), r);
 		}
 	}
-	return work;
 }
 
 static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
