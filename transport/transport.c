@@ -268,8 +268,12 @@ int kvx_xport_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_p
 		kvx_log(KVX_LOG_ERROR, "transport: mr_register: unknown mem_type %d", (int)p->mem_type);
 		return -EINVAL;
 	}
-	if (!(ctx->caps.mem_types & (1u << p->mem_type)))
+	if (!(ctx->caps.mem_types & (1u << p->mem_type))) {
+		kvx_log(KVX_LOG_ERROR, "transport: %s: mr_register: memory type %d not supported by "
+			"this context%s%s", ctx->ops->name, (int)p->mem_type, ctx->mem_why[0] ? ": " : "",
+			ctx->mem_why);
 		return -ENOTSUP;
+	}
 	struct kvx_xport_mr *mr = NULL;
 	int rc = ctx->ops->mr_register(ctx, p, &mr);
 	if (rc)

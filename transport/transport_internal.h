@@ -51,6 +51,8 @@ struct kvx_xport_ctx {
 	char tcp_addr[64];
 	char device[64];
 	struct kvx_xport_caps caps;
+	char mem_why[256];                  /* provider: why a memory type is missing from
+	                                       caps.mem_types ("" = not said), logged at refusal */
 	struct kvx_xport_ep *eps;           /* all endpoints; control thread only */
 	struct kvx_xport_mr *mrs;           /* all regions; control thread only */
 	struct kvx_xport_cnt cnt;           /* target-side counters; written by progress */

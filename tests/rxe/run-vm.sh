@@ -2,20 +2,21 @@
 # SPDX-License-Identifier: Apache-2.0
 # Boot the distribution kernel in a QEMU (TCG) VM with Soft-RoCE (rdma_rxe) and run a payload.
 #
-# Usage: tests/rxe/run-vm.sh [-b BUILD_DIR] [-t SECONDS] [-m MEM] [PAYLOAD [ARGS...]]
+# Usage: tests/rxe/run-vm.sh [-b BUILD_DIR] [-t SECONDS] [-m MEM] [-w WORK_DIR] [PAYLOAD [ARGS...]]
 #   -b BUILD_DIR  kvxfer build directory the payload uses (exported to it as KVX_BUILD_DIR).
 #                 Default: $KVX_BUILD_DIR, else <repo>/build. The VM sees the host root
 #                 read-only over virtio-9p, so the directory is visible at the same path.
 #   -t SECONDS    hard time limit for the whole VM run (default $KVX_VM_TIMEOUT or 590).
 #   -m MEM        guest memory (default 1536M).
+#   -w WORK_DIR   where the initramfs is built and the output share lives (default
+#                 $KVX_VM_WORK, else tests/rxe/work): give each concurrent VM run its own.
 #   PAYLOAD       script run inside the VM by bash (default: tests/rxe/payload-verbs.sh).
 #                 That is the verbs job (verbs tests, conformance, kvxfer-perf vs perftest);
 #                 payload-smoke.sh only checks rxe0 + ib_write_bw. The payload runs as root with the
 #                 host root read-only, a tmpfs /tmp, rxe0 on lo (port 1 ACTIVE) and
 #                 $KVX_VM_OUT, a writable directory shared with the host.
 # Output: the VM console (kernel + payload stdout/stderr) is printed and kept in
-# tests/rxe/work/out/console.log; files the payload writes to $KVX_VM_OUT land in
-# tests/rxe/work/out/. Exit status: the payload's, or 124 on timeout, 125 on harness errors.
+# WORK_DIR/out/console.log; files the payload writes to $KVX_VM_OUT land in WORK_DIR/out/. Exit status: the payload's, or 124 on timeout, 125 on harness errors.
 # Facts this relies on (Debian 12): KVM hangs on these hosts, so TCG; modules are loaded with
 # busybox insmod in dependency order resolved through `modinfo -k VERSION -F depends`.
 set -euo pipefail
@@ -24,11 +25,13 @@ REPO="$(cd "$HERE/../.." && pwd)"
 BUILD="${KVX_BUILD_DIR:-$REPO/build}"
 TIMEOUT_S="${KVX_VM_TIMEOUT:-590}"
 MEM="1536M"
-while getopts "b:t:m:h" o; do
+WORK="${KVX_VM_WORK:-$REPO/tests/rxe/work}"
+while getopts "b:t:m:w:h" o; do
   case "$o" in
     b) BUILD="$OPTARG" ;;
     t) TIMEOUT_S="$OPTARG" ;;
     m) MEM="$OPTARG" ;;
+    w) WORK="$OPTARG" ;;
     *) sed -n '3,20p' "$0"; exit 125 ;;
   esac
 done
@@ -52,7 +55,9 @@ BUSYBOX="$(command -v busybox || true)"
 ldd "$BUSYBOX" >/dev/null 2>&1 && die "$BUSYBOX is not static (install busybox-static)"
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing (install qemu-system-x86)"
 
-WORK="$REPO/tests/rxe/work"
+mkdir -p "$WORK"
+WORK="$(realpath "$WORK")"
+case "$WORK" in /tmp/*) die "WORK_DIR '$WORK' is under /tmp, which the VM hides (tmpfs)" ;; esac
 OUT="$WORK/out"
 STAGE="$WORK/initramfs"
 rm -rf "$STAGE" "$OUT"

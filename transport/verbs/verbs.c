@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* verbs provider: device bring-up, GID selection, PD, memory regions, async events
- * (RUNTIME_GUIDE.md §3.1, §3.4, §3.7, §3.9). */
+/* verbs provider: device bring-up, GID selection, PD, memory regions (host and HIP), device
+ * async events (RUNTIME_GUIDE.md §3.1, §3.4, §3.7, §3.9). */
 #include "verbs_internal.h"
 
 #include <arpa/inet.h>
@@ -8,12 +8,16 @@
 #include <fcntl.h>
 #include <net/if.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #ifdef KVX_HAVE_MLX5DV
 #include <infiniband/mlx5dv.h>
 #endif
+
+#include "kvxfer/mem.h"
+#include "mem_internal.h"
 
 int verbs_errno(int ret)
 {
@@ -157,11 +161,43 @@ static uint32_t pow2_floor(uint32_t v)
 
 static void vctx_free(struct vctx *c)
 {
+	verbs_groups_free(c);
 	if (c->pd)
 		ibv_dealloc_pd(c->pd);
 	if (c->ibctx)
 		ibv_close_device(c->ibctx);
 	free(c);
+}
+
+/*
+ * Whether HIP device memory can be registered here (RUNTIME_GUIDE.md §3.9, §0.1 item 1): a HIP
+ * device, and either dma-buf export (ibv_reg_dmabuf_mr) or a peer-memory client (ibv_reg_mr on
+ * the device pointer). 0, or a negative errno with the reason in why.
+ */
+static pthread_once_t g_hip_once = PTHREAD_ONCE_INIT;
+static int g_hip_rc;
+static char g_hip_why[KVX_MEM_WHY_LEN];
+
+static void hip_reg_probe_once(void)
+{
+	struct kvx_mem_type t = {.kind = KVX_MEM_HIP, .device = 0};
+	int rc = kvx_mem_probe(&t, g_hip_why, sizeof(g_hip_why));
+	if (rc == 0) {
+		char dwhy[KVX_MEM_WHY_LEN] = "";
+		bool dmabuf = kvx_mem_dmabuf_available(dwhy, sizeof(dwhy));
+		bool peer = !dmabuf && kvx_mem_peer_memory_present(KVX_MEM_PEER_MEMORY_DIR);
+		rc = kvx_mem_reg_decide(KVX_MEM_HIP, dmabuf, peer, dwhy, g_hip_why,
+					sizeof(g_hip_why));
+	}
+	g_hip_rc = rc < 0 ? rc : 0;
+}
+
+/* Probed once per process (device presence and the ROCm/kernel features do not change). */
+static int hip_reg_probe(char *why, size_t why_len)
+{
+	pthread_once(&g_hip_once, hip_reg_probe_once);
+	snprintf(why, why_len, "%s", g_hip_rc ? g_hip_why : "");
+	return g_hip_rc;
 }
 
 static int verbs_open(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx **out)
@@ -253,7 +289,7 @@ static int verbs_open(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx
 		vctx_free(c);
 		return rc;
 	}
-	/* Non-blocking async fd: progress() reads events without ever sleeping. */
+	/* Non-blocking async fd: kvx_xport_ctx_handle_events() drains it without ever sleeping. */
 	int fl = fcntl(c->ibctx->async_fd, F_GETFL);
 	if (fl < 0 || fcntl(c->ibctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
 		rc = -errno;
@@ -279,6 +315,9 @@ static int verbs_open(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx
 		return -EINVAL;
 	}
 	c->async_rl.interval_ns = 1000000000ull;
+	uint32_t mem_types = 1u << KVX_XPORT_MEM_HOST;
+	if (hip_reg_probe(c->base.mem_why, sizeof(c->base.mem_why)) == 0)
+		mem_types |= 1u << KVX_XPORT_MEM_HIP;
 	c->base.caps = (struct kvx_xport_caps){
 		.max_op_bytes = VERBS_MAX_OP_BYTES,
 		.max_batch = p->queue_depth,
@@ -287,7 +326,7 @@ static int verbs_open(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx
 		.inline_bytes = 0,
 		.max_channels = maxq,
 		.num_channels = p->num_channels,
-		.mem_types = 1u << KVX_XPORT_MEM_HOST,
+		.mem_types = mem_types,
 		.needs_progress = false,
 		.same_host_only = false,
 	};
@@ -341,12 +380,37 @@ static int verbs_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_m
 	struct vmr *mr = calloc(1, sizeof(*mr));
 	if (!mr)
 		return -ENOMEM;
+	struct kvx_mem_reg_plan plan = {.method = KVX_MEM_REG_HOST, .dmabuf_fd = -1};
+	if (p->mem_type == KVX_XPORT_MEM_HIP) {
+		/* Device memory: the plan says dma-buf (fd + the region's real offset in it),
+		 * peer memory (ibv_reg_mr on the device pointer), or why neither works. */
+		char why[KVX_MEM_WHY_LEN] = "";
+		struct kvx_mem_type t = {.kind = KVX_MEM_HIP, .device = p->device_id};
+		int rc = kvx_mem_reg_plan_by_type(&t, p->addr, p->len_bytes, &plan, why, sizeof(why));
+		if (rc) {
+			kvx_log(KVX_LOG_ERROR, "verbs: cannot register HIP region %p (+%llu bytes) of "
+				"device %d: %s", p->addr, (unsigned long long)p->len_bytes, p->device_id,
+				why);
+			free(mr);
+			return rc;
+		}
+	}
+	const char *call = "ibv_reg_mr";
 	errno = 0;
-	mr->mr = ibv_reg_mr(c->pd, p->addr, p->len_bytes, acc);
+	if (plan.method == KVX_MEM_REG_DMABUF) {
+		call = "ibv_reg_dmabuf_mr";
+		mr->mr = ibv_reg_dmabuf_mr(c->pd, plan.dmabuf_offset, p->len_bytes,
+					   (uint64_t)(uintptr_t)p->addr, plan.dmabuf_fd, acc);
+	} else {
+		mr->mr = ibv_reg_mr(c->pd, p->addr, p->len_bytes, acc);
+	}
+	int reg_err = mr->mr ? 0 : verbs_errno(-1);
+	kvx_mem_reg_plan_fini(&plan); /* the MR holds its own reference to a dma-buf */
 	if (!mr->mr) {
-		int rc = verbs_errno(-1);
-		kvx_log(KVX_LOG_ERROR, "verbs: ibv_reg_mr(%p, %llu bytes, access 0x%x): %s", p->addr,
-			(unsigned long long)p->len_bytes, acc, kvx_strerror(rc));
+		int rc = reg_err;
+		kvx_log(KVX_LOG_ERROR, "verbs: %s(%p, %llu bytes, access 0x%x%s): %s", call, p->addr,
+			(unsigned long long)p->len_bytes, acc,
+			p->mem_type == KVX_XPORT_MEM_HIP ? ", HIP memory" : "", kvx_strerror(rc));
 		free(mr);
 		return rc == -EINVAL ? -EINVAL : (rc == -ENOMEM || rc == -EFAULT) ? -ENOMEM : rc;
 	}
@@ -369,46 +433,96 @@ static int verbs_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *
 		       : -ENOTSUP;
 }
 
+/* Move an initiator endpoint to error state from the control thread: its QPs go to ERR here
+ * (outstanding WRs flush with error completions), its poller fails it at the next post/poll. */
+static void async_fail_ep(struct vep *e)
+{
+	if (!e || !e->depth || !e->base.connected)
+		return; /* target side (the peer's initiator sees the errors) or not connected */
+	int zero = 0;
+	if (!atomic_compare_exchange_strong(&e->async_err, &zero, -ECONNRESET))
+		return;
+	for (uint32_t i = 0; i < e->nqp; i++) {
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+		(void)ibv_modify_qp(e->qps[i].qp, &a, IBV_QP_STATE);
+	}
+}
+
 /*
- * Device async events (RUNTIME_GUIDE.md §3.7). Errors that matter to transfers also surface
- * as error completions on the owning endpoint's CQ; here they are counted and reported.
+ * Device async events (RUNTIME_GUIDE.md §3.7), on the control thread: QP fatal / request error
+ * / access error fail that QP's endpoint; CQ error fails every endpoint on the CQ; port error
+ * (our port) and device fatal fail every endpoint. The rest is counted and logged.
  */
-static int verbs_progress(struct kvx_xport_ctx *ctx)
+static int verbs_handle_events(struct kvx_xport_ctx *ctx)
 {
 	struct vctx *c = (struct vctx *)ctx;
 	int done = 0;
-	uint64_t now = kvx_now_ns();
-	if (now < c->async_next_ns)
-		return 0;
-	c->async_next_ns = now + 1000000;
 	struct ibv_async_event ev;
-	while (done < 16 && ibv_get_async_event(c->ibctx, &ev) == 0) {
+	for (;;) {
+		if (ibv_get_async_event(c->ibctx, &ev)) {
+			int err = errno;
+			if (err == EAGAIN || err == EWOULDBLOCK || done)
+				break;
+			return -err;
+		}
 		enum ibv_event_type t = ev.event_type;
+		bool fails = true;
+		switch (t) {
+		case IBV_EVENT_QP_FATAL:
+		case IBV_EVENT_QP_REQ_ERR:
+		case IBV_EVENT_QP_ACCESS_ERR:
+			async_fail_ep(ev.element.qp ? ev.element.qp->qp_context : NULL);
+			break;
+		case IBV_EVENT_CQ_ERR: {
+			struct vcq *vc = ev.element.cq ? ev.element.cq->cq_context : NULL;
+			for (uint32_t s = 0; vc && s < VERBS_CQ_SLOTS; s++)
+				async_fail_ep(atomic_load_explicit(&vc->slot[s], memory_order_relaxed));
+			break;
+		}
+		case IBV_EVENT_PORT_ERR:
+			if (ev.element.port_num != c->port) {
+				fails = false;
+				break;
+			}
+			__attribute__((fallthrough)); /* our port is down */
+		case IBV_EVENT_DEVICE_FATAL:
+			for (struct kvx_xport_ep *ep = ctx->eps; ep; ep = ep->next)
+				async_fail_ep((struct vep *)ep);
+			break;
+		default:
+			fails = false;
+			break;
+		}
 		ibv_ack_async_event(&ev);
-		atomic_store_explicit(&c->async_events,
-				      atomic_load_explicit(&c->async_events, memory_order_relaxed) + 1,
-				      memory_order_relaxed);
+		xport_cnt_add(&ctx->cnt, async_events, 1);
+		if (fails)
+			xport_cnt_add(&ctx->cnt, async_errors, 1);
 		uint64_t sup = 0;
 		if (kvx_ratelimit_ok(&c->async_rl, &sup))
-			kvx_log(KVX_LOG_WARN, "verbs: %s async event: %s (%llu suppressed)", c->devname,
-				ibv_event_type_str(t), (unsigned long long)sup);
+			kvx_log(fails ? KVX_LOG_WARN : KVX_LOG_INFO,
+				"verbs: %s async event: %s%s (%llu suppressed)", c->devname,
+				ibv_event_type_str(t), fails ? ": endpoint(s) moved to error state" : "",
+				(unsigned long long)sup);
 		done++;
 	}
 	return done;
 }
 
-/* progress() only reads device async events: an idle progress poller sleeps on their fd
- * (the NIC serves peers' READ/WRITE without the target's CPU). */
+static int verbs_event_fd(const struct kvx_xport_ctx *ctx)
+{
+	const struct vctx *c = (const struct vctx *)ctx;
+	return c->ibctx->async_fd; /* O_NONBLOCK since verbs_open */
+}
+
+/* progress() has no work (the NIC serves peers; async events are the control thread's):
+ * an idle progress poller just sleeps. */
 static int verbs_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
 {
-	struct vctx *c = (struct vctx *)ctx;
-	struct pollfd pf = {.fd = c->ibctx->async_fd, .events = POLLIN};
-	int rc = poll(&pf, 1, timeout_ms);
-	if (rc < 0)
-		return errno == EINTR ? 0 : -errno;
-	if (rc > 0)
-		c->async_next_ns = 0; /* the next progress() reads the event at once */
-	return rc > 0 ? 1 : 0;
+	(void)ctx;
+	if (timeout_ms == 0)
+		return 0;
+	int rc = poll(NULL, 0, timeout_ms);
+	return rc < 0 && errno != EINTR ? -errno : 0;
 }
 
 const struct kvx_xport_ops kvx_xport_verbs_ops = {
@@ -426,14 +540,14 @@ const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.ep_destroy = verbs_ep_destroy,
 	.post = verbs_post,
 	.poll = verbs_poll,
-	.progress = verbs_progress,
-	/* needs_progress is false: no wait fd is advertised; ctx_wait sleeps on async events.
-	 * Pollers spin on the CQ; a completion-channel ep_wait is not implemented (-ENOTSUP). */
+	.progress = kvx_xport_noop_progress,
+	/* needs_progress is false: no progress wait fd; ctx_wait only sleeps. Pollers spin on the
+	 * CQ, or sleep on its completion channel (ep_wait). */
 	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
 	.ctx_wait = verbs_ctx_wait,
-	.ep_wait = kvx_xport_enotsup_ep_wait,
-	.ep_create_group = kvx_xport_any_group_ep_create,
-	.ep_set_group = kvx_xport_record_ep_set_group,
-	.ctx_event_fd = kvx_xport_enotsup_ctx_event_fd,
-	.ctx_handle_events = kvx_xport_noop_handle_events,
+	.ep_wait = verbs_ep_wait,
+	.ep_create_group = verbs_ep_create_group,
+	.ep_set_group = verbs_ep_set_group,
+	.ctx_event_fd = verbs_event_fd,
+	.ctx_handle_events = verbs_handle_events,
 };

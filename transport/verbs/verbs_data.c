@@ -174,17 +174,29 @@ static void retire(struct vep *e, struct vqp *q, uint32_t last, enum ibv_wc_stat
 	}
 }
 
-static int process_cq(struct vep *e)
+/*
+ * Drain a CQ in bursts. Each completion goes to the endpoint its WR id names (slot +
+ * generation), which may be another endpoint of the group: its ops and batches are retired
+ * into its own queues, read by its next kvx_xport_poll_burst(). Returns completions drained.
+ */
+int verbs_cq_drain(struct vcq *vc)
 {
 	int total = 0;
+	bool shared = vc->grp != NULL;
+	if (shared) /* odd: slot pointers may be held (see vcq_unpublish) */
+		atomic_fetch_add(&vc->poll_seq, 1);
 	for (int round = 0; round < 4; round++) {
-		int n = ibv_poll_cq(e->cq, VERBS_CQ_BURST, e->wc);
+		int n = ibv_poll_cq(vc->cq, VERBS_CQ_BURST, vc->wc);
 		if (n <= 0)
 			break;
 		total += n;
 		for (int i = 0; i < n; i++) {
-			const struct ibv_wc *wc = &e->wc[i];
-			uint32_t qi = (uint32_t)(wc->wr_id >> 32);
+			const struct ibv_wc *wc = &vc->wc[i];
+			uint32_t s = (uint32_t)(wc->wr_id >> VERBS_WRID_SLOT_SHIFT) & 0xff;
+			struct vep *e = atomic_load(&vc->slot[s]);
+			if (KVX_UNLIKELY(!e || (wc->wr_id & ~0xffffffffffull) != e->wr_tag))
+				continue; /* stale: its endpoint is gone (or the slot reused) */
+			uint32_t qi = (uint32_t)(wc->wr_id >> VERBS_WRID_QP_SHIFT) & 0xff;
 			uint32_t seq = (uint32_t)wc->wr_id;
 			if (KVX_UNLIKELY(qi >= e->nqp))
 				continue;
@@ -200,12 +212,15 @@ static int process_cq(struct vep *e)
 		if (n < VERBS_CQ_BURST)
 			break;
 	}
+	if (shared) /* even: done with the slot pointers */
+		atomic_fetch_add_explicit(&vc->poll_seq, 1, memory_order_release);
 	return total;
 }
 
 /* Ring one QP's doorbell for its pending chain. */
 static void doorbell(struct vep *e, struct vqp *q)
 {
+	e->db_mask &= ~(1ull << (uint32_t)(q - e->qps));
 	if (!q->nchain)
 		return;
 	struct ibv_send_wr *last = &q->chain[q->nchain - 1];
@@ -226,7 +241,7 @@ static void doorbell(struct vep *e, struct vqp *q)
 	if (k >= n)
 		k = 0;
 	uint32_t mask = e->sq_depth - 1;
-	uint32_t first = (uint32_t)q->chain[k].wr_id;
+	uint32_t first = (uint32_t)q->chain[k].wr_id; /* sequence bits */
 	for (uint32_t s = first; s != q->seq_post; s++) {
 		struct vwr *w = &q->wr[s & mask];
 		for (uint32_t j = 0; j < w->nops; j++) {
@@ -324,28 +339,32 @@ static void flush_pending(struct vep *e)
 				pend_pop(e);
 			}
 		}
-		memset(wr, 0, sizeof(*wr));
-		wr->wr_id = (uint64_t)(uint32_t)qi << 32 | seq;
+		/* Only the fields an RDMA READ/WRITE uses; the chain slots are zeroed at creation
+		 * and only ever hold RDMA WRs, so no memset per WR. */
+		wr->wr_id = e->wr_tag | (uint64_t)(uint32_t)qi << VERBS_WRID_QP_SHIFT | seq;
+		wr->next = NULL;
 		wr->sg_list = sg;
 		wr->num_sge = (int)nsge;
 		wr->opcode = read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
 		wr->wr.rdma.remote_addr = raddr;
 		wr->wr.rdma.rkey = rkey;
-		if (!read && w->bytes <= e->inline_max)
-			wr->send_flags |= IBV_SEND_INLINE;
+		unsigned flags = !read && w->bytes <= e->inline_max ? IBV_SEND_INLINE : 0;
 		if (seq - q->last_sig >= e->sig_interval) {
-			wr->send_flags |= IBV_SEND_SIGNALED;
+			flags |= IBV_SEND_SIGNALED;
 			q->last_sig = seq;
 		}
+		wr->send_flags = flags;
 		if (q->nchain)
 			q->chain[q->nchain - 1].next = wr;
 		q->nchain++;
 		q->seq_post++;
+		e->db_mask |= 1ull << (uint32_t)qi;
 		if (q->nchain == VERBS_CHAIN_MAX)
 			doorbell(e, q);
 	}
-	for (uint32_t i = 0; i < e->nqp; i++)
-		doorbell(e, &e->qps[i]);
+	/* One doorbell per QP that has a chain (a 1-op batch: exactly one ibv_post_send). */
+	while (e->db_mask)
+		doorbell(e, &e->qps[__builtin_ctzll(e->db_mask)]);
 }
 
 int verbs_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
@@ -375,6 +394,8 @@ int verbs_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 		e->old_head = bid;
 	e->old_tail = bid;
 	cnt_add(e, ops_posted, n);
+	if (KVX_UNLIKELY(atomic_load_explicit(&e->async_err, memory_order_relaxed)))
+		verbs_ep_fail(e, -ECONNRESET); /* a device async event hit this endpoint */
 	int ep_err = atomic_load_explicit(&ep->status, memory_order_relaxed) ? -ECONNRESET : 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvx_xport_op *op = &ops[i];
@@ -432,13 +453,17 @@ int verbs_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
 	struct vep *e = (struct vep *)ep;
 	if (KVX_UNLIKELY(!e->depth))
 		return 0;
+	if (KVX_UNLIKELY(atomic_load_explicit(&e->async_err, memory_order_relaxed)))
+		verbs_ep_fail(e, -ECONNRESET); /* a device async event hit this endpoint */
 	if (e->old_head != VERBS_NIL) {
-		process_cq(e);
+		verbs_cq_drain(e->vc);
 		if (e->pend_head != VERBS_NIL)
 			flush_pending(e);
-		if (e->old_head != VERBS_NIL &&
+		/* Op deadlines (seconds) are checked on every 8th busy poll: no clock read per
+		 * spin of a latency-bound poller. */
+		if (e->old_head != VERBS_NIL && KVX_UNLIKELY((++e->ticks & 7) == 0) &&
 		    !atomic_load_explicit(&ep->status, memory_order_relaxed) &&
-		    KVX_UNLIKELY(e->batches[e->old_head].deadline_ns <= kvx_now_ns()))
+		    e->batches[e->old_head].deadline_ns <= kvx_now_ns())
 			verbs_ep_fail(e, -ETIMEDOUT);
 	}
 	uint32_t k = 0;

@@ -4,6 +4,9 @@
 #include "verbs_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/random.h>
 
@@ -237,8 +240,188 @@ static int qp_reset(struct ibv_qp *qp)
 	return rc ? verbs_errno(rc) : 0;
 }
 
+/* ---- completion queues: private per endpoint, or shared by a poll group ---- */
+
+static struct ibv_comp_channel *channel_create(struct vctx *c)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(c->ibctx);
+	if (!ch) {
+		int rc = verbs_errno(-1);
+		kvx_log(KVX_LOG_ERROR, "verbs: ibv_create_comp_channel: %s", kvx_strerror(rc));
+		return NULL;
+	}
+	/* kvx_xport_ep_wait() poll()s it and drains events without blocking. */
+	int fl = fcntl(ch->fd, F_GETFL);
+	if (fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		kvx_log(KVX_LOG_ERROR, "verbs: completion channel O_NONBLOCK: %s", strerror(errno));
+		ibv_destroy_comp_channel(ch);
+		return NULL;
+	}
+	return ch;
+}
+
+static void vcq_free(struct vcq *vc)
+{
+	if (vc->cq)
+		ibv_destroy_cq(vc->cq);
+	if (!vc->grp && vc->ch)
+		ibv_destroy_comp_channel(vc->ch);
+	free(vc);
+}
+
+static int vcq_create(struct vctx *c, struct vgroup *g, uint32_t cap, bool channel,
+		      struct vcq **out)
+{
+	struct vcq *vc = calloc(1, sizeof(*vc));
+	if (!vc)
+		return -ENOMEM;
+	vc->grp = g;
+	vc->ch = g ? g->ch : channel ? channel_create(c) : NULL;
+	if (channel && !vc->ch) {
+		free(vc);
+		return -EIO;
+	}
+	vc->cq = ibv_create_cq(c->ibctx, (int)cap, vc, vc->ch, 0);
+	if (!vc->cq) {
+		int rc = verbs_errno(-1);
+		kvx_log(KVX_LOG_ERROR, "verbs: ibv_create_cq(%u): %s", cap, kvx_strerror(rc));
+		vcq_free(vc);
+		return rc;
+	}
+	vc->cap = (uint32_t)vc->cq->cqe < cap ? (uint32_t)vc->cq->cqe : cap;
+	*out = vc;
+	return 0;
+}
+
+void verbs_groups_free(struct vctx *c)
+{
+	while (c->groups) {
+		struct vgroup *g = c->groups;
+		c->groups = g->next;
+		while (g->cqs) {
+			struct vcq *vc = g->cqs;
+			g->cqs = vc->next;
+			vcq_free(vc);
+		}
+		if (g->ch)
+			ibv_destroy_comp_channel(g->ch);
+		free(g);
+	}
+}
+
+static int group_get(struct vctx *c, uint32_t id, struct vgroup **out)
+{
+	for (struct vgroup *g = c->groups; g; g = g->next)
+		if (g->id == id) {
+			*out = g;
+			return 0;
+		}
+	struct vgroup *g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	g->id = id;
+	g->ch = channel_create(c);
+	if (!g->ch) {
+		free(g);
+		return -EIO;
+	}
+	g->next = c->groups;
+	c->groups = g;
+	*out = g;
+	return 0;
+}
+
+/* Worst-case CQ entries of an endpoint: every QP's whole send queue flushed (RUNTIME_GUIDE.md
+ * §3.7: an overrun CQ is lost), plus its receive slot. */
+static uint32_t ep_cqe_need(const struct vep *e)
+{
+	return e->nqp * (e->sq_depth + 1);
+}
+
+/* Pick (or create) the CQ the endpoint's QPs go on and reserve a slot in it. Not yet
+ * published: vcq_publish() once the endpoint is complete. */
+static int vcq_attach(struct vctx *c, struct vep *e, bool grouped, uint32_t group, bool target)
+{
+	uint32_t need = ep_cqe_need(e);
+	struct vcq *vc = NULL;
+	int rc;
+	if (!grouped) {
+		if ((rc = vcq_create(c, NULL, need + 16, !target, &vc)))
+			return rc;
+	} else {
+		struct vgroup *g;
+		if ((rc = group_get(c, group, &g)))
+			return rc;
+		for (vc = g->cqs; vc; vc = vc->next)
+			if (vc->n_eps < VERBS_CQ_SLOTS && vc->cap - vc->reserved >= need)
+				break;
+		if (!vc) {
+			uint32_t max = (uint32_t)c->dattr.max_cqe;
+			uint32_t cap = VERBS_GROUP_CQE < max ? VERBS_GROUP_CQE : max;
+			if (cap < need) {
+				kvx_log(KVX_LOG_ERROR, "verbs: an endpoint of %u QPs needs %u CQ entries, "
+					"the device allows %u", e->nqp, need, max);
+				return -ENOMEM;
+			}
+			if ((rc = vcq_create(c, g, cap, true, &vc)))
+				return rc;
+			vc->next = g->cqs;
+			g->cqs = vc;
+		}
+	}
+	uint32_t s = 0;
+	while (vc->used[s])
+		s++; /* n_eps < VERBS_CQ_SLOTS: a free slot exists */
+	vc->used[s] = 1;
+	vc->reserved += need;
+	vc->n_eps++;
+	e->vc = vc;
+	e->slot = s;
+	e->wr_tag = (uint64_t)vc->gen[s] << VERBS_WRID_GEN_SHIFT | (uint64_t)s << VERBS_WRID_SLOT_SHIFT;
+	return 0;
+}
+
+static void vcq_publish(struct vep *e)
+{
+	/* seq_cst store: the endpoint's fields are visible to the poller that finds it here. */
+	atomic_store(&e->vc->slot[e->slot], e);
+}
+
+/* Clear the endpoint's slot and wait until the group's poller cannot be using it. */
+static void vcq_unpublish(struct vep *e)
+{
+	struct vcq *vc = e->vc;
+	if (!vc || atomic_load_explicit(&vc->slot[e->slot], memory_order_relaxed) != e)
+		return;
+	atomic_store(&vc->slot[e->slot], NULL);
+	if (!vc->grp)
+		return; /* private: only the owning poller polls it, and it no longer drives us */
+	/* Dekker with process_cq(): it makes poll_seq odd (seq_cst) before reading slots. If it
+	 * read our old pointer, the value we load now is odd and changes when it is done. */
+	uint32_t s = atomic_load(&vc->poll_seq);
+	while ((s & 1) && atomic_load(&vc->poll_seq) == s)
+		sched_yield(); /* a drain is bounded (4 bursts); control path */
+}
+
+static void vcq_detach(struct vep *e)
+{
+	struct vcq *vc = e->vc;
+	if (!vc)
+		return;
+	e->vc = NULL;
+	if (!vc->grp) {
+		vcq_free(vc);
+		return;
+	}
+	vc->gen[e->slot]++;
+	vc->used[e->slot] = 0;
+	vc->reserved -= ep_cqe_need(e);
+	vc->n_eps--;
+}
+
 static void vep_free(struct vep *e)
 {
+	vcq_unpublish(e);
 	if (e->qps) {
 		for (uint32_t i = 0; i < e->nqp; i++) {
 			if (e->qps[i].qp)
@@ -247,20 +430,21 @@ static void vep_free(struct vep *e)
 		}
 		free(e->qps);
 	}
-	if (e->cq)
-		ibv_destroy_cq(e->cq);
+	vcq_detach(e); /* after the QPs: a CQ cannot go while QPs use it */
 	verbs_ep_queues_fini(e);
 	free(e);
 }
 
-/* Create the endpoint's CQ and QPs (state INIT) with fresh PSNs. */
-static int vep_alloc(struct vctx *c, uint32_t nqp, bool target, struct vep **out)
+/* Create the endpoint's QPs (state INIT) with fresh PSNs on its CQ (private or the group's). */
+static int vep_alloc(struct vctx *c, uint32_t nqp, bool target, bool grouped, uint32_t group,
+		     struct vep **out)
 {
 	struct vep *e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
 	e->base.ctx = &c->base;
 	e->nqp = nqp;
+	e->slot = VERBS_NIL;
 	e->sq_depth = target ? 1 : c->sq_depth;
 	e->sig_interval = c->sig_interval;
 	e->max_sge_wr = c->max_sge_wr;
@@ -270,21 +454,15 @@ static int vep_alloc(struct vctx *c, uint32_t nqp, bool target, struct vep **out
 	e->qps = calloc(nqp, sizeof(*e->qps));
 	if (!e->qps)
 		goto fail;
-	/* Even a full flush of every QP fits: cqe >= sum of all WRs (RUNTIME_GUIDE.md §3.7). */
-	int cqe = (int)(nqp * (e->sq_depth + 1) + 16);
-	e->cq = ibv_create_cq(c->ibctx, cqe, NULL, NULL, 0);
-	if (!e->cq) {
-		rc = verbs_errno(-1);
-		kvx_log(KVX_LOG_ERROR, "verbs: ibv_create_cq(%d): %s", cqe, kvx_strerror(rc));
+	if ((rc = vcq_attach(c, e, grouped, group, target)))
 		goto fail;
-	}
 	e->inline_max = target ? 0 : c->inline_max;
 	for (uint32_t i = 0; i < nqp; i++) {
 		struct vqp *q = &e->qps[i];
 		struct ibv_qp_init_attr ia = {
 			.qp_context = e,
-			.send_cq = e->cq,
-			.recv_cq = e->cq,
+			.send_cq = e->vc->cq,
+			.recv_cq = e->vc->cq,
 			.cap = {
 				.max_send_wr = e->sq_depth,
 				.max_recv_wr = 1,
@@ -328,15 +506,15 @@ fail:
 	return rc;
 }
 
-int verbs_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_t *blob,
-		    size_t cap, size_t *len)
+static int ep_create(struct kvx_xport_ctx *ctx, bool grouped, uint32_t group,
+		     struct kvx_xport_ep **out, uint8_t *blob, size_t cap, size_t *len)
 {
 	struct vctx *c = (struct vctx *)ctx;
 	uint32_t nqp = ctx->params.num_channels;
 	if (cap < blob_len(nqp))
 		return -EMSGSIZE;
 	struct vep *e = NULL;
-	int rc = vep_alloc(c, nqp, false, &e);
+	int rc = vep_alloc(c, nqp, false, grouped, group, &e);
 	if (rc)
 		return rc;
 	if ((rc = verbs_ep_queues_init(e, ctx->params.queue_depth))) {
@@ -349,8 +527,62 @@ int verbs_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_
 		vep_free(e);
 		return rc;
 	}
+	vcq_publish(e);
 	*out = &e->base;
 	return 0;
+}
+
+int verbs_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_t *blob,
+		    size_t cap, size_t *len)
+{
+	return ep_create(ctx, false, 0, out, blob, cap, len);
+}
+
+int verbs_ep_create_group(struct kvx_xport_ctx *ctx, uint32_t group, struct kvx_xport_ep **out,
+			  uint8_t *blob, size_t cap, size_t *len)
+{
+	return ep_create(ctx, true, group, out, blob, cap, len);
+}
+
+int verbs_ep_set_group(struct kvx_xport_ep *ep, uint32_t group)
+{
+	const struct vep *e = (const struct vep *)ep;
+	if (e->vc && e->vc->grp && e->vc->grp->id != group) {
+		kvx_log(KVX_LOG_ERROR, "verbs: endpoint %08x completes on group %u's shared CQ "
+			"(fixed when its QPs were created): cannot move it to group %u", e->token,
+			e->vc->grp->id, group);
+		return -EBUSY;
+	}
+	return 0; /* private CQ (or the same group): transport.c records the group */
+}
+
+/*
+ * Idle wait on the CQ's completion channel (RUNTIME_GUIDE.md §3.7 with ibv_req_notify_cq):
+ * arm, drain once more (completions that arrived before arming raise no event), then sleep in
+ * poll() and acknowledge what woke us.
+ */
+int verbs_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
+{
+	struct vep *e = (struct vep *)ep;
+	struct vcq *vc = e->vc;
+	if (e->ready_head != e->ready_tail)
+		return 1;
+	int rc = ibv_req_notify_cq(vc->cq, 0);
+	if (rc)
+		return verbs_errno(rc);
+	if (verbs_cq_drain(vc) > 0 || e->ready_head != e->ready_tail)
+		return 1;
+	struct pollfd pf = {.fd = vc->ch->fd, .events = POLLIN};
+	rc = poll(&pf, 1, timeout_ms);
+	if (rc < 0)
+		return errno == EINTR ? 0 : -errno;
+	if (rc == 0)
+		return 0;
+	struct ibv_cq *cq;
+	void *cq_ctx;
+	while (ibv_get_cq_event(vc->ch, &cq, &cq_ctx) == 0)
+		ibv_ack_cq_events(cq, 1); /* any CQ of the group; each is re-armed by its waiter */
+	return 1;
 }
 
 /* Target side: bring QPs to RTR then RTS against the initiator's info. */
@@ -396,7 +628,7 @@ int verbs_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t alen,
 	if (cap < blob_len(pa.nqp))
 		return -EMSGSIZE;
 	struct vep *e = NULL;
-	if ((rc = vep_alloc(c, pa.nqp, true, &e)))
+	if ((rc = vep_alloc(c, pa.nqp, true, false, 0, &e)))
 		return rc;
 	e->token = pa.token;
 	if ((rc = target_connect(c, e, &pa)) ||
@@ -404,6 +636,7 @@ int verbs_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t alen,
 		vep_free(e);
 		return rc;
 	}
+	vcq_publish(e);
 	*out = &e->base;
 	return 0;
 }
@@ -447,7 +680,8 @@ void verbs_ep_destroy(struct kvx_xport_ep *ep)
 	vep_free((struct vep *)ep);
 }
 
-/* RESET -> INIT with a fresh PSN; stale CQEs are discarded. */
+/* RESET -> INIT with a fresh PSN. Sequences run on: a stale CQE is never live (and the CQ
+ * may be shared with endpoints that are running: it is not drained here). */
 static int reset_qps(struct vctx *c, struct vep *e, bool target)
 {
 	for (uint32_t i = 0; i < e->nqp; i++) {
@@ -460,12 +694,7 @@ static int reset_qps(struct vctx *c, struct vep *e, bool target)
 			return rc;
 		}
 		q->psn = rand24();
-		q->seq_post = q->seq_done = q->last_sig = 0;
-		q->nchain = 0;
 	}
-	struct ibv_wc wc[8];
-	while (ibv_poll_cq(e->cq, 8, wc) > 0)
-		;
 	return 0;
 }
 
@@ -481,6 +710,7 @@ int verbs_ep_reset(struct kvx_xport_ep *ep, uint8_t *blob, size_t cap, size_t *l
 	if (rc)
 		return rc;
 	e->fail_ns = 0;
+	atomic_store_explicit(&e->async_err, 0, memory_order_relaxed);
 	atomic_store_explicit(&ep->status, 0, memory_order_relaxed);
 	ep->connected = false;
 	return blob_put(e, XPORT_BLOB_A, BLOB_F_RECONNECT, (uint32_t)c->dattr.max_qp_rd_atom, blob,

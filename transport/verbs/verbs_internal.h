@@ -9,13 +9,29 @@
  * Objects:
  * - struct vctx: one opened device + port + PD, the chosen GID and the device limits.
  * - struct vmr: an ibv_mr with the minimal access flags the region needs.
- * - struct vep: N RC QPs to one peer sharing one CQ (the owning poller's CQ for that peer),
- *   the software op queue (ops wait there while the send queues are full: backpressure, never
- *   a failure), batch accounting and the completion ring handed to kvx_xport_poll_burst().
+ * - struct vcq: a completion queue with its completion channel and a table of the endpoints
+ *   whose QPs complete on it (slots). Private (one endpoint, kvx_xport_ep_create()) or shared
+ *   by the endpoints of one poll group (kvx_xport_ep_create_in_group()).
+ * - struct vgroup: a poll group (index of the polling lcore that drives its endpoints): its
+ *   completion channel and its shared CQs, created lazily; a CQ whose worst-case load (every
+ *   QP's whole send queue flushed) would exceed its size is not given more endpoints, the
+ *   group gets another CQ instead.
+ * - struct vep: N RC QPs to one peer completing on one vcq, the software op queue (ops wait
+ *   there while the send queues are full: backpressure, never a failure), batch accounting and
+ *   the completion ring handed to kvx_xport_poll_burst(). Send-queue credits are per QP.
  *
- * WR ids: (QP index << 32) | per-QP sequence number. Each QP keeps a ring of WR records
- * indexed by sequence; RC completes in order per QP, so a signaled CQE for sequence s retires
- * every unsignaled WR before it (selective signaling, RUNTIME_GUIDE.md §3.6).
+ * WR ids: generation << 48 | CQ slot << 40 | QP index << 32 | per-QP sequence number. Polling
+ * a shared CQ finds each completion's endpoint through the slot (a stale completion of a
+ * destroyed endpoint carries an old generation and is dropped) and retires it into that
+ * endpoint's own queues: the endpoints of a group are driven by one thread, so no lock and no
+ * allocation. Each QP keeps a ring of WR records indexed by sequence; RC completes in order
+ * per QP, so a signaled CQE for sequence s retires every unsignaled WR before it (selective
+ * signaling, RUNTIME_GUIDE.md §3.6). Sequences run on across kvx_xport_ep_reset(): a stale
+ * completion from before a reset is never taken for a live WR.
+ *
+ * Destroying an endpoint of a shared CQ (control thread) while the group's poller drains that
+ * CQ: the slot is cleared first, then the destroyer waits until the poller is outside any
+ * drain that might have read the old slot (vcq.poll_seq is odd during a drain), then frees.
  *
  * Direct verbs: VERBS_DV_MLX5 when built with <infiniband/mlx5dv.h> (KVX_HAVE_MLX5DV) and
  * mlx5dv_is_supported() says so at run time. rdma-core 44 has no bnxt_re direct verbs
@@ -38,6 +54,11 @@
 #define VERBS_MAX_OP_BYTES (1ull << 30)
 #define VERBS_RD_ATOMIC_CAP 16u    /* outstanding READs per QP asked for (Mooncake uses 16) */
 #define VERBS_NIL UINT32_MAX
+#define VERBS_GROUP_CQE 65536u     /* entries wanted for a group's shared CQ (<= max_cqe) */
+#define VERBS_CQ_SLOTS 256u        /* endpoints per shared CQ (8 bits of the WR id) */
+#define VERBS_WRID_QP_SHIFT 32
+#define VERBS_WRID_SLOT_SHIFT 40
+#define VERBS_WRID_GEN_SHIFT 48
 
 /* RC path parameters: local ACK timeout 4.096 us * 2^14 = 67 ms (RUNTIME_GUIDE.md §3.2), 6
  * retries: a dead peer is detected in about 0.5 s. Not 7: rdma_rxe (drivers/infiniband/sw/rxe,
@@ -70,9 +91,33 @@ struct vctx {
 	uint32_t inline_max;       /* granted inline bytes (0 = none) */
 	uint32_t max_sge_wr, max_sge_rd;
 	enum verbs_dv dv;
-	struct kvx_ratelimit async_rl;
-	uint64_t async_next_ns;    /* progress() looks at the async fd at most once per ms */
-	_Atomic uint64_t async_events;
+	struct kvx_ratelimit async_rl; /* control thread (kvx_xport_ctx_handle_events) */
+	struct vgroup *groups;     /* poll groups with shared CQs; control thread */
+};
+
+struct vep;
+struct vgroup;
+
+struct vcq {
+	struct ibv_cq *cq;
+	struct vgroup *grp;            /* NULL: private CQ of one endpoint */
+	struct ibv_comp_channel *ch;   /* the group's channel, or owned (private; NULL: target) */
+	uint32_t cap;                  /* CQ entries */
+	uint32_t reserved;             /* worst-case entries of the attached QPs; control thread */
+	uint32_t n_eps;                /* attached endpoints; control thread */
+	_Atomic uint32_t poll_seq;     /* odd while the group's poller holds slot pointers */
+	struct vcq *next;              /* the group's list */
+	uint16_t gen[VERBS_CQ_SLOTS];  /* generation of each slot's current user; control thread */
+	uint8_t used[VERBS_CQ_SLOTS];  /* slot reserved (published or about to be); control */
+	_Atomic(struct vep *) slot[VERBS_CQ_SLOTS];
+	struct ibv_wc wc[VERBS_CQ_BURST]; /* poller */
+};
+
+struct vgroup {
+	uint32_t id;
+	struct ibv_comp_channel *ch;   /* shared by the group's CQs (kvx_xport_ep_wait) */
+	struct vcq *cqs;
+	struct vgroup *next;
 };
 
 struct vmr {
@@ -118,7 +163,12 @@ struct vbatch {
 
 struct vep {
 	struct kvx_xport_ep base;
-	struct ibv_cq *cq;
+	struct vcq *vc;       /* where the QPs complete */
+	uint32_t slot;        /* index in vc->slot; VERBS_NIL until published */
+	uint64_t wr_tag;      /* generation and slot bits of every WR id */
+	_Atomic int async_err; /* set by kvx_xport_ctx_handle_events(); the poller fails the ep */
+	uint32_t ticks;       /* polls with outstanding ops (deadline check every 8th) */
+	uint64_t db_mask;     /* QPs with a WR chain waiting for its doorbell */
 	uint32_t nqp;
 	struct vqp *qps;
 	uint32_t token;       /* endpoint id carried in blobs (reconnects name it) */
@@ -138,7 +188,6 @@ struct vep {
 	uint32_t ready_head, ready_tail;
 	uint64_t batch_seq;
 	uint64_t fail_ns;                 /* when the endpoint entered error state */
-	struct ibv_wc wc[VERBS_CQ_BURST];
 };
 
 /* verbs.c */
@@ -153,11 +202,17 @@ void verbs_ep_destroy(struct kvx_xport_ep *ep);
 int verbs_ep_reset(struct kvx_xport_ep *ep, uint8_t *blob, size_t cap, size_t *len);
 int verbs_ep_reaccept(struct kvx_xport_ep *ep, const uint8_t *a, size_t alen, uint8_t *blob,
 		      size_t cap, size_t *len);
+int verbs_ep_create_group(struct kvx_xport_ctx *ctx, uint32_t group, struct kvx_xport_ep **out,
+			  uint8_t *blob, size_t cap, size_t *len);
+int verbs_ep_set_group(struct kvx_xport_ep *ep, uint32_t group);
+int verbs_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
+void verbs_groups_free(struct vctx *c);
 /* verbs_data.c */
 int verbs_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 	       const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
 int verbs_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 void verbs_ep_fail(struct vep *e, int err);
+int verbs_cq_drain(struct vcq *vc);
 int verbs_ep_queues_init(struct vep *e, uint32_t depth);
 void verbs_ep_queues_fini(struct vep *e);
 bool verbs_ep_idle(const struct vep *e);
