@@ -44,13 +44,16 @@
  * Threading contract:
  * - Control thread (the engine's control lcore, or any one thread at a time per context):
  *   kvx_xport_open/close, kvx_xport_query_caps, kvx_xport_mr_register/unregister/export,
- *   kvx_xport_ep_create/accept/connect/destroy, kvx_xport_rmr_import/release. These may
+ *   kvx_xport_ep_create/accept/connect/destroy, kvx_xport_rmr_import/release,
+ *   kvx_xport_ctx_handle_events(). These may
  *   block briefly (connect, listen) and allocate; they are never called from a poller's fast
  *   path.
  * - Owning polling lcore: kvx_xport_post_bulk() and kvx_xport_poll_burst() on an initiator
  *   endpoint are called by one thread at a time (the poller that owns the endpoint); after
  *   kvx_xport_ep_connect() returns, hand the endpoint to that poller (a ring hand-off gives
- *   the needed happens-before). kvx_xport_progress() on a context is called by one thread at
+ *   the needed happens-before). Endpoints of one poll group (kvx_xport_ep_set_group()) are
+ *   all driven by that group's one thread: polling one may retire completions of the others
+ *   (verbs shared CQ). kvx_xport_progress() on a context is called by one thread at
  *   a time (the runtime registers it as a poller on one lcore; it may be the same lcore or
  *   another one). Different endpoints may be driven by different pollers concurrently.
  * - Counters may be read from any thread (relaxed 64-bit loads; totals may be momentarily
@@ -71,7 +74,10 @@
  * Memory types: host memory everywhere; HIP device memory is registered through the same
  * kvx_xport_mr_register() call with mem_type KVX_XPORT_MEM_HIP, and a provider that cannot
  * reach device memory returns -ENOTSUP. caps.mem_types lists what works in this context: tcp
- * stages device regions through pinned bounce buffers, shm maps them with IPC handles; HIP is
+ * stages device regions through pinned bounce buffers, shm maps them with IPC handles, verbs
+ * registers them with ibv_reg_dmabuf_mr (ROCm dma-buf export, real offset) or ibv_reg_mr on the
+ * device pointer (peer-memory kernel) as kvx_mem_reg_plan() decides, and lists HIP only when
+ * one of the two is available (else the refusal is logged with the reason); HIP is
  * listed only when a HIP device is present; KVX_XPORT_MEM_HOSTDEV (a test-only mock of device
  * memory) takes the same provider code paths as HIP without a GPU.
  *
