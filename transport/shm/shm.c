@@ -83,7 +83,9 @@ struct shm_ep {
 	struct kvx_xport_cpl *cq;  /* Array[cq_mask + 1] */
 	struct kvx_mem_event *cq_ev; /* Array[cq_mask + 1]: last copy of a batch (or ready) */
 	uint64_t probe_addr;       /* peer's probe word (liveness check of device batches) */
-	struct kvx_mem_stream *stream;  /* device copies; created at the first device import */
+	/* Device copies; created at the first device import on the control thread while the
+	 * poller may be posting host ops (R1 here, A1 in post). */
+	_Atomic(struct kvx_mem_stream *) stream;
 	uint32_t stream_depth;          /* copies in flight on it, at most */
 	struct kvx_mem_ipc_cache *ipc;  /* peer device allocations opened on this endpoint */
 	struct iovec *liov, *riov; /* Array[SHM_IOV_MAX] each */
@@ -230,18 +232,21 @@ static int ep_dev_init(struct shm_ep *e, const struct kvx_mem_type *t)
 {
 	struct shm_ctx *c = (struct shm_ctx *)e->base.ctx;
 	int rc = kvx_mem_domain_get(&c->dev, t, "shm import");
-	if (rc || e->stream)
+	if (rc || atomic_load_explicit(&e->stream, memory_order_relaxed))
 		return rc;
 	uint32_t depth = c->base.params.queue_depth;
 	struct kvx_mem_stream_params sp = {.depth = depth < 4096 ? depth : 4096};
-	rc = kvx_mem_stream_create(c->dev, &sp, &e->stream);
-	e->stream_depth = sp.depth;
+	struct kvx_mem_stream *s = NULL;
+	rc = kvx_mem_stream_create(c->dev, &sp, &s);
 	if (!rc) {
 		rc = kvx_mem_ipc_cache_create(c->dev, SHM_IPC_ENTRIES, &e->ipc);
 		if (rc) {
-			kvx_mem_stream_destroy(e->stream);
-			e->stream = NULL;
+			kvx_mem_stream_destroy(s);
+			return rc;
 		}
+		e->stream_depth = sp.depth;
+		/* R1: publishes stream_depth and ipc; pairs with A1 in shm_post(). */
+		atomic_store_explicit(&e->stream, s, memory_order_release);
 	}
 	return rc;
 }
@@ -333,7 +338,7 @@ static void shm_ep_destroy(struct kvx_xport_ep *ep)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
 	/* Copies in flight use the peer mappings: finish them before closing the mappings. */
-	kvx_mem_stream_destroy(e->stream);
+	kvx_mem_stream_destroy(atomic_load_explicit(&e->stream, memory_order_acquire));
 	kvx_mem_ipc_cache_destroy(e->ipc);
 	free(e->cq);
 	free(e->cq_ev);
@@ -554,6 +559,7 @@ static int dev_op(struct shm_ep *e, enum kvx_xport_opcode opc, const struct kvx_
 {
 	const struct kvx_xport_mr *l = o->lmr;
 	void *rp = NULL;
+	struct kvx_mem_stream *s = atomic_load_explicit(&e->stream, memory_order_relaxed);
 	int rc = kvx_mem_ipc_cache_ptr(e->ipc, o->rmr->prov_flags >> 8, o->rmr->addr + o->roff,
 				       o->len, &rp);
 	if (KVX_UNLIKELY(rc))
@@ -563,11 +569,9 @@ static int dev_op(struct shm_ep *e, enum kvx_xport_opcode opc, const struct kvx_
 		return -ENOTSUP; /* two device memory types in one op */
 	uint8_t *lp = l->addr + o->loff;
 	if (opc == KVX_XPORT_OP_READ)
-		rc = kvx_mem_copy_async(e->stream, lp, rp, o->len, ldev ? KVX_MEM_D2D : KVX_MEM_D2H,
-					ev);
+		rc = kvx_mem_copy_async(s, lp, rp, o->len, ldev ? KVX_MEM_D2D : KVX_MEM_D2H, ev);
 	else
-		rc = kvx_mem_copy_async(e->stream, rp, lp, o->len, ldev ? KVX_MEM_D2D : KVX_MEM_H2D,
-					ev);
+		rc = kvx_mem_copy_async(s, rp, lp, o->len, ldev ? KVX_MEM_D2D : KVX_MEM_H2D, ev);
 	return rc == -ENOBUFS ? -EIO : rc; /* room was checked before the batch started */
 }
 
@@ -584,10 +588,12 @@ static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
-	uint32_t ndev = e->stream ? count_dev(ops, n) : 0;
+	/* A1: pairs with R1 in ep_dev_init(). */
+	struct kvx_mem_stream *s = atomic_load_explicit(&e->stream, memory_order_acquire);
+	uint32_t ndev = s ? count_dev(ops, n) : 0;
 	if (KVX_UNLIKELY(e->cq_head - e->cq_tail > e->cq_mask ||
 			 e->ops_queued + n > ep->ctx->params.queue_depth ||
-			 (ndev && kvx_mem_stream_inflight(e->stream) + ndev > e->stream_depth))) {
+			 (ndev && kvx_mem_stream_inflight(s) + ndev > e->stream_depth))) {
 		xport_cnt_add(&ep->cnt, post_nobufs, 1);
 		return -ENOBUFS;
 	}

@@ -551,9 +551,12 @@ static int tcp_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, u
 	}
 	e->op_mask = depth - 1;
 	e->b_mask = depth - 1;
-	if (((struct tcp_ctx *)ctx)->dev && ep_dev_attach((struct tcp_ctx *)ctx, e)) {
-		ep_free(e);
-		return -ENOMEM;
+	if (((struct tcp_ctx *)ctx)->dev) {
+		int rc = ep_dev_attach((struct tcp_ctx *)ctx, e);
+		if (rc) {
+			ep_free(e);
+			return rc;
+		}
 	}
 	xport_blob_hdr_put(blob, KVX_XPORT_PROV_TCP, XPORT_BLOB_A);
 	xport_put_u16(blob + 8, (uint16_t)e->nch);
