@@ -364,8 +364,12 @@ KVX_API void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx,
  * @param p         Parameters (address, length, access, memory type); copied.
  * @param[out] out  New region; not NULL.
  * @retval 0         Success.
- * @retval -EINVAL   NULL address, zero length, unknown access bits or memory type.
- * @retval -ENOTSUP  The provider cannot use this memory type (tcp/shm with HIP memory).
+ * @retval -EINVAL   NULL address, zero length, unknown access bits or memory type, or a device
+ *                   mem_type whose address is not memory of that type (tcp/shm check it).
+ * @retval -ENOTSUP  The provider cannot use this memory type (not in caps.mem_types, e.g. HIP
+ *                   without a HIP device), or another device memory type is already in use in
+ *                   this context (tcp/shm: one per context).
+ * @retval -ERANGE   Device mem_type: [addr, addr + len_bytes) extends past its allocation.
  * @retval -ENOBUFS  The context's region table is full (max_regions).
  * @retval -ENOMEM   Allocation failed.
  * @par Context  Control path.
@@ -778,8 +782,9 @@ KVX_API int kvx_xport_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
  * @param timeout_ms  Longest wait, ms; 0 = do not block; -1 = no limit.
  * @return            1 if woken by an event (or completions are already queued), 0 on
  *                    timeout.
- * @retval -ENOTSUP   The provider completes ops without events to wait for (shm: every op
- *                    completes inside kvx_xport_post_bulk()); returns at once.
+ * @retval -ENOTSUP   The provider completes ops without events to wait for (shm: host ops
+ *                    complete inside kvx_xport_post_bulk(), device ops on a copy stream that
+ *                    only kvx_xport_poll_burst() queries); returns at once.
  * @retval other negative errno  verbs: arming the CQ or reading the channel failed.
  * @par Thread safety  The endpoint's owning poller.
  * @par Context  Idle path of a poller.
