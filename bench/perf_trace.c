@@ -22,11 +22,13 @@
 
 #include "kvxfer/common.h"
 #include "perf.h"
+#include "trace_lcores.h"
 #include "trace_load.h"
 #include "trace_prefix.h"
 #include "trace_replay.h"
 #include "trace_report.h"
 #include "kvxfer/mem.h"
+#include "kvxfer/transport.h"
 
 #ifndef KVX_BENCH_DATA_DIR
 #define KVX_BENCH_DATA_DIR "bench/data"
@@ -57,7 +59,7 @@ static void usage(FILE *f)
 "  --port N             driver channel port for --server/--client (default %d)\n"
 "  --host IP            address this machine's engine advertises (default 127.0.0.1)\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
-"                       first half of the list and the consumer the rest\n"
+"                       first half of the lcores and the consumer the rest (CPU sets kept)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
@@ -67,9 +69,10 @@ static void usage(FILE *f)
 "                       request + 25%%, at most a quarter of the available memory)\n"
 "  --layer-us N         WRITE: simulated compute per layer on the producer, us (default 0)\n"
 "  --timeout-ms N       per-transfer deadline, ms (default 120000)\n"
-"  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot)\n"
+"  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot on PATH)\n"
 "  --quiet              no progress line\n"
-"  --mem host|hip[:DEVICE]  KV pool memory (default host)\n",
+"  --mem host|hip[:DEVICE]  KV pool memory (default host; device memory is checked against\n"
+"                       the provider's caps and then refused: trace's pools are host memory)\n",
 		DEFAULT_PORT);
 }
 
@@ -94,14 +97,17 @@ static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, 
 	return 0;
 }
 
-/* --mem value; NULL or "host" = host KV pools (the only memory the data paths move today). */
+/* --mem value; NULL or "host" = host KV pools. */
 static const char *g_trace_mem;
 
 /*
- * --mem hip[:N]: open the device and allocate through kvx_mem, so a missing GPU is reported
- * as "no HIP device"; device KV pools are not wired into the providers' data paths yet.
+ * --mem hip[:N] | hostdev: open the memory type and allocate through kvx_mem (a machine without
+ * a GPU gets "no HIP device"), then ask the provider the engines will use whether it moves that
+ * memory (kvx_xport_query_caps(): caps.mem_types). `-t auto` is checked as the engine resolves it
+ * for device layers: verbs with an RDMA device, else tcp (shm is never chosen for them).
+ * Returns 0 (host), or 1 with a message.
  */
-static int trace_mem_check(const char *transport)
+static int trace_mem_check(const struct trace_opts *o)
 {
 	char why[KVX_MEM_WHY_LEN] = "";
 	struct kvx_mem_buf mb;
@@ -112,9 +118,35 @@ static int trace_mem_check(const char *transport)
 		fprintf(stderr, "kvxfer-perf trace: %s\n", why);
 		return 1;
 	}
+	enum kvx_xport_mem_type xt = mb.type.kind == KVX_MEM_HIP ? KVX_XPORT_MEM_HIP : KVX_XPORT_MEM_HOSTDEV;
 	kvx_mem_buf_fini(&mb);
-	fprintf(stderr, "kvxfer-perf trace: --mem %s: the %s data path does not move device memory "
-			"yet\n", g_trace_mem, transport);
+	const char *prov = o->transport;
+	int rc = 0;
+	if (!strcmp(prov, "auto"))
+		rc = kvx_xport_select("auto", false, &prov);
+	struct kvx_xport_ctx *ctx = NULL;
+	struct kvx_xport_caps caps = {0};
+	if (!rc)
+		rc = kvx_xport_open(prov, NULL, &ctx);
+	if (!rc)
+		rc = kvx_xport_query_caps(ctx, &caps);
+	kvx_xport_close(ctx);
+	if (rc) {
+		fprintf(stderr, "kvxfer-perf trace: --mem %s: cannot open the %s provider to read its "
+				"capabilities: %s\n", g_trace_mem, prov, kvx_strerror(rc));
+		return 1;
+	}
+	if (!(caps.mem_types & (1u << xt))) {
+		fprintf(stderr, "kvxfer-perf trace: --mem %s: the %s provider does not move this "
+				"memory (not in its caps.mem_types)\n", g_trace_mem, prov);
+		return 1;
+	}
+	/* The provider would move it; this tool's KV pools are host memory (the roles fill and
+	 * verify them with CPU loads and stores, and register them as KVX_ENGINE_MEM_HOST). */
+	fprintf(stderr, "kvxfer-perf trace: --mem %s: the %s provider moves this memory, but "
+			"kvxfer-perf trace keeps its KV pools in host memory (device pools are not "
+			"implemented in trace)\n",
+		g_trace_mem, prov);
 	return 1;
 }
 
@@ -183,8 +215,8 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			struct kvx_mem_type mt;
 
 			if (kvx_mem_parse_type(optarg, &mt)) {
-				fprintf(stderr, "kvxfer-perf trace: --mem '%s': expected host, hip or "
-						"hip:<DEVICE>\n", optarg);
+				fprintf(stderr, "kvxfer-perf trace: --mem '%s': expected host, hip, "
+						"hip:<DEVICE> or hostdev\n", optarg);
 				return -EINVAL;
 			}
 			g_trace_mem = optarg;
@@ -391,6 +423,25 @@ static int check_out_path(const char *opt, const char *path)
 		return 2;
 	}
 	return 0;
+}
+
+/* --plot draws with gnuplot at the end of the run: it must be on PATH now. 0, or 2 with a message. */
+static int check_gnuplot(const char *plot)
+{
+	if (!plot)
+		return 0;
+	const char *path = getenv("PATH");
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", path && path[0] ? path : "/usr/bin:/bin");
+	for (char *save = NULL, *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+		char exe[4352];
+		snprintf(exe, sizeof(exe), "%s/gnuplot", dir[0] ? dir : ".");
+		if (access(exe, X_OK) == 0)
+			return 0;
+	}
+	fprintf(stderr, "kvxfer-perf trace: --plot %s needs gnuplot, which is not on PATH (install "
+			"gnuplot-nox, or drop --plot)\n", plot);
+	return 2;
 }
 
 /*
@@ -749,7 +800,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	char err[512] = "";
 	int exit_code = 1;
 	if (check_out_path("--json", o->json) || check_out_path("--csv", o->csv) ||
-	    check_out_path("--plot", o->plot))
+	    check_out_path("--plot", o->plot) || check_gnuplot(o->plot))
 		return 2;
 	if (o->lcores || o->control_lcore != UINT32_MAX) {
 		/* The whole list once (grammar, CPUs exist and are allowed, no duplicates). */
@@ -826,31 +877,21 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	}
 	/* Start the roles. */
 	const char *lc[2] = {NULL, NULL};
-	char lbuf[2][256];
+	char lbuf[2][TRACE_LCORES_MAX];
 	if (o->lcores && o->local) {
-		/* Split "a,b,c,d" or "a-b" into halves for producer/consumer. */
-		char tmp[256];
-		snprintf(tmp, sizeof(tmp), "%s", o->lcores);
-		unsigned ids[256], nid = 0;
-		for (char *tok = strtok(tmp, ","); tok && nid < 256; tok = strtok(NULL, ",")) {
-			unsigned a, b;
-			if (sscanf(tok, "%u-%u", &a, &b) == 2 && a <= b) {
-				for (unsigned x = a; x <= b && nid < 256; x++)
-					ids[nid++] = x;
-			} else if (sscanf(tok, "%u", &a) == 1) {
-				ids[nid++] = a;
-			}
+		/* Producer: first half of the lcores, consumer: the rest, split by the lcore option
+		 * parser itself so every DPDK form (`0@(0,1)`, `(0,1)@0`, ...) keeps its meaning. */
+		char lerr[256] = "";
+		int sr = trace_split_lcores(o->lcores, lbuf, lerr, sizeof(lerr));
+		if (sr < 0) {
+			fprintf(stderr, "kvxfer-perf trace: -l %s: %s\n", o->lcores,
+				lerr[0] ? lerr : kvx_strerror(sr));
+			exit_code = 2;
+			goto out;
 		}
-		if (nid >= 2) {
-			for (int s = 0; s < 2; s++) {
-				unsigned lo = s == 0 ? 0 : nid / 2, hi = s == 0 ? nid / 2 : nid;
-				size_t off = 0;
-				lbuf[s][0] = '\0';
-				for (unsigned x = lo; x < hi; x++)
-					off += (size_t)snprintf(lbuf[s] + off, sizeof(lbuf[s]) - off, "%s%u",
-								x > lo ? "," : "", ids[x]);
-				lc[s] = lbuf[s];
-			}
+		if (sr == 2) {
+			lc[0] = lbuf[0];
+			lc[1] = lbuf[1];
 		}
 	}
 	if (o->local && (o->lcores || o->control_lcore != UINT32_MAX)) {
@@ -907,6 +948,9 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.m.name, D.m.mla ? "MLA" : "split K/V", D.n, o->trace, o->write_mode ? "WRITE" : "READ",
 		hp->transport, hp->pool_blocks, (double)hp->pool_blocks * (double)D.block_bytes / 1e9,
 		hp->prefault_ms / 1e3, hc->prefault_ms / 1e3);
+	if (o->lcores && o->local)
+		fprintf(stderr, "kvxfer-perf trace: polling lcores: producer %s, consumer %s\n",
+			lc[0] ? lc[0] : o->lcores, lc[1] ? lc[1] : o->lcores);
 
 	/* Replay. */
 	struct perf_progress prog;
@@ -931,8 +975,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		if (D.inflight && now - last_msg > stall_ns) {
 			D.aborted = true;
 			snprintf(D.abort_reason, sizeof(D.abort_reason),
-				 "no transfer completed for %.0f s (engine timeouts should have fired)",
-				 (double)(now - last_msg) / 1e9);
+				 "timed out: no request completed for %.0f s with %" PRIu64 " in flight (the "
+				 "driver's stall limit, 3 x --timeout-ms %u + 15 s; the engines' per-transfer "
+				 "deadline should have fired first); raise --timeout-ms if transfers are this slow",
+				 (double)(now - last_msg) / 1e9, D.inflight, o->timeout_ms);
 		}
 		if (!o->quiet)
 			perf_progress_update(&prog, now, D.completed, D.n, D.bytes_done);
@@ -1075,7 +1121,7 @@ int kvx_perf_trace_main(int argc, char **argv)
 	int rc = parse_opts(argc, argv, &o);
 	if (rc)
 		return rc > 0 ? 0 : 2;
-	if ((rc = trace_mem_check(o.transport)) != 0)
+	if (o.role == TRACE_ROLE_DRIVER && (rc = trace_mem_check(&o)) != 0)
 		return rc;
 	if (o.role != TRACE_ROLE_DRIVER) {
 		if (o.ctl_fd < 0 || !o.pool_blocks) {

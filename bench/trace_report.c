@@ -106,13 +106,24 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 	fprintf(f, "  %-22s %" PRIu64 " (prefix hits %" PRIu64 ", transferred %" PRIu64 ")\n", "blocks",
 		s->blocks, s->hit_blocks, s->xfer_blocks);
 	fprintf(f, "  %-22s %" PRIu64 " (%.3f GB)\n", "bytes", s->bytes, (double)s->bytes / 1e9);
-	fprintf(f, "  %-22s %.3f s\n", "wall time", s->wall_s);
-	fprintf(f, "  %-22s %.3f GB/s\n", "throughput", s->gbps);
-	print_lat(f, "latency ms", &s->lat);
+	/* Values that need a completed request are n/a, never 0, when none completed. */
+	const char *na = s->completed ? "" : "n/a (no request completed)";
+	if (s->wall_s > 0) {
+		fprintf(f, "  %-22s %.3f s\n", "wall time", s->wall_s);
+		fprintf(f, "  %-22s %.3f GB/s\n", "throughput", s->gbps);
+	} else {
+		fprintf(f, "  %-22s %s\n", "wall time", na[0] ? na : "n/a (no measurable interval)");
+		fprintf(f, "  %-22s %s\n", "throughput", na[0] ? na : "n/a (no measurable interval)");
+	}
+	if (s->lat.n)
+		print_lat(f, "latency ms", &s->lat);
+	else
+		fprintf(f, "  %-22s %s\n", "latency ms", na);
 	if (s->ttfl.n)
 		print_lat(f, "first layer ms", &s->ttfl);
 	else
-		fprintf(f, "  %-22s n/a (%s mode)\n", "first layer ms", info->mode);
+		fprintf(f, "  %-22s %s\n", "first layer ms",
+			na[0] ? na : "n/a (no per-layer completion reported)");
 	fprintf(f, "  %-22s", "lcore util");
 	const char *side[2] = {"producer", "consumer"};
 	for (int i = 0; i < 2; i++) {
@@ -139,7 +150,9 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 				break;
 			}
 			fprintf(f, " tx-%06" PRIu64 " (%s)", recs[i].idx,
-				recs[i].status ? strerror(-recs[i].status) : "not completed");
+				recs[i].status == -ETIMEDOUT ? "timed out"
+				: recs[i].status            ? strerror(-recs[i].status)
+							    : "not completed");
 		}
 		fputc('\n', f);
 	}
@@ -155,8 +168,11 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 			"verification", s->failures);
 }
 
+/* A latency distribution, or null when it has no sample. */
 static json_t *lat_json(const struct perf_lat_stats *st)
 {
+	if (st->n == 0)
+		return json_null();
 	return json_pack("{s:I, s:f, s:f, s:f, s:f, s:f}", "n", (json_int_t)st->n, "p50", st->p50,
 			 "p90", st->p90, "p99", st->p99, "max", st->max, "mean", st->mean);
 }
@@ -196,7 +212,7 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 	}
 	json_t *root = json_pack(
 		"{s:{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:f, s:b}, "
-		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:o, "
+		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, "
 		"s:[f,f], s:o, s:s, s:I}, s:o}",
 		"run", "model", info->model, "layout", info->layout, "trace", info->trace, "mode",
 		info->mode, "transport", info->transport, "block_tokens", (int)info->block_tokens,
@@ -207,7 +223,8 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		"failures", (json_int_t)s->failures, "prompt_tokens", (json_int_t)s->prompt_tokens,
 		"blocks", (json_int_t)s->blocks, "hit_blocks", (json_int_t)s->hit_blocks,
 		"xfer_blocks", (json_int_t)s->xfer_blocks, "bytes", (json_int_t)s->bytes, "wall_s",
-		s->wall_s, "throughput_gbps", s->gbps, "latency_ms", lat_json(&s->lat),
+		s->wall_s > 0 ? json_real(s->wall_s) : json_null(), "throughput_gbps",
+		s->wall_s > 0 ? json_real(s->gbps) : json_null(), "latency_ms", lat_json(&s->lat),
 		"first_layer_ms", lat_json(&s->ttfl), "lcore_util", c->lcore_util[0], c->lcore_util[1],
 		"control_messages", ctl_json(c), "verification",
 		!c->verify_enabled ? "off" : (c->verify_bad == 0 && s->failures == 0 ? "OK" : "FAILED"),

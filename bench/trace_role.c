@@ -308,6 +308,29 @@ static void poll_first_layers(struct role *R)
 	}
 }
 
+/*
+ * Why transfer @p x failed on this role, for the driver's "failure detail" line. A timeout says
+ * what timed out, after how long, and which option sets the deadline.
+ */
+static void fail_detail(const struct role *R, const struct rx *x, char *d, size_t dlen)
+{
+	const char *who = R->r == TRACE_ROLE_PRODUCER ? "producer" : "consumer";
+	uint32_t t = R->o->timeout_ms;
+	if (x->status != -ETIMEDOUT) {
+		snprintf(d, dlen, "%s: %s: %s", x->tid, who, kvx_strerror(x->status));
+		return;
+	}
+	unsigned long long ms = (unsigned long long)(x->elapsed_ns / 1000000u);
+	if (R->r == TRACE_ROLE_PRODUCER)
+		/* P's engine deadlines: transfer_timeout = --timeout-ms, defer_timeout (waiting for
+		 * the consumer's remote_blocks / release) = 2 x --timeout-ms (setup_engine()). */
+		snprintf(d, dlen, "%.31s: producer: timed out after %llu ms (deadline --timeout-ms %u, 2x "
+				  "when waiting for the consumer); raise --timeout-ms", x->tid, ms, t);
+	else
+		snprintf(d, dlen, "%.31s: consumer: timed out after %llu ms (deadline --timeout-ms %u per "
+				  "transfer); raise --timeout-ms", x->tid, ms, t);
+}
+
 static void handle_cpl(struct role *R, const struct kvx_completion *c)
 {
 	uint64_t idx;
@@ -343,7 +366,7 @@ static void handle_cpl(struct role *R, const struct kvx_completion *c)
 	if (R->r == TRACE_ROLE_PRODUCER) {
 		if (x->got_xfer && x->got_released) {
 			char d[160];
-			snprintf(d, sizeof(d), "%s: producer: %s", x->tid, kvx_strerror(x->status));
+			fail_detail(R, x, d, sizeof(d));
 			rx_finish(R, x, x->status ? d : NULL);
 		}
 		return;
@@ -363,7 +386,7 @@ static void handle_cpl(struct role *R, const struct kvx_completion *c)
 		rx_finish(R, x, x->status ? detail : NULL);
 	} else if (x->got_released || x->nids == 0) {
 		char d[160];
-		snprintf(d, sizeof(d), "%s: consumer: %s", x->tid, kvx_strerror(x->status));
+		fail_detail(R, x, d, sizeof(d));
 		rx_finish(R, x, d);
 	}
 }

@@ -2,6 +2,7 @@
 /* End to end: `kvxfer-perf trace --local` as real processes (driver, producer, consumer) on
  * loopback through the engine, with a small model table and trace written here. */
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,9 @@
 #include <criterion/criterion.h>
 
 #include "helpers.h"
+#include "kvxfer/common.h"
+#include "kvxfer/mem.h"
+#include "kvxfer/transport.h"
 
 #ifndef KVX_PERF_BIN
 #error KVX_PERF_BIN must name the kvxfer-perf binary
@@ -34,18 +38,36 @@ TestSuite(bench_perf_trace, .timeout = 240.0);
 struct run {
 	int status;
 	char out[16384];
+	char err[16384];
 };
 
-/* Run kvxfer-perf trace with args (NULL-terminated) and capture stdout. */
-static void run_trace(struct run *r, const char *const *args)
+/* Read a temporary file back into buf and remove it. */
+static void slurp_fd(int fd, char *path, char *buf, size_t cap)
 {
-	char outp[] = "/tmp/kvx_trace_out_XXXXXX";
-	int fd = mkstemp(outp);
+	FILE *f = fdopen(fd, "r");
+	cr_assert_not_null(f);
+	rewind(f);
+	size_t n = fread(buf, 1, cap - 1, f);
+	buf[n] = '\0';
+	fclose(f);
+	unlink(path);
+}
+
+/* Run kvxfer-perf trace with args (NULL-terminated), PATH=path_env if not NULL; capture
+ * stdout and stderr. */
+static void run_trace_env(struct run *r, const char *const *args, const char *path_env)
+{
+	char outp[] = "/tmp/kvx_trace_out_XXXXXX", errp[] = "/tmp/kvx_trace_err_XXXXXX";
+	int fd = mkstemp(outp), efd = mkstemp(errp);
 	cr_assert_geq(fd, 0);
+	cr_assert_geq(efd, 0);
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
 		dup2(fd, 1);
+		dup2(efd, 2);
+		if (path_env)
+			setenv("PATH", path_env, 1);
 		const char *av[64];
 		int k = 0;
 		av[k++] = KVX_PERF_BIN;
@@ -59,12 +81,13 @@ static void run_trace(struct run *r, const char *const *args)
 	int st;
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
 	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-	FILE *f = fdopen(fd, "r");
-	rewind(f);
-	size_t n = fread(r->out, 1, sizeof(r->out) - 1, f);
-	r->out[n] = '\0';
-	fclose(f);
-	unlink(outp);
+	slurp_fd(fd, outp, r->out, sizeof(r->out));
+	slurp_fd(efd, errp, r->err, sizeof(r->err));
+}
+
+static void run_trace(struct run *r, const char *const *args)
+{
+	run_trace_env(r, args, NULL);
 }
 
 static char g_models[64], g_trace[64];
@@ -166,6 +189,126 @@ Test(bench_perf_trace, timed_out_transfers_fail_loudly_with_their_ids, .init = s
 	run_trace(&r, args);
 	cr_assert_eq(r.status, 1, "exit %d\n%s", r.status, r.out);
 	cr_assert(strstr(r.out, "failures               1\n"), "%s", r.out);
-	cr_assert(strstr(r.out, "failed transfers       tx-000000 ("), "%s", r.out);
+	cr_assert(strstr(r.out, "failed transfers       tx-000000 (timed out)\n"), "%s", r.out);
 	cr_assert(strstr(r.out, "verification           FAILED"), "%s", r.out);
+	/* Nothing completed: the values that need a completion are n/a, not 0. */
+	cr_assert(strstr(r.out, "wall time              n/a (no request completed)\n"), "%s", r.out);
+	cr_assert(strstr(r.out, "throughput             n/a (no request completed)\n"), "%s", r.out);
+	cr_assert(strstr(r.out, "latency ms             n/a (no request completed)\n"), "%s", r.out);
+	cr_assert(strstr(r.out, "first layer ms         n/a (no request completed)\n"), "%s", r.out);
+	cr_assert_null(strstr(r.out, "0.000 GB/s"), "a 0 printed for a missing value:\n%s", r.out);
+	cr_assert_null(strstr(r.out, "p50 0.000"), "a 0 printed for a missing value:\n%s", r.out);
+	/* The timeout says what timed out, after how long, and which option sets the deadline. */
+	const char *d = strstr(r.out, "failure detail         tx-000000: consumer: timed out after ");
+	cr_assert(d, "%s", r.out);
+	cr_assert(strstr(d, " ms (deadline --timeout-ms 1 per transfer); raise --timeout-ms\n"), "%s", r.out);
+}
+
+static bool have_cpus(long n)
+{
+	return sysconf(_SC_NPROCESSORS_ONLN) >= n;
+}
+
+/* -l with --local: split per role by the lcore option parser (DPDK forms keep their meaning). */
+static void expect_lcores(const char *list, const char *want_line)
+{
+	struct run r;
+	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", g_trace,
+			      "--requests", "2", "--speed", "0", "--pool-blocks", "256", "--quiet",
+			      "-l", list, NULL};
+	run_trace(&r, args);
+	cr_assert_eq(r.status, 0, "exit %d\n%s\n%s", r.status, r.out, r.err);
+	cr_assert(strstr(r.err, want_line), "want '%s' in:\n%s", want_line, r.err);
+	cr_assert(strstr(r.out, "verification           OK"), "%s", r.out);
+}
+
+Test(bench_perf_trace, lcores_group_on_one_cpu_gives_each_role_one_lcore, .init = setup, .fini = teardown)
+{
+	expect_lcores("(0,1)@0", "kvxfer-perf trace: polling lcores: producer 0, consumer 1@(0)\n");
+}
+
+Test(bench_perf_trace, lcores_single_lcore_on_two_cpus_is_shared_not_split, .init = setup, .fini = teardown)
+{
+	if (!have_cpus(2))
+		cr_skip_test("needs CPUs 0 and 1");
+	expect_lcores("0@(0,1)", "kvxfer-perf trace: polling lcores: producer 0@(0,1), consumer 0@(0,1)\n");
+}
+
+Test(bench_perf_trace, lcores_plain_list_splits_in_halves, .init = setup, .fini = teardown)
+{
+	if (!have_cpus(2))
+		cr_skip_test("needs CPUs 0 and 1");
+	expect_lcores("0-1", "kvxfer-perf trace: polling lcores: producer 0, consumer 1\n");
+}
+
+Test(bench_perf_trace, plot_without_gnuplot_is_usage_error_at_startup, .init = setup, .fini = teardown)
+{
+	char png[] = "/tmp/kvx_trace_plot_XXXXXX.png";
+	int fd = mkstemps(png, 4);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	unlink(png);
+	struct run r;
+	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", g_trace,
+			      "--speed", "0", "--quiet", "--plot", png, NULL};
+	run_trace_env(&r, args, "/nonexistent-kvx-dir");
+	char want[256];
+	snprintf(want, sizeof(want), "kvxfer-perf trace: --plot %s needs gnuplot, which is not on PATH "
+		 "(install gnuplot-nox, or drop --plot)\n", png);
+	cr_assert_eq(r.status, 2, "exit %d\n%s\n%s", r.status, r.out, r.err);
+	cr_assert_str_eq(r.err, want);
+	cr_assert_str_eq(r.out, "", "the replay ran before the usage error:\n%s", r.out);
+	cr_assert_neq(access(png, F_OK), 0, "%s was created", png);
+}
+
+Test(bench_perf_trace, mem_hip_without_a_gpu_exits_1_naming_it, .init = setup, .fini = teardown)
+{
+	char why[KVX_MEM_WHY_LEN] = "";
+	struct kvx_mem_type hip = {.kind = KVX_MEM_HIP, .device = 0};
+	if (kvx_mem_probe(&hip, why, sizeof(why)) == 0)
+		cr_skip_test("a HIP device is present");
+	struct run r;
+	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", g_trace,
+			      "--quiet", "--mem", "hip", NULL};
+	run_trace(&r, args);
+	cr_assert_eq(r.status, 1, "exit %d\n%s", r.status, r.err);
+	cr_assert(strstr(r.err, "kvxfer-perf trace: --mem hip: no HIP device"), "%s", r.err);
+	cr_assert_str_eq(r.out, "");
+}
+
+/* --mem hostdev (the test-only device-memory mock) follows the provider's caps.mem_types. */
+static void expect_mem_follows_caps(const char *prov)
+{
+	struct kvx_xport_ctx *ctx = NULL;
+	struct kvx_xport_caps caps = {0};
+	int rc = kvx_xport_open(prov, NULL, &ctx);
+	if (rc)
+		cr_skip_test("%s provider unavailable: %s", prov, kvx_strerror(rc));
+	cr_assert_eq(kvx_xport_query_caps(ctx, &caps), 0);
+	kvx_xport_close(ctx);
+	bool moves = caps.mem_types & (1u << KVX_XPORT_MEM_HOSTDEV);
+	struct run r;
+	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", g_trace,
+			      "--quiet", "-t", prov, "--mem", "hostdev", NULL};
+	run_trace(&r, args);
+	char want[256];
+	if (moves)
+		snprintf(want, sizeof(want), "kvxfer-perf trace: --mem hostdev: the %s provider moves this "
+			 "memory, but kvxfer-perf trace keeps its KV pools in host memory (device pools are "
+			 "not implemented in trace)\n", prov);
+	else
+		snprintf(want, sizeof(want), "kvxfer-perf trace: --mem hostdev: the %s provider does not "
+			 "move this memory (not in its caps.mem_types)\n", prov);
+	cr_assert_eq(r.status, 1, "exit %d\n%s", r.status, r.err);
+	cr_assert(strstr(r.err, want), "want '%s' in:\n%s", want, r.err);
+}
+
+Test(bench_perf_trace, mem_hostdev_follows_tcp_caps, .init = setup, .fini = teardown)
+{
+	expect_mem_follows_caps("tcp");
+}
+
+Test(bench_perf_trace, mem_hostdev_follows_shm_caps, .init = setup, .fini = teardown)
+{
+	expect_mem_follows_caps("shm");
 }

@@ -105,7 +105,7 @@ Test(bench_trace_report, summary_names_failed_transfer_ids_and_verification)
 	char *txt = slurp(path);
 	unlink(path);
 	cr_assert(strstr(txt, "failures               1\n"), "%s", txt);
-	cr_assert(strstr(txt, "tx-000041 (Connection timed out)"), "%s", txt);
+	cr_assert(strstr(txt, "tx-000041 (timed out)"), "%s", txt);
 	cr_assert(strstr(txt, "verification           FAILED"), "%s", txt);
 	cr_assert(strstr(txt, "producer 50.0% consumer n/a"), "%s", txt);
 }
@@ -129,6 +129,67 @@ Test(bench_trace_report, summary_ok_when_no_failures)
 	cr_assert(strstr(txt, "failures               0\n"), "%s", txt);
 	cr_assert(strstr(txt, "verification           OK"), "%s", txt);
 	cr_assert(strstr(txt, "sent 3  received 3  dropped 0"), "%s", txt);
+}
+
+Test(bench_trace_report, nothing_completed_prints_na_not_zero)
+{
+	struct perf_trace_rec r[2] = {mk(0, 0, 0, 100, -ETIMEDOUT), mk(1, 3, 0, 100, -EIO)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 2, &s), 0);
+	cr_assert_eq(s.completed, 0);
+	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t",
+					   .mode = "WRITE", .transport = "tcp", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .ctl_sent = UINT64_MAX, .verify_enabled = true};
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	perf_trace_print_summary(f, &info, &s, &c, r, 2);
+	fclose(f);
+	char *txt = slurp(path);
+	unlink(path);
+	cr_assert(strstr(txt, "\n  wall time              n/a (no request completed)\n"
+			      "  throughput             n/a (no request completed)\n"
+			      "  latency ms             n/a (no request completed)\n"
+			      "  first layer ms         n/a (no request completed)\n"
+			      "  lcore util             producer n/a consumer n/a\n"),
+		  "%s", txt);
+	cr_assert(strstr(txt, "failed transfers       tx-000000 (timed out) tx-000001 (Input/output error)\n"),
+		  "%s", txt);
+	/* The JSON has null where the text has n/a. */
+	char jp[] = "/tmp/kvx_report_json_XXXXXX";
+	close(mkstemp(jp));
+	cr_assert_eq(perf_trace_write_json(jp, &info, &s, &c, r, 2), 0);
+	json_error_t je;
+	json_t *root = json_load_file(jp, 0, &je);
+	unlink(jp);
+	cr_assert_not_null(root, "%s", je.text);
+	json_t *sum = json_object_get(root, "summary");
+	cr_assert(json_is_null(json_object_get(sum, "wall_s")));
+	cr_assert(json_is_null(json_object_get(sum, "throughput_gbps")));
+	cr_assert(json_is_null(json_object_get(sum, "latency_ms")));
+	cr_assert(json_is_null(json_object_get(sum, "first_layer_ms")));
+	cr_assert_eq(json_integer_value(json_object_get(sum, "completed")), 0);
+	json_decref(root);
+}
+
+Test(bench_trace_report, completed_run_without_layer_times_says_not_reported)
+{
+	struct perf_trace_rec r[1] = {mk(0, 0, 10, 100, 0)};
+	r[0].first_layer_ns = 0;
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 1, &s), 0);
+	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t",
+					   .mode = "READ", .transport = "tcp", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {0.5, 0.5}, .verify_enabled = true};
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	int fd = mkstemp(path);
+	FILE *f = fdopen(fd, "w");
+	perf_trace_print_summary(f, &info, &s, &c, r, 1);
+	fclose(f);
+	char *txt = slurp(path);
+	unlink(path);
+	cr_assert(strstr(txt, "wall time              0.010 s\n"), "%s", txt);
+	cr_assert(strstr(txt, "first layer ms         n/a (no per-layer completion reported)\n"), "%s", txt);
 }
 
 Test(bench_trace_report, json_round_trips_summary_and_records)

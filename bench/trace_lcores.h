@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_BENCH_TRACE_LCORES_H
+#define KVX_BENCH_TRACE_LCORES_H
+/**
+ * @file
+ * `kvxfer-perf trace --local -l LIST`: split one polling lcore list between the producer and
+ * the consumer process, through the project's lcore option parser (include/kvxfer/lcore.h), so
+ * every DPDK form (`0-3`, `1,2@(5-7)`, `(0,1)@0`, `0@(0,1)`) splits the same way the engine
+ * would read it.
+ */
+#include <stddef.h>
+
+/** Capacity of one role's lcore string, bytes including the NUL. */
+#define TRACE_LCORES_MAX 512
+
+/**
+ * Split @p list: the producer gets the first half of its lcores (ascending lcore id, the odd
+ * one to the consumer), the consumer the rest; each role's string lists its lcores in DPDK
+ * mapping form, `ID` when the lcore runs on CPU ID alone, else `ID@(CPUS)`.
+ *
+ * @param list       Polling lcore list, DPDK `-l` syntax; not NULL.
+ * @param[out] out   Array[2] strings: [0] producer, [1] consumer; written only when split.
+ * @param[out] err   Message naming the bad value (kvx_lcore_parse_opt()); may be NULL.
+ * @param errlen     Size of @p err, bytes.
+ * @return           2 when split; 0 when the list has a single lcore (both roles use @p list).
+ * @retval -EINVAL   @p list does not parse (@p err says why).
+ * @retval -ENOMEM   Out of memory.
+ * @retval -ENOSPC   A role's string does not fit TRACE_LCORES_MAX bytes.
+ */
+int trace_split_lcores(const char *list, char out[2][TRACE_LCORES_MAX], char *err, size_t errlen);
+
+#endif /* KVX_BENCH_TRACE_LCORES_H */
