@@ -104,6 +104,12 @@ struct peer {
 	char host[KVX_ENGINE_HOST_MAX];
 	uint16_t hs_port, notify_port;
 	uint32_t dp_rank, dp_size_local, tp_size;
+	/* Multi-pod (PROTOCOL.md §5.8): per-pod hosts; ranks [k*dp_size_local, (k+1)*dp_size_local)
+	 * live on pod_host[k]. Part of the peer's identity, so a transfer's routing is fixed at
+	 * submission and a later transfer with other hosts is another peer. */
+	char pod_host[KVX_ENGINE_MAX_PODS][KVX_ENGINE_HOST_MAX];
+	const char *pod_ptr[KVX_ENGINE_MAX_PODS];
+	uint32_t n_pods;
 	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
 	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
@@ -197,6 +203,13 @@ struct poller {
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 
+/* A transport context's async-event fd watched by the control lcore. */
+struct evwatch {
+	struct kvx_engine *e;
+	uint32_t k; /* index in xctx[] */
+	int fd;
+};
+
 struct kvx_engine {
 	struct kvx_engine_params p;
 	char host[KVX_ENGINE_HOST_MAX];
@@ -217,6 +230,7 @@ struct kvx_engine {
 	char hip_why[KVX_MEM_WHY_LEN];
 	_Atomic(const char *) last_xport; /* provider of the latest peer connection set up */
 	struct kvx_ctl *ctl;
+	struct evwatch evw[2];
 	struct kvx_ctl_inbox *app_ib;
 	struct poller *po[KVX_ENGINE_MAX_POLLERS];
 	uint32_t n_po;
@@ -576,6 +590,9 @@ static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t le
 				rc = kvx_xport_ep_accept(e->xctx[xi], blob_a + pos, cl, &eps[l], blob_b + out + 4,
 							 KVX_XPORT_BLOB_MAX, &xl);
 				if (rc == 0) {
+					/* Target side: the group of the initiator's link (verbs responder QPs
+					 * raise no completions here, so a refusal only costs locality). */
+					(void)kvx_xport_ep_set_group(eps[l], l % e->n_po);
 					uint32_t x32 = (uint32_t)xl;
 					memcpy(blob_b + out, &x32, 4);
 					out += 4 + xl;
@@ -659,7 +676,9 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
 				rc = -EMSGSIZE;
 				break;
 			}
-			rc = kvx_xport_ep_create(e->xctx[xi], &pr->hs_ep[l][xi], blob_a + pos + 4, cap - pos - 4, &xl);
+			/* Link l is driven by polling lcore l: its poll group (one CQ per group on verbs). */
+			rc = kvx_xport_ep_create_in_group(e->xctx[xi], l, &pr->hs_ep[l][xi], blob_a + pos + 4,
+							  cap - pos - 4, &xl);
 			if (rc)
 				break;
 			uint32_t x32 = (uint32_t)xl;
@@ -817,6 +836,38 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 	return 0;
 }
 
+/* Control thread: the context's device async-event fd is readable. Under acc_lock like every
+ * control-path transport call; endpoints it moves to error state are then met by their
+ * pollers (completion errors -> stale connection -> re-handshake). */
+static void on_xport_events(void *arg)
+{
+	struct evwatch *w = arg;
+	pthread_mutex_lock(&w->e->acc_lock);
+	int n = kvx_xport_ctx_handle_events(w->e->xctx[w->k]);
+	pthread_mutex_unlock(&w->e->acc_lock);
+	if (n < 0)
+		kvx_log(KVX_LOG_WARN, "engine: %s async events: %s", kvx_xport_name(w->e->xctx[w->k]), kvx_strerror(n));
+}
+
+/* Heterogeneous TP (PROTOCOL.md §4.2/§4.5): whole blocks move between different TP sizes only
+ * when every rank holds whole KV heads; a peer that fails is rejected (its transfers fail with
+ * the returned errno, the message names the values). MLA layers and unknown head counts
+ * (spec.num_kv_heads 0) pass. */
+static int hetero_tp_guard(struct peer *pr)
+{
+	struct kvx_engine *e = pr->e;
+	uint32_t ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
+	const struct kvx_layout_spec *sp = &e->layers[0].spec;
+	if (sp->is_mla || sp->num_kv_heads == 0 || ptp == e->p.tp_size)
+		return 0;
+	char msg[200] = "";
+	int rc = kvx_layout_check_hetero_tp(e->p.tp_size, ptp, sp->num_kv_heads * e->p.tp_size, false, msg,
+					    sizeof(msg));
+	if (rc)
+		kvx_log(KVX_LOG_ERROR, "engine: peer %s:%u dp %u rejected: %s", pr->host, pr->hs_port, pr->dp_rank, msg);
+	return rc;
+}
+
 static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 {
 	struct peer *pr = arg;
@@ -824,6 +875,8 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	int rc = res->status;
 	uint64_t epoch = rc == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
 	struct conn *c = NULL;
+	if (rc == 0)
+		rc = hetero_tp_guard(pr);
 	if (rc == 0 && res->num_ranks == 1)
 		rc = conn_build(pr, &res->ranks[0], epoch, &c);
 	else if (rc == 0)
@@ -876,6 +929,8 @@ static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer 
 		.handshake_base_port = pr->hs_port,
 		.dp_size = pr->dp_rank + 1,
 		.dp_size_local = pr->dp_size_local,
+		.remote_hosts = pr->n_pods ? pr->pod_ptr : NULL,
+		.num_remote_hosts = pr->n_pods,
 		.tp_rank = rtp,
 		.tp_size = ptp,
 		.port_mode = e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE,
@@ -909,6 +964,16 @@ static uint32_t peer_tp(const struct kvx_engine *e, const struct peer *pr)
 	return pr->tp_size ? pr->tp_size : e->p.tp_size;
 }
 
+/* Host of the peer's DP rank @p dp: its pod's host, else the peer host (PROTOCOL.md §5.8). */
+static const char *peer_host_of(const struct peer *pr, uint32_t dp)
+{
+	const char *host;
+	uint32_t local;
+	kvx_ctl_dp_target(dp, pr->dp_size_local, pr->n_pods ? pr->pod_ptr : NULL, pr->n_pods, pr->host, &host,
+			  &local);
+	return host;
+}
+
 /* Notify port of the peer TP rank this worker pairs with (PROTOCOL.md §2.4 targets). */
 static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *pr, uint32_t rtp)
 {
@@ -916,8 +981,18 @@ static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *
 	return (uint16_t)(pr->notify_port + port_off(e, kvx_ctl_fold_local_rank(pr->dp_rank, pr->dp_size_local), rtp, ptp));
 }
 
+static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
+			   const char *tid, const uint32_t *blocks, uint32_t n);
+
+/* To the peer's own DP rank (its pod host). */
 static void send_notify(struct poller *po, const struct peer *pr, uint16_t port, enum kvx_msg_type t,
 			const char *tid, const uint32_t *blocks, uint32_t n)
+{
+	send_notify_to(po, peer_host_of(pr, pr->dp_rank), port, t, tid, blocks, n);
+}
+
+static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
+			   const char *tid, const uint32_t *blocks, uint32_t n)
 {
 	struct kvx_engine *e = po->e;
 	struct kvx_msg_notify m;
@@ -932,7 +1007,7 @@ static void send_notify(struct poller *po, const struct peer *pr, uint16_t port,
 		m.num_blocks = n;
 		m.decode_rank = e->p.dp_rank;
 	}
-	if (kvx_ctl_send_notify(po->ib, pr->host, port, &m))
+	if (kvx_ctl_send_notify(po->ib, host, port, &m))
 		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
 }
 
@@ -1294,7 +1369,7 @@ static void finish_write_ok(struct poller *po, struct xf *x, int32_t decode_dp)
 	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
 	uint16_t port = (uint16_t)(pr->notify_port +
 				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
-	send_notify(po, pr, port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
+	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
 	report(po, x, KVX_CPL_DONE, 0, true);
 }
 
@@ -1341,7 +1416,7 @@ static void handle_submit(struct poller *po, struct xf *x)
 			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
 		}
-		kvx_ctl_mark_live(po->ib, x->tid, x->peer->host, x->peer->notify_port);
+		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
 		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
 		return;
 	case XK_WRITE:
@@ -1903,6 +1978,18 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	};
 	if ((rc = kvx_ctl_create(&cp, &e->ctl)))
 		return rc;
+	/* Device async events (verbs: QP/CQ/port errors) are drained on the control lcore. */
+	for (uint32_t k = 0; k < e->n_xctx; k++) {
+		int fd = kvx_xport_ctx_event_fd(e->xctx[k]);
+		if (fd < 0)
+			continue; /* -ENOTSUP: tcp/shm have none */
+		e->evw[k] = (struct evwatch){.e = e, .k = k, .fd = fd};
+		if ((rc = kvx_ctl_watch_fd(e->ctl, fd, on_xport_events, &e->evw[k]))) {
+			kvx_log(KVX_LOG_ERROR, "engine: watch %s async events: %s", kvx_xport_name(e->xctx[k]),
+				kvx_strerror(rc));
+			return rc;
+		}
+	}
 	struct kvx_msg_region *regs = calloc(e->n_layers, sizeof(*regs));
 	struct kvx_msg_memdesc *descs = calloc(e->n_layers, sizeof(*descs));
 	if (!regs || !descs) {
@@ -2100,14 +2187,33 @@ static struct peer *peer_get(struct kvx_engine *e, const struct kvx_engine_peer 
 		*rc = -EINVAL;
 		return NULL;
 	}
-	struct peer *pr = NULL;
-	for (uint32_t i = 0; i < e->n_peers; i++) {
-		struct peer *q = &e->peers[i];
-		if (!strcmp(q->host, pp->host) && q->hs_port == pp->handshake_port && q->notify_port == pp->notify_port &&
-		    q->dp_rank == pp->dp_rank) {
-			pr = q;
-			break;
+	if (pp->num_remote_hosts > KVX_ENGINE_MAX_PODS || (pp->num_remote_hosts && !pp->remote_hosts)) {
+		kvx_log(KVX_LOG_ERROR, "engine: peer %s: num_remote_hosts %u (0..%d, remote_hosts not NULL)", pp->host,
+			pp->num_remote_hosts, KVX_ENGINE_MAX_PODS);
+		*rc = -EINVAL;
+		return NULL;
+	}
+	for (uint32_t k = 0; k < pp->num_remote_hosts; k++) {
+		const char *h = pp->remote_hosts[k];
+		if (!h || !*h || strlen(h) >= KVX_ENGINE_HOST_MAX) {
+			kvx_log(KVX_LOG_ERROR, "engine: peer %s: remote_hosts[%u] empty, NULL or longer than %d bytes",
+				pp->host, k, KVX_ENGINE_HOST_MAX - 1);
+			*rc = -EINVAL;
+			return NULL;
 		}
+	}
+	struct peer *pr = NULL;
+	for (uint32_t i = 0; i < e->n_peers && !pr; i++) {
+		struct peer *q = &e->peers[i];
+		if (strcmp(q->host, pp->host) || q->hs_port != pp->handshake_port || q->notify_port != pp->notify_port ||
+		    q->dp_rank != pp->dp_rank || q->dp_size_local != pp->dp_size_local || q->tp_size != pp->tp_size ||
+		    q->n_pods != pp->num_remote_hosts)
+			continue;
+		bool same = true;
+		for (uint32_t k = 0; k < q->n_pods && same; k++)
+			same = !strcmp(q->pod_host[k], pp->remote_hosts[k]);
+		if (same)
+			pr = q;
 	}
 	if (!pr) {
 		if (e->n_peers == KVX_ENGINE_MAX_PEERS) {
@@ -2124,6 +2230,11 @@ static struct peer *peer_get(struct kvx_engine *e, const struct kvx_engine_peer 
 		pr->dp_rank = pp->dp_rank;
 		pr->dp_size_local = pp->dp_size_local;
 		pr->tp_size = pp->tp_size;
+		pr->n_pods = pp->num_remote_hosts;
+		for (uint32_t k = 0; k < pr->n_pods; k++) {
+			strcpy(pr->pod_host[k], pp->remote_hosts[k]);
+			pr->pod_ptr[k] = pr->pod_host[k];
+		}
 		/* Published to the pollers by the ring enqueue of the first submission naming it. */
 		e->n_peers++;
 	}

@@ -103,8 +103,10 @@ extern "C" {
 #define KVX_ENGINE_MAX_LAYERS 512
 /** Most polling lcores reported by kvx_engine_get_stats(). */
 #define KVX_ENGINE_MAX_POLLERS 16
-/** Most peers reported by kvx_engine_get_stats(). */
+/** Most peers reported by kvx_engine_get_stats() (and distinct peers per engine). */
 #define KVX_ENGINE_MAX_PEERS 64
+/** Most per-pod hosts of one peer (struct kvx_engine_peer.remote_hosts). */
+#define KVX_ENGINE_MAX_PODS 16
 
 /** Idle policy of the polling lcores (DESIGN.md §1). */
 enum kvx_engine_idle {
@@ -159,14 +161,26 @@ struct kvx_engine_layer {
 	int device_id;                  /**< HIP device for KVX_ENGINE_MEM_HIP. */
 };
 
-/** Where a peer worker listens (one DP rank of the peer instance). */
+/**
+ * Where a peer worker listens (one DP rank of the peer instance).
+ *
+ * Multi-pod (Wide-EP) peers (PROTOCOL.md §5.8, vector T39): ranks
+ * `[k*dp_size_local, (k+1)*dp_size_local)` live on `remote_hosts[k]`; the handshake, the
+ * notifications of the transfer and the producer's `write_done` (to the decode DP rank named
+ * in `remote_blocks`) go to `remote_hosts[pod_index(rank, dp_size_local)]` when that index is
+ * in range, else to @c host, on the port of `fold_local_rank(rank, dp_size_local)`. The hosts
+ * are copied at submission and are part of the peer's identity: each transfer keeps the
+ * routing it was submitted with, whatever later transfers name.
+ */
 struct kvx_engine_peer {
-	const char *host;          /**< Peer host (for multi-pod: resolved per pod by the caller). */
+	const char *host;          /**< Peer host; the fallback for ranks outside remote_hosts. */
 	uint16_t handshake_port;   /**< Peer handshake base port. */
 	uint16_t notify_port;      /**< Peer notify base port. */
 	uint32_t dp_rank;          /**< Peer DP rank the transfer targets (global). */
 	uint32_t dp_size_local;    /**< Peer DP ranks per pod (0 = single pod). */
 	uint32_t tp_size;          /**< Peer TP size (0 = same as local). */
+	const char *const *remote_hosts; /**< Array[num_remote_hosts] per-pod hosts, or NULL. */
+	uint32_t num_remote_hosts; /**< Entries in remote_hosts, 0..KVX_ENGINE_MAX_PODS. */
 };
 
 /** D READ: read a request's blocks from P (PROTOCOL.md §1.4 steps 7–10). */

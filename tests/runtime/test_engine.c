@@ -629,8 +629,16 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	struct seen sa = {.transfer = -1}, spa = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-a", &sa, false, 20000000000ull));
 	cr_assert_eq(sa.transfer, KVX_CPL_DONE);
-	/* Served only now (D's release is parked on P), so P's short defer timeout cannot race the
-	 * first handshake on a slow machine. */
+	/* Served only once D's release reached P (it is parked there), so P's short defer timeout
+	 * cannot race the first handshake or the release on a slow machine. */
+	uint64_t end = kvx_now_ns() + 20000000000ull;
+	struct kvx_engine_stats st;
+	do {
+		kvx_engine_get_stats(P.e, &st);
+		if (st.notifications_received < 1)
+			usleep(500);
+	} while (st.notifications_received < 1 && kvx_now_ns() < end);
+	cr_assert_geq(st.notifications_received, 1, "D's release never reached P");
 	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
 	cr_assert(wait_for(P.e, "tx-a", &spa, true, 20000000000ull));
 	cr_assert_eq(spa.transfer, KVX_CPL_DONE);
@@ -645,7 +653,6 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	struct seen sp = {.transfer = -1};
 	cr_assert(wait_for(P.e, "tx-b", &sp, true, 20000000000ull));
 	cr_assert_eq(sp.transfer, KVX_CPL_TIMED_OUT);
-	struct kvx_engine_stats st;
 	kvx_engine_get_stats(P.e, &st);
 	cr_assert_eq(st.fences, 1);
 	for (int l = 0; l < NL; l++)
@@ -938,3 +945,111 @@ Test(runtime_engine, two_pollers_tcp_read_many) { multi_poller_case(KVX_SCHED_MO
 Test(runtime_engine, two_pollers_tcp_write_many) { multi_poller_case(KVX_SCHED_MODE_WRITE, "tcp"); }
 Test(runtime_engine, two_pollers_shm_read_many) { multi_poller_case(KVX_SCHED_MODE_READ, "shm"); }
 Test(runtime_engine, two_pollers_shm_write_many) { multi_poller_case(KVX_SCHED_MODE_WRITE, "shm"); }
+
+/* PROTOCOL.md §5.8 / T39, multi-pod peers: the producer reaches decode DP rank 1, which lives
+ * on pod 1 (remote_hosts[1] = 127.0.0.1; the fallback host 192.0.2.9, TEST-NET-1, has nobody),
+ * for the handshake and for write_done (routed to the decode rank of remote_blocks). A later
+ * transfer naming other pod hosts (192.0.2.7: nobody) is another peer: it fails on its own and
+ * does not change the first transfer's routing. */
+Test(runtime_engine, multi_pod_routing_per_transfer)
+{
+	struct kvx_engine_params pp, dp;
+	struct eng P, D;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	pp.handshake_timeout_ms = 1500;
+	dp.dp_size = 2;
+	dp.dp_rank = 1;
+	dp.dp_size_local = 1;
+	eng_start(&P, &pp, 0);
+	eng_start(&D, &dp, 0);
+	for (int l = 0; l < NL; l++)
+		for (int b = 0; b < NB; b++)
+			memset(P.mem[l] + b * 128, 0x40 + 8 * l + b, 128);
+	const char *const good[2] = {"192.0.2.8", "127.0.0.1"}, *const bad[2] = {"192.0.2.8", "192.0.2.7"};
+	struct kvx_engine_peer to_d = {.host = "192.0.2.9", .handshake_port = D.hs, .notify_port = D.nt,
+				       .dp_rank = 1, .dp_size_local = 1, .remote_hosts = good, .num_remote_hosts = 2};
+	struct kvx_engine_peer to_p = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt};
+	const uint32_t pb[2] = {2, 5}, db[2] = {9, 4};
+	struct kvx_engine_announce an = {.transfer_id = "tx-pod-a", .peer = to_p, .local_blocks = db, .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	struct kvx_engine_write w = {.transfer_id = "tx-pod-a", .peer = to_d, .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	for (uint32_t l = 0; l < NL; l++)
+		cr_assert_eq(kvx_xfer_layer_ready_event(P.e, "tx-pod-a", l, NULL), 0);
+	/* The handshake reached pod 1: the blocks land (write_done is due at the seal). */
+	uint64_t end = kvx_now_ns() + 20000000000ull;
+	bool landed = false;
+	while (!landed && kvx_now_ns() < end) {
+		landed = true;
+		for (int l = 0; l < NL && landed; l++)
+			for (int i = 0; i < 2 && landed; i++)
+				landed = !memcmp(D.mem[l] + db[i] * 128, P.mem[l] + pb[i] * 128, 128);
+		if (!landed)
+			usleep(500);
+	}
+	cr_assert(landed, "tx-pod-a never landed on the pod host");
+	/* A later transfer to the same rank with other pod hosts, before tx-pod-a's write_done. */
+	struct kvx_engine_write wb = w;
+	wb.transfer_id = "tx-pod-b";
+	wb.peer.remote_hosts = bad;
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &wb), 0);
+	cr_assert_eq(kvx_xfer_seal(P.e, "tx-pod-a", NL), 0);
+	struct multi mp = {.tid = {"tx-pod-a", "tx-pod-b"}, .s = {{.transfer = -1}, {.transfer = -1}}, .n = 2};
+	struct multi md = {.tid = {"tx-pod-a"}, .s = {{.transfer = -1}}, .n = 1};
+	cr_assert(multi_wait(P.e, &mp, 0, 20000000000ull));
+	cr_assert_eq(mp.s[0].transfer, KVX_CPL_DONE, "error %d", mp.s[0].error);
+	cr_assert(multi_wait(D.e, &md, 0, 20000000000ull), "write_done never reached the pod host");
+	cr_assert_eq(md.s[0].transfer, KVX_CPL_DONE);
+	for (int l = 0; l < NL; l++)
+		for (int i = 0; i < 2; i++)
+			cr_assert(!memcmp(D.mem[l] + db[i] * 128, P.mem[l] + pb[i] * 128, 128), "layer %d block %u", l, db[i]);
+	cr_assert(multi_wait(P.e, &mp, 1, 20000000000ull));
+	cr_assert_eq(mp.s[1].transfer, KVX_CPL_FAILED, "status %d", mp.s[1].transfer);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.n_peers, 2, "two pod host lists are two peers");
+	cr_assert_eq(st.transfers_done, 1);
+	cr_assert_eq(st.transfers_failed, 1);
+	eng_free(&D);
+	eng_free(&P);
+}
+
+/* PROTOCOL.md §4.2/§4.5: a consumer with TP 2 and one KV head per rank (2 heads in all) cannot
+ * take whole blocks from a TP 1 producer (min TP 1 < 2 heads): the peer is rejected when its
+ * metadata arrives, and the READ fails with -ENOTSUP (no crash, no hang). */
+Test(runtime_engine, hetero_tp_peer_rejected_at_handshake)
+{
+	struct kvx_engine_params pp, dp;
+	struct eng P;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	eng_start(&P, &pp, 0x11);
+	dp.tp_size = 2;
+	struct kvx_engine *d;
+	char err[256] = "";
+	cr_assert_eq(kvx_engine_create(&dp, &d, err, sizeof(err)), 0, "%s", err);
+	uint8_t *mem = calloc(2, NB * 64 * 2);
+	cr_assert_not_null(mem);
+	struct kvx_engine_layer l = {.name = "s0", .base = mem,
+				     .tensor = {.ndim = 5, .shape = {2, NB, 4, 1, 16}, .stride = {NB * 64, 64, 16, 16, 1},
+						.elem_size = 2},
+				     .spec = {.block_size = 4, .num_kv_heads = 1, .head_size = 16}};
+	cr_assert_eq(kvx_engine_register_layer(d, &l), 0);
+	cr_assert_eq(kvx_engine_start(d), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-htp",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt, .tp_size = 1},
+				    .local_blocks = (uint32_t[]){1},
+				    .remote_blocks = (uint32_t[]){2},
+				    .n = 1};
+	cr_assert_eq(kvx_xfer_read(d, &r), 0);
+	struct seen s = {.transfer = -1};
+	cr_assert(wait_for(d, "tx-htp", &s, false, 20000000000ull));
+	cr_assert_eq(s.transfer, KVX_CPL_FAILED);
+	cr_assert_eq(s.error, -ENOTSUP, "error %d", s.error);
+	for (size_t k = 0; k < 2 * NB * 64 * 2; k++)
+		cr_assert_eq(mem[k], 0, "byte %zu written", k);
+	kvx_engine_destroy(d);
+	free(mem);
+	eng_free(&P);
+}
