@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -32,24 +33,7 @@
 #include "kvxfer/mem.h"
 
 #define RESULT_LINE "---------------------------------------------------------------------------------------\n"
-#define PX_MAGIC 0x4b585046u /* "KXPF" */
 #define PX_MAX_SIZE (8ull << 20)
-
-enum { PX_HELLO = 1, PX_BLOB_A, PX_BLOB_B, PX_DONE, PX_BYE };
-
-/* Out-of-band message (both ends are this binary; fixed layout, native byte order). */
-struct px_msg {
-	uint32_t magic, type;
-	int32_t rc;
-	uint32_t qps, depth, chunk;
-	uint64_t buflen, op_timeout_ns;
-	char transport[16];
-	char err[160];
-	uint32_t blob_len;
-	uint8_t blob[KVX_XPORT_BLOB_MAX];
-	uint8_t desc[KVX_XPORT_RDESC_BYTES];
-	struct kvx_xport_counters cnt;
-};
 
 static void usage(bool lat)
 {
@@ -57,6 +41,7 @@ static void usage(bool lat)
 	       "  server: no HOST (waits on --port); client: HOST; --local runs both here\n"
 	       "  -t, --transport tcp|shm|verbs|auto   provider (default auto)\n"
 	       "  -m, --mode read|write                one-sided op (default write)\n"
+	       "%s"
 	       "  -s, --size SIZE                      message size, K/M suffixes (default %s)\n"
 	       "  -a, --all                            sweep sizes 2 B .. 8 MiB\n"
 	       "  -n, --iters N                        iterations per size (default %s)\n"
@@ -65,14 +50,23 @@ static void usage(bool lat)
 	       "      --batch N                        ops per post (default 1)\n"
 	       "      --tx-depth N                     outstanding ops (bw, default 128)\n"
 	       "      --chunk SIZE                     tcp request size (default 1M)\n"
-	       "  -l, --lcores A[,B]                   pin the client to CPU A, the server to B\n"
+	       "  -l, --lcores A[,B]                   pin the client to CPU A, the server to B (default:\n"
+	       "                                       two distinct CPUs of this machine, see the header)\n"
 	       "  -p, --port PORT                      out-of-band TCP port (default 18515)\n"
 	       "      --json FILE                      write the results as JSON\n"
 	       "      --output=%s             print only the number\n"
-	       "      --local                          fork the server on this machine\n"
+	       "      --local                          run the server on a second thread of this process\n"
 	       "      --mem host|hip[:DEVICE]          buffer memory (default host)\n"
 	       "%s",
-	       lat ? "lat" : "bw", lat ? "2" : "65536", lat ? "1000" : "1000",
+	       lat ? "lat" : "bw",
+	       lat ? "  -m, --mode pingpong|completion       how lat times an op (may follow -m read|write):\n"
+		     "                                       pingpong (WRITE default): ib_write_lat's method,\n"
+		     "                                       each side WRITEs into the other's buffer and spins\n"
+		     "                                       on its last byte; typical = median(round trip / 2)\n"
+		     "                                       completion: post -> completion of one op; READ\n"
+		     "                                       always uses it (ib_read_lat times a READ that way)\n"
+		   : "",
+	       lat ? "2" : "65536", lat ? "1000" : "1000",
 	       lat ? "latency  " : "bandwidth",
 	       lat ? "" : "      --peer cma|memcpy                comparison loop, not kvxfer: "
 			  "process_vm_readv from a child, or memcpy\n"
@@ -92,14 +86,16 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 	return 0;
 }
 
-/* --mem value; NULL or "host" = host buffers (the only memory the data paths move today). */
+/* --mem value; NULL or "host" = host buffers. */
 static const char *g_mem_arg;
 
 /*
- * --mem hip[:N]: open the device and allocate through kvx_mem, so a missing GPU is reported
- * as "no HIP device"; device buffers are not wired into the providers' data paths yet.
+ * --mem hip[:N] (or the test-only hostdev): open the device and allocate through kvx_mem before
+ * anything runs, so a missing GPU is reported as "no HIP device" (exit 1). Whether the provider
+ * moves that memory is its caps.mem_types' say, checked when the buffers are set up
+ * (buf_setup()).
  */
-static int mem_check(const char *transport)
+static int mem_check(void)
 {
 	char why[KVX_MEM_WHY_LEN] = "";
 	struct kvx_mem_buf mb;
@@ -111,27 +107,68 @@ static int mem_check(const char *transport)
 		return 1;
 	}
 	kvx_mem_buf_fini(&mb);
-	fprintf(stderr, "kvxfer-perf: --mem %s: the %s data path does not move device memory yet\n",
-		g_mem_arg, transport);
-	return 1;
+	return 0;
+}
+
+/*
+ * Allocate and register one side's buffer of @p len bytes in the memory @p mem_arg names: ""
+ * or "host" = host memory filled with @p fill; otherwise kvx_mem_buf_init() (contents zero),
+ * registered with its memory type only if the provider's caps.mem_types include it.
+ * Returns 0, or -errno with a message in @p err. Free with buf_free() after closing the context.
+ */
+static int buf_setup(struct kvx_xport_ctx *ctx, const char *mem_arg, uint64_t len, uint8_t fill,
+		     struct px_sess *s, struct kvx_xport_mr **mr, char *err, size_t errlen)
+{
+	struct kvx_xport_caps caps;
+	struct kvx_xport_mr_params rp = {.len_bytes = len, .access = KVX_XPORT_ACCESS_ALL};
+	memset(&s->mb, 0, sizeof(s->mb));
+	s->buf = NULL;
+	kvx_xport_query_caps(ctx, &caps);
+	if (!mem_arg[0] || !strcmp(mem_arg, "host")) {
+		if (!(s->buf = aligned_alloc(4096, (len + 4095) & ~4095ull))) {
+			snprintf(err, errlen, "out of memory for %llu bytes", (unsigned long long)len);
+			return -ENOMEM;
+		}
+		memset(s->buf, fill, len);
+		rp.addr = s->buf;
+	} else {
+		char why[KVX_MEM_WHY_LEN] = "";
+		int rc = kvx_mem_buf_init(mem_arg, len, &s->mb, why, sizeof(why));
+		if (rc) {
+			snprintf(err, errlen, "%s", why);
+			return rc;
+		}
+		rp.mem_type = s->mb.type.kind == KVX_MEM_HIP       ? KVX_XPORT_MEM_HIP
+			      : s->mb.type.kind == KVX_MEM_HOSTDEV ? KVX_XPORT_MEM_HOSTDEV
+								   : KVX_XPORT_MEM_HOST;
+		rp.device_id = s->mb.type.device;
+		if (!(caps.mem_types & (1u << rp.mem_type))) {
+			snprintf(err, errlen, "--mem %s: the %s provider does not move this memory "
+				 "(not in its caps.mem_types)", mem_arg, kvx_xport_name(ctx));
+			kvx_mem_buf_fini(&s->mb);
+			return -ENOTSUP;
+		}
+		s->buf = s->mb.ptr;
+		rp.addr = s->mb.ptr;
+	}
+	int rc = kvx_xport_mr_register(ctx, &rp, mr);
+	if (rc)
+		snprintf(err, errlen, "register %llu bytes: %s", (unsigned long long)len,
+			 kvx_strerror(rc));
+	return rc;
+}
+
+static void buf_free(struct px_sess *s)
+{
+	if (s->mb.mem)
+		kvx_mem_buf_fini(&s->mb);
+	else
+		free(s->buf);
+	s->buf = NULL;
 }
 
 static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 {
-	enum { O_QPS = 256, O_BATCH, O_DEPTH, O_CHUNK, O_JSON, O_OUTPUT, O_LOCAL, O_PEER, O_MEM, O_PLOT };
-	static const struct option opts[] = {
-		{"transport", required_argument, NULL, 't'}, {"mode", required_argument, NULL, 'm'},
-		{"size", required_argument, NULL, 's'},      {"all", no_argument, NULL, 'a'},
-		{"iters", required_argument, NULL, 'n'},     {"duration", required_argument, NULL, 'D'},
-		{"qps", required_argument, NULL, O_QPS},     {"batch", required_argument, NULL, O_BATCH},
-		{"tx-depth", required_argument, NULL, O_DEPTH},
-		{"chunk", required_argument, NULL, O_CHUNK}, {"lcores", required_argument, NULL, 'l'},
-		{"port", required_argument, NULL, 'p'},      {"json", required_argument, NULL, O_JSON},
-		{"output", required_argument, NULL, O_OUTPUT},
-		{"local", no_argument, NULL, O_LOCAL},       {"peer", required_argument, NULL, O_PEER},
-		{"mem", required_argument, NULL, O_MEM},     {"plot", required_argument, NULL, O_PLOT},
-		{"help", no_argument, NULL, 'h'},            {0, 0, 0, 0},
-	};
 	memset(c, 0, sizeof(*c));
 	strcpy(c->transport, "auto");
 	c->mode = KVX_XPORT_OP_WRITE;
@@ -145,7 +182,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 	int o;
 	uint32_t u;
 	uint64_t v;
-	while ((o = getopt_long(argc, argv, "t:m:s:an:D:l:p:h", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, PERF_PX_SHORTOPTS, perf_px_opts, NULL)) != -1) {
 		switch (o) {
 		case 't':
 			if (strcmp(optarg, "tcp") && strcmp(optarg, "shm") && strcmp(optarg, "verbs") &&
@@ -161,8 +198,13 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 				c->mode = KVX_XPORT_OP_READ;
 			else if (!strcmp(optarg, "write"))
 				c->mode = KVX_XPORT_OP_WRITE;
+			else if (lat && !strcmp(optarg, "pingpong"))
+				c->lat_method = PX_LAT_PINGPONG;
+			else if (lat && !strcmp(optarg, "completion"))
+				c->lat_method = PX_LAT_COMPLETION;
 			else {
-				fprintf(stderr, "kvxfer-perf: -m '%s': expected read or write\n", optarg);
+				fprintf(stderr, "kvxfer-perf: -m '%s': expected read or write%s\n", optarg,
+					lat ? " (op), or pingpong or completion (timing)" : "");
 				return 2;
 			}
 			break;
@@ -190,25 +232,25 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 				return 2;
 			}
 			break;
-		case O_QPS:
+		case PERF_PX_O_QPS:
 			if (parse_u32(optarg, 1, 64, &c->qps)) {
 				fprintf(stderr, "kvxfer-perf: --qps '%s': expected 1..64\n", optarg);
 				return 2;
 			}
 			break;
-		case O_BATCH:
+		case PERF_PX_O_BATCH:
 			if (parse_u32(optarg, 1, 4096, &c->batch)) {
 				fprintf(stderr, "kvxfer-perf: --batch '%s': expected 1..4096\n", optarg);
 				return 2;
 			}
 			break;
-		case O_DEPTH:
+		case PERF_PX_O_DEPTH:
 			if (parse_u32(optarg, 1, 8192, &c->depth)) {
 				fprintf(stderr, "kvxfer-perf: --tx-depth '%s': expected 1..8192\n", optarg);
 				return 2;
 			}
 			break;
-		case O_CHUNK:
+		case PERF_PX_O_CHUNK:
 			if (perf_parse_size(optarg, &v) || v < 4096 || v > (16u << 20)) {
 				fprintf(stderr, "kvxfer-perf: --chunk '%s': expected 4K..16M\n", optarg);
 				return 2;
@@ -235,17 +277,17 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			}
 			c->port = (uint16_t)u;
 			break;
-		case O_JSON:
+		case PERF_PX_O_JSON:
 			c->json = optarg;
 			break;
-		case O_PLOT:
+		case PERF_PX_O_PLOT:
 			if (lat) {
 				fprintf(stderr, "kvxfer-perf lat: --plot is for bw sweeps only\n");
 				return 2;
 			}
 			c->plot = optarg;
 			break;
-		case O_OUTPUT:
+		case PERF_PX_O_OUTPUT:
 			if (strcmp(optarg, lat ? "latency" : "bandwidth")) {
 				fprintf(stderr, "kvxfer-perf: --output=%s: expected %s\n", optarg,
 					lat ? "latency" : "bandwidth");
@@ -253,10 +295,10 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			}
 			c->output_bw = true;
 			break;
-		case O_LOCAL:
+		case PERF_PX_O_LOCAL:
 			c->local = true;
 			break;
-		case O_PEER:
+		case PERF_PX_O_PEER:
 			if (lat || (strcmp(optarg, "cma") && strcmp(optarg, "memcpy"))) {
 				fprintf(stderr, "kvxfer-perf: --peer '%s': expected cma or memcpy (bw only)\n",
 					optarg);
@@ -264,7 +306,7 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			}
 			c->peer = optarg;
 			break;
-		case O_MEM: {
+		case PERF_PX_O_MEM: {
 			struct kvx_mem_type mt;
 
 			if (kvx_mem_parse_type(optarg, &mt)) {
@@ -291,6 +333,22 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 	}
 	if (!c->size)
 		c->size = lat ? 2 : 65536;
+	if (lat && c->lat_method == PX_LAT_DEFAULT)
+		c->lat_method = c->mode == KVX_XPORT_OP_WRITE ? PX_LAT_PINGPONG : PX_LAT_COMPLETION;
+	if (lat && c->lat_method == PX_LAT_PINGPONG && c->mode == KVX_XPORT_OP_READ) {
+		fprintf(stderr, "kvxfer-perf lat: -m pingpong is for WRITE; READ latency is post -> "
+				"completion (as ib_read_lat)\n");
+		return 2;
+	}
+	if (lat && c->lat_method == PX_LAT_PINGPONG && c->qps > 1) {
+		fprintf(stderr, "kvxfer-perf lat: --qps %u: the ping-pong polls the last byte of each "
+				"WRITE, which needs one channel (or use -m completion)\n", c->qps);
+		return 2;
+	}
+	if (c->cpu_client < 0) {
+		perf_default_cpu_pair(&c->cpu_client, &c->cpu_server);
+		c->cpu_default = true;
+	}
 	return 0;
 }
 
@@ -321,18 +379,18 @@ static int xfer_all(int fd, void *buf, size_t n, bool tx)
 	return 0;
 }
 
-static int msg_send(int fd, struct px_msg *m)
+int px_msg_send(int fd, struct px_msg *m)
 {
 	m->magic = PX_MAGIC;
 	return xfer_all(fd, m, sizeof(*m), true);
 }
 
-static int msg_recv(int fd, struct px_msg *m, uint32_t type)
+int px_msg_recv(int fd, struct px_msg *m, uint32_t type)
 {
 	int rc = xfer_all(fd, m, sizeof(*m), false);
 	if (rc)
 		return rc;
-	if (m->magic != PX_MAGIC || m->type != type) {
+	if (m->magic != PX_MAGIC || (type != PX_ANY && m->type != type)) {
 		fprintf(stderr, "kvxfer-perf: out-of-band protocol error (type %u, expected %u)\n",
 			m->type, type);
 		return -EPROTO;
@@ -342,47 +400,116 @@ static int msg_recv(int fd, struct px_msg *m, uint32_t type)
 	return 0;
 }
 
+/*
+ * Context parameters both sides take from the HELLO message; tcp's data listener binds and
+ * advertises this side's address of the out-of-band connection @p fd (the peer reached it, and
+ * the ping-pong's reverse endpoint connects back to the client through it).
+ */
+static void ctx_params_from(const struct px_msg *m, int fd, struct kvx_xport_ctx_params *p,
+			    char addr[INET6_ADDRSTRLEN])
+{
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	kvx_xport_ctx_params_init(p);
+	p->num_channels = m->qps;
+	p->queue_depth = m->depth;
+	p->chunk_bytes = m->chunk;
+	p->op_timeout_ns = m->op_timeout_ns;
+	snprintf(addr, INET6_ADDRSTRLEN, "127.0.0.1");
+	if (!getsockname(fd, (struct sockaddr *)&ss, &sl))
+		getnameinfo((struct sockaddr *)&ss, sl, addr, INET6_ADDRSTRLEN, NULL, 0,
+			    NI_NUMERICHOST);
+	p->tcp_addr = addr;
+}
+
 /* ---- server ---- */
 
-static int server_session(int fd, uint64_t spin_ns)
+/*
+ * Server side of the lat ping-pong: create the reverse endpoint (server -> client, blob A2 /
+ * B2 with the client's region), then answer each PX_PING barrier with one px_pong_run() until
+ * PX_DONE. Returns 0 once PX_DONE has been received, or -errno.
+ */
+static int server_pingpong(int fd, struct px_msg *m, struct px_sess *s)
+{
+	size_t bl = 0;
+	int rc;
+	m->type = PX_BLOB_A2;
+	m->rc = kvx_xport_ep_create(s->ctx, &s->ep, m->blob, sizeof(m->blob), &bl);
+	m->blob_len = (uint32_t)bl;
+	if (m->rc)
+		snprintf(m->err, sizeof(m->err), "server: reverse endpoint: %s", kvx_strerror(m->rc));
+	if ((rc = px_msg_send(fd, m)) || m->rc)
+		return rc ? rc : m->rc;
+	if ((rc = px_msg_recv(fd, m, PX_BLOB_B2)))
+		return rc;
+	if (m->rc)
+		return m->rc; /* the client reports its own failure */
+	if (m->blob_len > sizeof(m->blob))
+		return -EPROTO;
+	rc = kvx_xport_ep_connect(s->ep, m->blob, m->blob_len);
+	if (!rc)
+		rc = kvx_xport_rmr_import(s->ep, m->desc, sizeof(m->desc), &s->rmr);
+	m->type = PX_READY;
+	m->rc = rc;
+	if (rc)
+		snprintf(m->err, sizeof(m->err), "server: connect the reverse endpoint: %s",
+			 kvx_strerror(rc));
+	int src = px_msg_send(fd, m);
+	if (src || rc)
+		return src ? src : rc;
+	for (;;) {
+		if ((rc = px_oob_wait(s, 0)) || (rc = px_msg_recv(fd, m, PX_ANY)))
+			return rc;
+		if (m->type == PX_DONE)
+			return 0;
+		if (m->type != PX_PING || !m->size || m->size > s->rx_off) {
+			fprintf(stderr, "kvxfer-perf server: unexpected message %u (size %llu)\n",
+				m->type, (unsigned long long)m->size);
+			return -EPROTO;
+		}
+		uint64_t size = m->size, iters = m->iters;
+		/* No WRITE of this size is in flight: reset the byte the pong loop polls. */
+		__atomic_store_n(&s->buf[s->rx_off + size - 1], 0, __ATOMIC_RELEASE);
+		m->rc = 0;
+		if ((rc = px_msg_send(fd, m)))
+			return rc;
+		int prc = px_pong_run(s, size, iters);
+		if ((rc = px_oob_wait(s, 0)) || (rc = px_msg_recv(fd, m, PX_PING_END)))
+			return rc;
+		m->rc = prc;
+		if ((rc = px_msg_send(fd, m)) || prc)
+			return rc ? rc : prc;
+	}
+}
+
+static int server_session(int fd, uint64_t spin_ns, bool same_cpu)
 {
 	struct px_msg *m = calloc(1, sizeof(*m));
 	struct kvx_xport_ctx *ctx = NULL;
 	struct kvx_xport_mr *mr = NULL;
 	struct kvx_xport_ep *ep = NULL;
-	uint8_t *buf = NULL;
-	int rc = msg_recv(fd, m, PX_HELLO);
+	struct px_sess bs = {0}; /* the buffer */
+	int rc = px_msg_recv(fd, m, PX_HELLO);
 	if (rc)
 		goto out;
 	struct kvx_xport_ctx_params p;
-	kvx_xport_ctx_params_init(&p);
-	p.num_channels = m->qps;
-	p.queue_depth = m->depth;
-	p.chunk_bytes = m->chunk;
-	p.op_timeout_ns = m->op_timeout_ns;
-	/* Advertise the address the client reached us on. */
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-	char addr[INET6_ADDRSTRLEN] = "127.0.0.1";
-	if (!getsockname(fd, (struct sockaddr *)&ss, &sl))
-		getnameinfo((struct sockaddr *)&ss, sl, addr, sizeof(addr), NULL, 0, NI_NUMERICHOST);
-	p.tcp_addr = addr;
+	char addr[INET6_ADDRSTRLEN];
+	ctx_params_from(m, fd, &p, addr);
 	uint64_t buflen = m->buflen;
+	bool pingpong = m->pingpong != 0;
 	m->type = PX_HELLO;
+	m->mem[sizeof(m->mem) - 1] = '\0';
+	char err[128] = "";
 	m->rc = kvx_xport_open(m->transport, &p, &ctx);
-	if (!m->rc) {
-		buf = aligned_alloc(4096, (buflen + 4095) & ~4095ull);
-		memset(buf, 0x5a, buflen);
-		struct kvx_xport_mr_params rp = {.addr = buf, .len_bytes = buflen,
-						 .access = KVX_XPORT_ACCESS_ALL};
-		m->rc = kvx_xport_mr_register(ctx, &rp, &mr);
-	}
 	if (m->rc)
-		snprintf(m->err, sizeof(m->err), "server: open/register %s: %s", m->transport,
-			 kvx_strerror(m->rc));
-	if ((rc = msg_send(fd, m)) || m->rc)
+		snprintf(err, sizeof(err), "open: %s", kvx_strerror(m->rc));
+	else
+		m->rc = buf_setup(ctx, m->mem, buflen, 0x5a, &bs, &mr, err, sizeof(err));
+	if (m->rc)
+		snprintf(m->err, sizeof(m->err), "server: %s: %s", m->transport, err);
+	if ((rc = px_msg_send(fd, m)) || m->rc)
 		goto out;
-	if ((rc = msg_recv(fd, m, PX_BLOB_A)))
+	if ((rc = px_msg_recv(fd, m, PX_BLOB_A)))
 		goto out;
 	uint8_t b[KVX_XPORT_BLOB_MAX];
 	size_t bl = 0;
@@ -395,12 +522,20 @@ static int server_session(int fd, uint64_t spin_ns)
 	} else {
 		snprintf(m->err, sizeof(m->err), "server: accept: %s", kvx_strerror(m->rc));
 	}
-	if ((rc = msg_send(fd, m)) || m->rc)
+	if ((rc = px_msg_send(fd, m)) || m->rc)
 		goto out;
-	/* Serve until the client says done: progress on this (pinned) thread; a provider with no
-	 * target-side work just waits on the socket. */
 	struct kvx_xport_caps caps;
 	kvx_xport_query_caps(ctx, &caps);
+	if (pingpong) {
+		struct px_sess ps = {.ctx = ctx, .tep = ep, .lmr = mr, .caps = caps, .buf = bs.buf,
+				     .buflen = buflen, .rx_off = buflen / 2, .fd = fd,
+				     .same_cpu = same_cpu};
+		if ((rc = server_pingpong(fd, m, &ps)))
+			goto out;
+		goto bye;
+	}
+	/* Serve until the client says done: progress on this (pinned) thread; a provider with no
+	 * target-side work just waits on the socket. */
 	struct pollfd pf = {.fd = fd, .events = POLLIN};
 	uint64_t idle_since = 0;
 	for (uint64_t i = 0;; i++) {
@@ -426,16 +561,17 @@ static int server_session(int fd, uint64_t spin_ns)
 		if (poll(&pf, 1, timeout) > 0)
 			break;
 	}
-	if ((rc = msg_recv(fd, m, PX_DONE)))
+	if ((rc = px_msg_recv(fd, m, PX_DONE)))
 		goto out;
+bye:
 	m->type = PX_BYE;
 	kvx_xport_ctx_counters(ctx, &m->cnt);
-	rc = msg_send(fd, m);
+	rc = px_msg_send(fd, m);
 out:
 	if (rc && rc != -ECONNRESET)
 		fprintf(stderr, "kvxfer-perf server: %s\n", kvx_strerror(rc));
 	kvx_xport_close(ctx);
-	free(buf);
+	buf_free(&bs);
 	free(m);
 	return rc;
 }
@@ -470,9 +606,23 @@ static int server_main(const struct px_cfg *c, int lfd)
 		return 1;
 	int one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	int rc = server_session(fd, c->lat ? 1000000ull : 20000ull);
+	int rc = server_session(fd, c->lat ? 1000000ull : 20000ull, c->cpu_client == c->cpu_server);
 	close(fd);
 	return rc ? 1 : 0;
+}
+
+/* --local: the server runs on a second thread of this process (pinned by server_main()). */
+struct px_server_thread {
+	const struct px_cfg *c;
+	int lfd;
+	int rc;
+};
+
+static void *server_thread(void *arg)
+{
+	struct px_server_thread *t = arg;
+	t->rc = server_main(t->c, t->lfd);
+	return NULL;
 }
 
 /* ---- client ---- */
@@ -507,11 +657,24 @@ static int dial(const char *host, uint16_t port)
 	return fd;
 }
 
-static int client_setup(const struct px_cfg *c, int fd, uint64_t buflen, struct px_sess *s)
+/*
+ * Client side of the out-of-band setup: open, register @p maxsz bytes (ping-pong: a send half
+ * and a receive half of maxsz each, page-aligned), connect this side's endpoint to the server
+ * and, for the ping-pong, accept the server's endpoint into this side.
+ */
+static int client_setup(const struct px_cfg *c, int fd, uint64_t maxsz, struct px_sess *s)
 {
 	struct px_msg *m = calloc(1, sizeof(*m));
+	bool pingpong = c->lat && c->lat_method == PX_LAT_PINGPONG;
+	uint64_t buflen = pingpong ? 2 * ((maxsz + 4095) & ~4095ull) : maxsz;
 	int rc;
+	if (!m)
+		return -ENOMEM;
+	s->fd = fd;
+	s->same_cpu = c->cpu_client == c->cpu_server;
 	m->type = PX_HELLO;
+	m->pingpong = pingpong;
+	snprintf(m->mem, sizeof(m->mem), "%s", g_mem_arg ? g_mem_arg : "");
 	m->qps = c->qps;
 	m->depth = c->depth * c->batch > 8192 ? 16384 : 8192;
 	m->chunk = c->chunk;
@@ -519,12 +682,9 @@ static int client_setup(const struct px_cfg *c, int fd, uint64_t buflen, struct 
 	m->op_timeout_ns = 30000000000ull;
 	strcpy(m->transport, c->transport);
 	struct kvx_xport_ctx_params p;
-	kvx_xport_ctx_params_init(&p);
-	p.num_channels = m->qps;
-	p.queue_depth = m->depth;
-	p.chunk_bytes = m->chunk;
-	p.op_timeout_ns = m->op_timeout_ns;
-	if ((rc = msg_send(fd, m)) || (rc = msg_recv(fd, m, PX_HELLO)))
+	char addr[INET6_ADDRSTRLEN];
+	ctx_params_from(m, fd, &p, addr);
+	if ((rc = px_msg_send(fd, m)) || (rc = px_msg_recv(fd, m, PX_HELLO)))
 		goto out;
 	if ((rc = m->rc)) {
 		fprintf(stderr, "kvxfer-perf: %s\n", m->err);
@@ -536,18 +696,17 @@ static int client_setup(const struct px_cfg *c, int fd, uint64_t buflen, struct 
 	}
 	kvx_xport_query_caps(s->ctx, &s->caps);
 	s->buflen = buflen;
-	s->buf = aligned_alloc(4096, (buflen + 4095) & ~4095ull);
-	memset(s->buf, 0xa5, buflen);
-	struct kvx_xport_mr_params rp = {.addr = s->buf, .len_bytes = buflen,
-					 .access = KVX_XPORT_ACCESS_ALL};
-	if ((rc = kvx_xport_mr_register(s->ctx, &rp, &s->lmr)))
+	char err[128];
+	if ((rc = buf_setup(s->ctx, m->mem, buflen, 0xa5, s, &s->lmr, err, sizeof(err)))) {
+		fprintf(stderr, "kvxfer-perf: %s: %s\n", c->transport, err);
 		goto out;
+	}
 	size_t al = 0;
 	m->type = PX_BLOB_A;
 	if ((rc = kvx_xport_ep_create(s->ctx, &s->ep, m->blob, sizeof(m->blob), &al)))
 		goto out;
 	m->blob_len = (uint32_t)al;
-	if ((rc = msg_send(fd, m)) || (rc = msg_recv(fd, m, PX_BLOB_B)))
+	if ((rc = px_msg_send(fd, m)) || (rc = px_msg_recv(fd, m, PX_BLOB_B)))
 		goto out;
 	if ((rc = m->rc)) {
 		fprintf(stderr, "kvxfer-perf: %s\n", m->err);
@@ -557,7 +716,38 @@ static int client_setup(const struct px_cfg *c, int fd, uint64_t buflen, struct 
 		fprintf(stderr, "kvxfer-perf: connect: %s\n", kvx_strerror(rc));
 		goto out;
 	}
-	rc = kvx_xport_rmr_import(s->ep, m->desc, sizeof(m->desc), &s->rmr);
+	if ((rc = kvx_xport_rmr_import(s->ep, m->desc, sizeof(m->desc), &s->rmr)) || !pingpong)
+		goto out;
+	/* Ping-pong: the server's endpoint into this side (A2 -> B2 with this side's region). */
+	if ((rc = px_msg_recv(fd, m, PX_BLOB_A2)))
+		goto out;
+	if ((rc = m->rc) || m->blob_len > sizeof(m->blob)) {
+		fprintf(stderr, "kvxfer-perf: %s\n", rc ? m->err : "server: blob A2 too long");
+		rc = rc ? rc : -EPROTO;
+		goto out;
+	}
+	uint8_t b[KVX_XPORT_BLOB_MAX];
+	size_t bl = 0;
+	int arc = kvx_xport_ep_accept(s->ctx, m->blob, m->blob_len, &s->tep, b, sizeof(b), &bl);
+	if (!arc)
+		arc = kvx_xport_mr_export(s->lmr, m->desc, sizeof(m->desc), NULL);
+	m->type = PX_BLOB_B2;
+	m->rc = arc;
+	m->blob_len = arc ? 0 : (uint32_t)bl;
+	memcpy(m->blob, b, m->blob_len);
+	if ((rc = px_msg_send(fd, m)))
+		goto out;
+	if ((rc = arc)) {
+		fprintf(stderr, "kvxfer-perf: accept the server's endpoint: %s\n", kvx_strerror(rc));
+		goto out;
+	}
+	if ((rc = px_msg_recv(fd, m, PX_READY)))
+		goto out;
+	if ((rc = m->rc)) {
+		fprintf(stderr, "kvxfer-perf: %s\n", m->err);
+		goto out;
+	}
+	s->rx_off = buflen / 2;
 out:
 	free(m);
 	return rc;
@@ -574,7 +764,13 @@ static void header(const struct px_cfg *c, const struct px_sess *s)
 	printf(" Batch (ops/post): %-10u TX depth       : %u\n", c->batch, c->lat ? 1 : c->depth);
 	printf(" Max op size     : %-10llu Chunk          : %u\n",
 	       (unsigned long long)s->caps.max_op_bytes, c->chunk ? c->chunk : (1u << 20));
-	printf(" Client CPU      : %-10d Server CPU     : %d\n", c->cpu_client, c->cpu_server);
+	printf(" Client CPU      : %-10d Server CPU     : %d%s\n", c->cpu_client, c->cpu_server,
+	       c->cpu_default ? " (default pair)" : "");
+	if (c->lat)
+		printf(" Latency method  : %s\n",
+		       c->lat_method == PX_LAT_PINGPONG
+			       ? "ping-pong, t = round trip / 2 (as ib_write_lat)"
+			       : "post -> completion of one op (as ib_read_lat)");
 	printf(" Data ex. method : Ethernet (out-of-band TCP)\n");
 }
 
@@ -846,8 +1042,14 @@ int px_main(int argc, char **argv, bool lat)
 	int rc = parse_args(argc, argv, lat, &c);
 	if (rc)
 		return rc == 1 ? 0 : rc;
-	if ((rc = mem_check(c.transport)) != 0)
+	if ((rc = mem_check()) != 0)
 		return rc;
+	/* After mem_check(): a missing GPU is reported as such (exit 1) first. */
+	if (lat && c.lat_method == PX_LAT_PINGPONG && g_mem_arg && strcmp(g_mem_arg, "host")) {
+		fprintf(stderr, "kvxfer-perf lat: --mem %s: the ping-pong spins on host memory "
+				"(use -m completion)\n", g_mem_arg);
+		return 2;
+	}
 	if (c.peer && c.plot) {
 		fprintf(stderr, "kvxfer-perf bw: --plot draws kvxfer's own sweep; not with --peer %s\n", c.peer);
 		return 2;
@@ -878,7 +1080,9 @@ int px_main(int argc, char **argv, bool lat)
 		return 1;
 	}
 	snprintf(c.transport, sizeof(c.transport), "%s", name);
-	pid_t server = -1;
+	pthread_t server;
+	struct px_server_thread st = {.c = &c, .lfd = -1};
+	bool server_started = false;
 	uint16_t port = c.port;
 	if (c.local) {
 		int lfd = listen_on(0, &port);
@@ -886,11 +1090,13 @@ int px_main(int argc, char **argv, bool lat)
 			fprintf(stderr, "kvxfer-perf: listen: %s\n", kvx_strerror(lfd));
 			return 1;
 		}
-		fflush(stdout);
-		server = fork();
-		if (server == 0)
-			_exit(server_main(&c, lfd));
-		close(lfd);
+		st.lfd = lfd;
+		if ((rc = pthread_create(&server, NULL, server_thread, &st))) {
+			fprintf(stderr, "kvxfer-perf: server thread: %s\n", strerror(rc));
+			close(lfd);
+			return 1;
+		}
+		server_started = true;
 	}
 	pin(c.cpu_client);
 	int fd = dial(c.local ? "127.0.0.1" : c.host, port);
@@ -907,10 +1113,12 @@ int px_main(int argc, char **argv, bool lat)
 		if (json)
 			fprintf(json,
 				"{\"test\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"qps\": %u, "
-				"\"batch\": %u, \"tx_depth\": %u, \"results\": [\n",
+				"\"batch\": %u, \"tx_depth\": %u, %s\"results\": [\n",
 				lat ? "lat" : "bw", c.transport,
 				c.mode == KVX_XPORT_OP_READ ? "read" : "write", s.caps.num_channels,
-				c.batch, lat ? 1 : c.depth);
+				c.batch, lat ? 1 : c.depth,
+				!lat ? "" : c.lat_method == PX_LAT_PINGPONG ? "\"method\": \"pingpong\", "
+									 : "\"method\": \"completion\", ");
 		if (lat)
 			px_lat_header(&c);
 		else
@@ -952,18 +1160,17 @@ int px_main(int argc, char **argv, bool lat)
 	/* Barrier and goodbye: the server reports its counters. */
 	struct px_msg *m = calloc(1, sizeof(*m));
 	m->type = PX_DONE;
-	if (!msg_send(fd, m) && !msg_recv(fd, m, PX_BYE) && kvx_log_enabled(KVX_LOG_INFO))
+	if (!px_msg_send(fd, m) && !px_msg_recv(fd, m, PX_BYE) && kvx_log_enabled(KVX_LOG_INFO))
 		fprintf(stderr, "server: requests served %llu, rejected %llu, bytes %llu\n",
 			(unsigned long long)m->cnt.reqs_served, (unsigned long long)m->cnt.reqs_rejected,
 			(unsigned long long)m->cnt.bytes_served);
 	free(m);
 	close(fd);
 	kvx_xport_close(s.ctx);
-	free(s.buf);
-	if (server > 0) {
-		int st = 0;
-		waitpid(server, &st, 0);
-		if (!rc && (!WIFEXITED(st) || WEXITSTATUS(st)))
+	buf_free(&s);
+	if (server_started) {
+		pthread_join(server, NULL);
+		if (!rc && st.rc)
 			rc = -EPROTO;
 	}
 	return rc ? 1 : 0;

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <numa.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -366,6 +367,62 @@ const char *perf_cpu_pair_topology(int a, int b)
 	if (ca >= 0 && ca == cb && pa == pb)
 		return "SMT siblings";
 	return "cross-core";
+}
+
+const struct option perf_px_opts[] = {
+	{"transport", required_argument, NULL, 't'},
+	{"mode", required_argument, NULL, 'm'},
+	{"size", required_argument, NULL, 's'},
+	{"all", no_argument, NULL, 'a'},
+	{"iters", required_argument, NULL, 'n'},
+	{"duration", required_argument, NULL, 'D'},
+	{"qps", required_argument, NULL, PERF_PX_O_QPS},
+	{"batch", required_argument, NULL, PERF_PX_O_BATCH},
+	{"tx-depth", required_argument, NULL, PERF_PX_O_DEPTH},
+	{"chunk", required_argument, NULL, PERF_PX_O_CHUNK},
+	{"lcores", required_argument, NULL, 'l'},
+	{"port", required_argument, NULL, 'p'},
+	{"json", required_argument, NULL, PERF_PX_O_JSON},
+	{"output", required_argument, NULL, PERF_PX_O_OUTPUT},
+	{"local", no_argument, NULL, PERF_PX_O_LOCAL},
+	{"peer", required_argument, NULL, PERF_PX_O_PEER},
+	{"mem", required_argument, NULL, PERF_PX_O_MEM},
+	{"plot", required_argument, NULL, PERF_PX_O_PLOT},
+	{"help", no_argument, NULL, 'h'},
+	{0, 0, 0, 0},
+};
+
+int perf_default_cpu_pair(int *client, int *server)
+{
+	cpu_set_t set;
+	*client = *server = -1;
+	CPU_ZERO(&set);
+	if (sched_getaffinity(0, sizeof(set), &set))
+		return -errno;
+	int n = CPU_COUNT(&set), a = -1;
+	for (int i = CPU_SETSIZE - 1; i >= 0 && a < 0; i--)
+		if (CPU_ISSET(i, &set))
+			a = i;
+	if (a < 0)
+		return -ENODEV;
+	/* Rank of a partner CPU: lower is better. */
+	static const char *const rank[] = {"cross-core", "cross-package", "cross-NUMA",
+					   "SMT siblings"};
+	int b = a, best = (int)KVX_ARRAY_SIZE(rank);
+	for (int i = a - 1; i >= 0 && best > 0; i--) {
+		if (!CPU_ISSET(i, &set))
+			continue;
+		const char *t = perf_cpu_pair_topology(a, i);
+		for (int r = 0; r < best; r++)
+			if (!strcmp(t, rank[r])) {
+				best = r;
+				b = i;
+				break;
+			}
+	}
+	*client = a;
+	*server = b;
+	return n;
 }
 
 void perf_cpu_model(char *buf, size_t len)

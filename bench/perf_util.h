@@ -13,6 +13,7 @@
  *   and the CPU model, which every benchmark prints beside its numbers (STYLE.md §8).
  * Not thread-safe: one owner thread per object.
  */
+#include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -133,6 +134,19 @@ int perf_parse_size(const char *s, uint64_t *out);
  */
 int perf_check_cpu(long cpu, char *err, size_t errlen);
 
+/* ---- options of `kvxfer-perf bw` and `lat` -------------------------------------------------- */
+
+/** getopt_long() values of bw/lat's long-only options (short options use their letter). */
+enum perf_px_opt {
+	PERF_PX_O_QPS = 256, PERF_PX_O_BATCH, PERF_PX_O_DEPTH, PERF_PX_O_CHUNK, PERF_PX_O_JSON,
+	PERF_PX_O_OUTPUT, PERF_PX_O_LOCAL, PERF_PX_O_PEER, PERF_PX_O_MEM, PERF_PX_O_PLOT,
+};
+/** Short options of bw/lat, for getopt_long(). */
+#define PERF_PX_SHORTOPTS "t:m:s:an:D:l:p:h"
+/** Long options of bw/lat: one table for the parser (perf_bw.c) and the up-front usage check
+ *  (perf_lat.c px_check_args()), so both agree on which options take a value. */
+extern const struct option perf_px_opts[];
+
 /* ---- topology ----------------------------------------------------------------------------- */
 
 /**
@@ -143,6 +157,18 @@ int perf_check_cpu(long cpu, char *err, size_t errlen);
  * @return   Static string.
  */
 const char *perf_cpu_pair_topology(int a, int b);
+/**
+ * Default CPU pair of a two-sided benchmark (client, server) that fits this machine: from the
+ * CPUs this process may run on, the client gets the highest-numbered one (away from CPU 0,
+ * which takes most interrupts) and the server the highest-numbered other CPU ranked by
+ * perf_cpu_pair_topology(): "cross-core" first, then "cross-package"/"cross-NUMA", then
+ * "SMT siblings" (two spinning threads on one core halve each other). With one allowed CPU
+ * both get it (callers must then yield while they wait, not spin).
+ * @param[out] client  CPU of the client, or -1 if the affinity mask cannot be read.
+ * @param[out] server  CPU of the server (== *client with one CPU), or -1.
+ * @return Number of CPUs this process may run on (>= 1), or -errno from sched_getaffinity().
+ */
+int perf_default_cpu_pair(int *client, int *server);
 /** CPU model name from /proc/cpuinfo ("unknown" if absent). @param[out] buf Buffer.
  *  @param len Its size. */
 void perf_cpu_model(char *buf, size_t len);

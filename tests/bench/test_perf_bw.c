@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * End to end: `kvxfer-perf bw --local` and `kvxfer-perf lat --local` as real processes (client
- * and forked server) on loopback, checking that every printed number is finite and consistent
+ * and server threads) on loopback, checking that every printed number is finite and consistent
  * and that the bandwidth lies between two bounds the test measures itself:
  * - lower: the timed ops' bytes / the wall time of the whole process (the timed interval, first
  *   post to last completion, lies inside the process's lifetime);
@@ -11,6 +11,7 @@
  *   peak window can beat a hot memcpy by that factor.
  */
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,7 +217,7 @@ Test(bench_perf_bw, shm_finite_bounded_with_duration)
 
 /* lat: t_min <= t_typical, t_avg, 99%, 99.9% <= t_max, all finite; -D shorter than one op still
  * reports one sample (it crashed on zero samples before). */
-static void check_lat(const char *transport, const char *const *extra, uint64_t n)
+static struct run *check_lat(const char *transport, const char *const *extra, uint64_t n)
 {
 	const char *args[16] = {"lat", "--local", "-t", transport};
 	int k = 4;
@@ -247,25 +248,155 @@ static void check_lat(const char *transport, const char *const *extra, uint64_t 
 				  row);
 	/* Every sample is inside the process's lifetime. */
 	cr_assert_leq(v[1], r->wall_s * 1e6, "t_max %.2f us > process wall time", v[1]);
-	free(r);
+	return r; /* the caller frees */
 }
 
 Test(bench_perf_bw, lat_shm_ordered_with_5_iters)
 {
 	const char *extra[] = {"-n", "5", NULL};
-	check_lat("shm", extra, 5);
+	free(check_lat("shm", extra, 5));
 }
 
 Test(bench_perf_bw, lat_tcp_ordered_with_5_iters)
 {
 	const char *extra[] = {"-n", "5", NULL};
-	check_lat("tcp", extra, 5);
+	free(check_lat("tcp", extra, 5));
 }
 
 Test(bench_perf_bw, lat_shm_one_sample_with_tiny_duration)
 {
 	const char *extra[] = {"-D", "0.000001", NULL};
-	check_lat("shm", extra, 0);
+	free(check_lat("shm", extra, 0));
+}
+
+/*
+ * lat's timing methods through the real binary (--local: client and server threads). Checks
+ * the header names the method, the row is sane (check_lat), and the JSON says how many
+ * exchanges ran and how many samples were kept: ping-pong keeps n-1 round trips minus the 2
+ * largest (ib_write_lat's rule), completion keeps n timed ops. No timing assertions.
+ */
+static void check_lat_method(const char *transport, const char *const *extra, uint64_t n,
+			     const char *header, const char *method, uint64_t samples)
+{
+	char dir[] = "/tmp/kvx_lat_XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	char json[64];
+	snprintf(json, sizeof(json), "%s/lat.json", dir);
+	const char *x[16];
+	int k = 0;
+	for (int i = 0; extra[i]; i++)
+		x[k++] = extra[i];
+	x[k++] = "--json";
+	x[k++] = json;
+	x[k] = NULL;
+	struct run *r = check_lat(transport, x, n);
+	cr_assert(strstr(r->out, header), "no '%s' in:\n%s", header, r->out);
+	FILE *f = fopen(json, "r");
+	cr_assert_not_null(f, "no %s", json);
+	char buf[4096];
+	size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[len] = '\0';
+	fclose(f);
+	char want[96];
+	snprintf(want, sizeof(want), "\"method\": \"%s\"", method);
+	cr_assert(strstr(buf, want), "no %s in %s", want, buf);
+	snprintf(want, sizeof(want), "\"iterations\": %llu, \"samples\": %llu,",
+		 (unsigned long long)n, (unsigned long long)samples);
+	cr_assert(strstr(buf, want), "no %s in %s", want, buf);
+	unlink(json);
+	rmdir(dir);
+	free(r);
+}
+
+#define PP_HEADER " Latency method  : ping-pong, t = round trip / 2 (as ib_write_lat)"
+#define CPL_HEADER " Latency method  : post -> completion of one op (as ib_read_lat)"
+
+Test(bench_perf_bw, lat_write_defaults_to_pingpong_with_tcp)
+{
+	const char *extra[] = {"-n", "40", NULL};
+	check_lat_method("tcp", extra, 40, PP_HEADER, "pingpong", 37);
+}
+
+Test(bench_perf_bw, lat_write_defaults_to_pingpong_with_shm)
+{
+	const char *extra[] = {"-m", "write", "-n", "40", NULL};
+	check_lat_method("shm", extra, 40, PP_HEADER, "pingpong", 37);
+}
+
+Test(bench_perf_bw, lat_write_mode_completion_times_post_to_completion_with_tcp)
+{
+	const char *extra[] = {"--mode", "completion", "-n", "30", NULL};
+	check_lat_method("tcp", extra, 30, CPL_HEADER, "completion", 30);
+}
+
+Test(bench_perf_bw, lat_read_is_post_to_completion_with_shm)
+{
+	const char *extra[] = {"-m", "read", "-n", "30", NULL};
+	check_lat_method("shm", extra, 30, CPL_HEADER, "completion", 30);
+}
+
+/* Both sides spin; pinned to one CPU they must still progress (they yield while waiting). */
+Test(bench_perf_bw, lat_pingpong_progresses_with_both_sides_on_one_cpu_with_tcp)
+{
+	const char *extra[] = {"-l", "0,0", "-n", "50", NULL};
+	check_lat_method("tcp", extra, 50, PP_HEADER, "pingpong", 47);
+}
+
+Test(bench_perf_bw, lat_pingpong_progresses_with_both_sides_on_one_cpu_with_shm)
+{
+	const char *extra[] = {"-l", "0", "-n", "50", NULL};
+	check_lat_method("shm", extra, 50, PP_HEADER, "pingpong", 47);
+}
+
+/* Without -l both sides are pinned to a default pair of CPUs this process may run on: distinct
+ * when it may run on two or more. */
+Test(bench_perf_bw, lat_default_pins_two_distinct_allowed_cpus)
+{
+	const char *args[] = {"lat", "--local", "-t", "shm", "-n", "10", NULL};
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "lat exited %d:\n%s\n%s", r->status, r->out, r->err);
+	const char *h = strstr(r->out, " Client CPU      : ");
+	cr_assert_not_null(h, "%s", r->out);
+	int a = -1, b = -1;
+	cr_assert_eq(sscanf(h, " Client CPU      : %d Server CPU     : %d", &a, &b), 2, "%s", h);
+	cr_assert(strstr(h, "(default pair)"), "%s", h);
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	cr_assert_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+	cr_assert(a >= 0 && a < CPU_SETSIZE && CPU_ISSET(a, &set), "client CPU %d not allowed", a);
+	cr_assert(b >= 0 && b < CPU_SETSIZE && CPU_ISSET(b, &set), "server CPU %d not allowed", b);
+	if (CPU_COUNT(&set) >= 2)
+		cr_assert_neq(a, b, "one CPU for both sides out of %d allowed", CPU_COUNT(&set));
+	else
+		cr_assert_eq(a, b);
+	free(r);
+}
+
+/* A ping-pong sweep: one row per size 2 B .. 8 MiB, each with the asked exchange count. */
+Test(bench_perf_bw, lat_pingpong_sweep_reports_every_size_with_shm)
+{
+	const char *args[] = {"lat", "--local", "-t", "shm", "-a", "-n", "5", NULL};
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "lat exited %d:\n%s\n%s", r->status, r->out, r->err);
+	const char *row = row_after(r->out, " #bytes #iterations    t_min[usec]");
+	unsigned long long want = 2;
+	for (; want <= (8ull << 20); want *= 2) {
+		unsigned long long bytes, iters;
+		double mn, mx;
+		cr_assert_eq(sscanf(row, "%llu %llu %lf %lf", &bytes, &iters, &mn, &mx), 4,
+			     "row for %llu: %s", want, row);
+		cr_assert_eq(bytes, want);
+		cr_assert_eq(iters, 5);
+		cr_assert(isfinite(mn) && mn > 0 && mn <= mx, "row: %s", row);
+		row = strchr(row, '\n');
+		cr_assert_not_null(row);
+		row++;
+	}
+	free(r);
 }
 
 /* bw -a --plot (issue 7): a PNG of bandwidth vs size, one data row per swept size (2 B .. 8 MiB

@@ -169,6 +169,95 @@ Test(bench_perf_cli, lat_valid_lcore_and_counts_still_run)
 	cr_assert(strstr(r.out, " 1024    20 "), "%s", r.out);
 }
 
+/* ---- 2b. lat timing method (-m pingpong|completion) -------------------------------------- */
+
+Test(bench_perf_cli, lat_pingpong_with_read_is_usage_error)
+{
+	const char *a[] = {"lat", "--local", "-t", "tcp", "-m", "read", "-m", "pingpong", NULL};
+	expect_usage_error(a, "kvxfer-perf lat: -m pingpong is for WRITE; READ latency is post -> "
+			      "completion (as ib_read_lat)");
+}
+
+Test(bench_perf_cli, lat_unknown_mode_is_usage_error_naming_both_kinds)
+{
+	const char *a[] = {"lat", "--local", "-t", "tcp", "--mode", "sideways", NULL};
+	expect_usage_error(a, "kvxfer-perf: -m 'sideways': expected read or write (op), or "
+			      "pingpong or completion (timing)");
+}
+
+Test(bench_perf_cli, lat_pingpong_with_two_qps_is_usage_error)
+{
+	const char *a[] = {"lat", "--local", "-t", "tcp", "--qps", "2", NULL};
+	expect_usage_error(a, "kvxfer-perf lat: --qps 2: the ping-pong polls the last byte of each "
+			      "WRITE, which needs one channel (or use -m completion)");
+}
+
+Test(bench_perf_cli, bw_has_no_completion_mode)
+{
+	const char *a[] = {"bw", "--local", "-t", "tcp", "-m", "completion", NULL};
+	expect_usage_error(a, "kvxfer-perf: -m 'completion': expected read or write");
+}
+
+Test(bench_perf_cli, lat_help_documents_both_methods_and_default_pinning)
+{
+	struct run r;
+	const char *a[] = {"lat", "--help", NULL};
+	run_perf(&r, 30000, a);
+	cr_assert_eq(r.status, 0, "exit %d\n%s", r.status, r.out);
+	cr_assert(strstr(r.out, "-m, --mode pingpong|completion"), "%s", r.out);
+	cr_assert(strstr(r.out, "pingpong (WRITE default): ib_write_lat's method"), "%s", r.out);
+	cr_assert(strstr(r.out, "always uses it (ib_read_lat times a READ that way)"), "%s", r.out);
+	cr_assert(strstr(r.out, "two distinct CPUs of this machine"), "%s", r.out);
+	const char *b[] = {"bw", "--help", NULL};
+	run_perf(&r, 30000, b);
+	cr_assert_eq(r.status, 0, "exit %d\n%s", r.status, r.out);
+	cr_assert_null(strstr(r.out, "pingpong"), "bw --help offers the lat methods:\n%s", r.out);
+}
+
+/* --mem: the ping-pong spins on the buffer with the CPU, so it takes host memory only. */
+Test(bench_perf_cli, lat_pingpong_with_device_memory_is_usage_error)
+{
+	const char *a[] = {"lat", "--local", "-t", "tcp", "--mem", "hostdev", NULL};
+	expect_usage_error(a, "kvxfer-perf lat: --mem hostdev: the ping-pong spins on host memory "
+			      "(use -m completion)");
+}
+
+/*
+ * --mem other than host is up to the provider's caps.mem_types: either the run completes with
+ * a result row, or it stops with exit 1 and the message naming the provider and the caps.
+ */
+static void expect_mem_run_or_caps_refusal(const char *sub, const char *transport)
+{
+	struct run r;
+	const char *a[] = {sub, "--local", "-t", transport, "--mem", "hostdev", "-n", "20",
+			   "-m", "completion", NULL};
+	if (!strcmp(sub, "bw"))
+		a[8] = NULL; /* bw has no timing method */
+	run_perf(&r, 60000, a);
+	char refusal[160];
+	snprintf(refusal, sizeof(refusal), "--mem hostdev: the %s provider does not move this "
+		 "memory (not in its caps.mem_types)", transport);
+	if (r.status == 1) {
+		cr_assert(strstr(r.out, refusal), "exit 1 without '%s':\n%s", refusal, r.out);
+		return;
+	}
+	if (r.status && strstr(r.out, "ptrace_scope"))
+		cr_skip_test("shm: CMA not permitted here: %s", r.out);
+	cr_assert_eq(r.status, 0, "exit %d\n%s", r.status, r.out);
+	cr_assert(strstr(r.out, "\n 65536 ") || strstr(r.out, "\n 2 "), "no result row:\n%s",
+		  r.out);
+}
+
+Test(bench_perf_cli, bw_device_memory_follows_tcp_caps)
+{
+	expect_mem_run_or_caps_refusal("bw", "tcp");
+}
+
+Test(bench_perf_cli, lat_completion_device_memory_follows_shm_caps)
+{
+	expect_mem_run_or_caps_refusal("lat", "shm");
+}
+
 /* ---- 3. trace lcores, checked by the driver before forking ------------------------------- */
 
 Test(bench_perf_cli, bw_negative_iters_is_usage_error_naming_n)
