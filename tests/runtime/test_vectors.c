@@ -78,90 +78,98 @@ static bool same_triples(const struct triples *x, const struct triples *y)
 static const uint64_t t1_loc[] = {48, 144, 432, 528}, t1_rem[] = {192, 240, 960, 1008}, t1_sz[] = {48, 48, 48, 48};
 static const uint64_t t2_loc[] = {96, 288}, t2_rem[] = {384, 480}, t2_sz[] = {96, 96};
 
+/* One layout vector (T1–T6, T9): tensor shape in, geometry and merged triples out. */
+struct layout_vec {
+	bool mla;
+	uint32_t ndim;
+	uint64_t shape[5];
+	enum kvx_layout_kind kind;
+	uint64_t num_blocks, block_stride, local_kv_stride, remote_kv_stride;
+	bool has_kv_stride, split;
+	uint32_t transfers_per_block, kernel_blocks_per_block;
+	int n;
+	const uint64_t *loc, *rem, *size;
+};
+
+static void check_layout_vec(const struct layout_vec *v)
+{
+	static const struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	struct kvx_layout_geom g;
+	struct triples r = plan(v->mla ? &mla : &g_spec, v->ndim, v->shape, &g);
+	cr_assert_eq(g.kind, v->kind);
+	cr_assert_eq(g.num_blocks, v->num_blocks);
+	cr_assert_eq(g.block_size, 4);
+	cr_assert_eq(g.block_stride, v->block_stride);
+	cr_assert_eq(g.has_kv_stride, v->has_kv_stride);
+	if (v->has_kv_stride) {
+		cr_assert_eq(g.local_kv_stride, v->local_kv_stride);
+		cr_assert_eq(g.remote_kv_stride, v->remote_kv_stride);
+	}
+	cr_assert_eq(g.split_kv_regions, v->split);
+	cr_assert_eq(g.transfers_per_block, v->transfers_per_block);
+	cr_assert_eq(g.kernel_blocks_per_block, v->kernel_blocks_per_block);
+	expect_triples(&r, v->n, v->loc, v->rem, v->size);
+}
+
+/* T1 and its equivalents (HND T3, kernel blocks T5): strides 24 / 192 / 384 (remote NB 16). */
+#define SPLIT_T1(...) \
+	{.ndim = 5, .shape = {__VA_ARGS__}, .kind = KVX_LAYOUT_KIND_SPLIT, .num_blocks = 8, .block_stride = 24, \
+	 .local_kv_stride = 192, .remote_kv_stride = 384, .has_kv_stride = true, .split = true, \
+	 .transfers_per_block = 2, .n = 4, .loc = t1_loc, .rem = t1_rem, .size = t1_sz}
+/* T2 and HND T4: block stride 48, kv strides 24/24, K+V of a block merged. */
+#define INTERLEAVED_T2(...) \
+	{.ndim = 5, .shape = {__VA_ARGS__}, .kind = KVX_LAYOUT_KIND_INTERLEAVED, .num_blocks = 8, \
+	 .block_stride = 48, .local_kv_stride = 24, .remote_kv_stride = 24, .has_kv_stride = true, \
+	 .transfers_per_block = 2, .kernel_blocks_per_block = 1, .n = 2, .loc = t2_loc, .rem = t2_rem, .size = t2_sz}
+
 Test(runtime_vectors, t01_split_offsets)
 {
-	struct kvx_layout_geom g;
-	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 8, 4, 2, 3}, &g);
-	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_SPLIT);
-	cr_assert_eq(g.block_stride, 24);
-	cr_assert_eq(g.local_kv_stride, 192);
-	cr_assert_eq(g.remote_kv_stride, 384);
-	cr_assert(g.split_kv_regions);
-	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
+	struct layout_vec v = SPLIT_T1(2, 8, 4, 2, 3);
+	v.kernel_blocks_per_block = 1;
+	check_layout_vec(&v);
 }
 
 Test(runtime_vectors, t02_interleaved_offsets)
 {
-	struct kvx_layout_geom g;
-	struct triples r = plan(&g_spec, 5, (uint64_t[]){8, 2, 4, 2, 3}, &g);
-	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_INTERLEAVED);
-	cr_assert_eq(g.block_stride, 48);
-	cr_assert_eq(g.local_kv_stride, 24);
-	cr_assert_eq(g.remote_kv_stride, 24);
-	cr_assert_not(g.split_kv_regions);
-	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
+	check_layout_vec(&(struct layout_vec)INTERLEAVED_T2(8, 2, 4, 2, 3));
 }
 
 Test(runtime_vectors, t03_hnd_split_same_as_t01)
 {
-	struct kvx_layout_geom g;
-	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 8, 2, 4, 3}, &g);
-	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_SPLIT);
-	cr_assert_eq(g.block_size, 4);
-	cr_assert_eq(g.num_blocks, 8);
-	cr_assert_eq(g.block_stride, 24);
-	cr_assert_eq(g.local_kv_stride, 192);
-	cr_assert_eq(g.remote_kv_stride, 384);
-	cr_assert(g.split_kv_regions);
-	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
+	struct layout_vec v = SPLIT_T1(2, 8, 2, 4, 3);
+	v.kernel_blocks_per_block = 1;
+	check_layout_vec(&v);
 }
 
 Test(runtime_vectors, t04_hnd_interleaved_same_as_t02)
 {
-	struct kvx_layout_geom g;
-	struct triples r = plan(&g_spec, 5, (uint64_t[]){8, 2, 2, 4, 3}, &g);
-	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_INTERLEAVED);
-	cr_assert_eq(g.block_stride, 48);
-	cr_assert_eq(g.local_kv_stride, 24);
-	cr_assert_eq(g.remote_kv_stride, 24);
-	cr_assert_not(g.split_kv_regions);
-	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
+	check_layout_vec(&(struct layout_vec)INTERLEAVED_T2(8, 2, 2, 4, 3));
 }
 
 Test(runtime_vectors, t05_split_kernel_blocks)
 {
-	struct kvx_layout_geom g;
-	struct triples r = plan(&g_spec, 5, (uint64_t[]){2, 16, 2, 2, 3}, &g);
-	cr_assert_eq(g.num_blocks, 8);
-	cr_assert_eq(g.block_size, 4);
-	cr_assert_eq(g.block_stride, 24);
-	cr_assert_eq(g.local_kv_stride, 192);
-	cr_assert_eq(g.remote_kv_stride, 384);
-	cr_assert_eq(g.kernel_blocks_per_block, 2);
-	expect_triples(&r, 4, t1_loc, t1_rem, t1_sz);
+	/* [2,16,2,2,3]: kernel block size 2, 2 kernel blocks per logical block, num_blocks 8. */
+	struct layout_vec v = SPLIT_T1(2, 16, 2, 2, 3);
+	v.kernel_blocks_per_block = 2;
+	check_layout_vec(&v);
 }
 
 Test(runtime_vectors, t06_interleaved_kernel_blocks)
 {
-	struct kvx_layout_geom g;
-	struct triples r = plan(&g_spec, 5, (uint64_t[]){16, 2, 2, 2, 3}, &g);
-	cr_assert_eq(g.num_blocks, 8);
-	cr_assert_eq(g.block_stride, 48);
-	cr_assert_not(g.has_kv_stride);
-	cr_assert_eq(g.transfers_per_block, 1);
-	expect_triples(&r, 2, t2_loc, t2_rem, t2_sz);
+	/* [16,2,2,2,3]: num_blocks 8, block stride 48, kv strides none, 1 transfer per block. */
+	check_layout_vec(&(struct layout_vec){.ndim = 5, .shape = {16, 2, 2, 2, 3}, .kind = KVX_LAYOUT_KIND_INTERLEAVED,
+					      .num_blocks = 8, .block_stride = 48, .transfers_per_block = 1,
+					      .kernel_blocks_per_block = 2, .n = 2, .loc = t2_loc, .rem = t2_rem,
+					      .size = t2_sz});
 }
 
 Test(runtime_vectors, t09_mla_offsets)
 {
-	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
-	struct kvx_layout_geom g;
-	struct triples r = plan(&mla, 3, (uint64_t[]){8, 4, 3}, &g);
-	cr_assert_eq(g.kind, KVX_LAYOUT_KIND_MLA);
-	cr_assert_eq(g.block_stride, 12);
-	cr_assert_eq(g.transfers_per_block, 1);
-	cr_assert_not(g.has_kv_stride);
-	expect_triples(&r, 2, (uint64_t[]){24, 72}, (uint64_t[]){96, 120}, (uint64_t[]){24, 24});
+	/* [8,4,3]: block stride 12, 1 transfer per block -> ([24,72],[96,120],[24,24]). */
+	check_layout_vec(&(struct layout_vec){.mla = true, .ndim = 3, .shape = {8, 4, 3}, .kind = KVX_LAYOUT_KIND_MLA,
+					      .num_blocks = 8, .block_stride = 12, .transfers_per_block = 1,
+					      .kernel_blocks_per_block = 1, .n = 2, .loc = (const uint64_t[]){24, 72},
+					      .rem = (const uint64_t[]){96, 120}, .size = (const uint64_t[]){24, 24}});
 }
 
 Test(runtime_vectors, t11_4d_shape_rejected)
