@@ -12,6 +12,7 @@
  */
 #include <math.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -372,6 +373,71 @@ Test(bench_perf_bw, lat_default_pins_two_distinct_allowed_cpus)
 	else
 		cr_assert_eq(a, b);
 	free(r);
+}
+
+/*
+ * The ping-pong between two processes: `kvxfer-perf lat -p PORT` (server, no HOST) and
+ * `kvxfer-perf lat -p PORT 127.0.0.1` (client). The client runs once the server says it is
+ * waiting; both exit 0 and the client prints the row.
+ */
+static void check_pingpong_server_client(const char *transport)
+{
+	char port[16], outp[] = "/tmp/kvx_lat_srv_XXXXXX";
+	snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
+	int fo = mkstemp(outp);
+	cr_assert_geq(fo, 0);
+	pid_t srv = fork();
+	cr_assert_geq(srv, 0);
+	if (srv == 0) {
+		dup2(fo, 1);
+		dup2(fo, 2);
+		execl(KVX_PERF_BIN, KVX_PERF_BIN, "lat", "-t", transport, "-p", port, (char *)NULL);
+		_exit(127);
+	}
+	/* Wait (bounded) for the server's banner: it is listening then. */
+	bool up = false;
+	for (uint64_t end = mono_ns() + 60000000000ull; !up && mono_ns() < end;) {
+		char buf[512] = "";
+		ssize_t k = pread(fo, buf, sizeof(buf) - 1, 0);
+		up = k > 0 && strstr(buf, "Waiting for client to connect");
+		if (!up) {
+			int st;
+			cr_assert_eq(waitpid(srv, &st, WNOHANG), 0, "server exited before listening");
+			struct timespec ts = {0, 20000000};
+			nanosleep(&ts, NULL); /* poll interval of a bounded wait on the banner */
+		}
+	}
+	cr_assert(up, "server banner never appeared");
+	const char *args[] = {"lat", "-t", transport, "-p", port, "-n", "30", "127.0.0.1", NULL};
+	struct run *r = calloc(1, sizeof(*r));
+	run_perf(r, args);
+	int st;
+	cr_assert_eq(waitpid(srv, &st, 0), srv);
+	close(fo);
+	unlink(outp);
+	skip_if_no_cma(r);
+	cr_assert_eq(r->status, 0, "client exited %d:\n%s\n%s", r->status, r->out, r->err);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server status %d", st);
+	cr_assert(strstr(r->out, " Latency method  : ping-pong"), "%s", r->out);
+	const char *row = row_after(r->out, " #bytes #iterations    t_min[usec]");
+	unsigned long long bytes, iters;
+	double mn, mx, typ;
+	cr_assert_eq(sscanf(row, "%llu %llu %lf %lf %lf", &bytes, &iters, &mn, &mx, &typ), 5, "%s",
+		     row);
+	cr_assert_eq(bytes, 2);
+	cr_assert_eq(iters, 30);
+	cr_assert(isfinite(mn) && mn > 0 && mn <= typ && typ <= mx, "row: %s", row);
+	free(r);
+}
+
+Test(bench_perf_bw, lat_pingpong_server_and_client_processes_with_tcp)
+{
+	check_pingpong_server_client("tcp");
+}
+
+Test(bench_perf_bw, lat_pingpong_server_and_client_processes_with_shm)
+{
+	check_pingpong_server_client("shm");
 }
 
 /* A ping-pong sweep: one row per size 2 B .. 8 MiB, each with the asked exchange count. */
