@@ -4,7 +4,7 @@
 # libkvxfer.a with `pkg-config --static`), check what each binary links, and run both.
 # usage: test_installed.sh BUILD_DIR EXAMPLE.c [EXTRA_CFLAGS]
 set -euo pipefail
-build=$1 src=$2 extra=${3:-}
+build=$1 src=$2 san_flags=${3:-}
 cc=${CC:-cc}
 tmp=$(mktemp -d /tmp/kvx_install_XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -28,15 +28,15 @@ grep -hv "^[[:space:]]*#" "$inc/kvxfer.h" "$inc"/kvxfer/*.h | tr '\n' ' ' | grep
 nm -D --defined-only "$libdir/libkvxfer.so" | awk '$2 == "T" || $2 == "W" {print $3}' | sort -u >"$tmp/exported.txt"
 missing=$(comm -23 "$tmp/api.txt" "$tmp/exported.txt" | tr '\n' ' ')
 [ -z "$missing" ] || fail "declared KVX_API but not exported by libkvxfer.so: $missing"
-extra=$(comm -13 "$tmp/api.txt" "$tmp/exported.txt" | tr '\n' ' ')
-[ -z "$extra" ] || fail "exported by libkvxfer.so but not declared KVX_API in the installed headers: $extra"
+unexpected=$(comm -13 "$tmp/api.txt" "$tmp/exported.txt" | tr '\n' ' ')
+[ -z "$unexpected" ] || fail "exported by libkvxfer.so but not declared KVX_API in the installed headers: $unexpected"
 [ "$(wc -l <"$tmp/api.txt")" -gt 100 ] || fail "found only $(wc -l <"$tmp/api.txt") KVX_API functions in $inc"
 
 cd "$tmp"
 cp "$src" example.c
 # Shared: exactly the command the README gives.
 # shellcheck disable=SC2046,SC2086
-$cc -std=c11 -Wall -Wextra -Werror $extra -o ex_shared example.c $(pkg-config --cflags --libs kvxfer) \
+$cc -std=c11 -Wall -Wextra -Werror $san_flags -o ex_shared example.c $(pkg-config --cflags --libs kvxfer) \
 	|| fail "out-of-tree build against libkvxfer.so failed"
 resolved=$(LD_LIBRARY_PATH="$libdir" ldd ./ex_shared | awk '/libkvxfer\.so/ {print $3}')
 [ "$(cd "$(dirname "$resolved")" && pwd -P)" = "$libdir" ] || fail "ex_shared loads libkvxfer from '$resolved', not $libdir"
@@ -50,7 +50,7 @@ case " $own " in *" -lkvxfer "*) ;; *) fail "pkg-config --static --libs kvxfer l
 own=$(printf '%s\n' "$own" | sed -e 's/\(^\| \)-lkvxfer\( \|$\)/ /')
 reqs=$(pkg-config --print-requires-private kvxfer)
 # shellcheck disable=SC2046,SC2086
-$cc -std=c11 -Wall -Wextra -Werror $extra -o ex_static example.c $(pkg-config --cflags kvxfer) \
+$cc -std=c11 -Wall -Wextra -Werror $san_flags -o ex_static example.c $(pkg-config --cflags kvxfer) \
 	"$libdir/libkvxfer.a" $own $(pkg-config --libs $reqs) \
 	|| fail "out-of-tree build against libkvxfer.a with kvxfer.pc's Libs.private + Requires.private failed"
 if readelf -d ex_static | grep -q 'libkvxfer'; then fail "ex_static still needs libkvxfer.so"; fi
