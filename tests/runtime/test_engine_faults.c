@@ -8,8 +8,10 @@
  * and bytes keyed by transfer id; (b) `write_done` before the consumer registered the transfer
  * — parked, then applied at registration; (h) a consumer block more than the producer, paired
  * by token position in READ; (i) a chunked-prefill step that adds no block (duplicate ready
- * marks keep the layer's gate); (j) duplicate transfer ids in WRITE mode. (c)–(g) and (j) in
- * READ mode are in test_engine.c; (h) in WRITE mode in test_engine_e2e.c. */
+ * marks keep the layer's gate); (j) duplicate transfer ids in WRITE mode; (d) in WRITE mode: a
+ * consumer whose producer never writes times out, releases P and keeps its blocks quarantined
+ * until P answers. (c)–(g) and (j) in READ mode are in test_engine.c; (h) in WRITE mode in
+ * test_engine_e2e.c. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdatomic.h>
@@ -282,5 +284,58 @@ Test(runtime_engine_faults, j_write_duplicate_transfer_id_rejected_first_intact)
 	/* Still one-shot after completion. */
 	an.local_blocks = dst;
 	cr_assert_eq(kvx_xfer_announce(D.e, &an), -EEXIST);
+	et_pair_free(&P, &D);
+}
+
+static bool received_at_least(struct kvx_engine *e, void *arg)
+{
+	return stats(e).notifications_received >= *(const uint64_t *)arg;
+}
+
+Test(runtime_engine_faults, d_write_consumer_times_out_releases_producer_blocks_quarantined)
+{
+	/* WRITE: D announced, P never begins within D's transfer timeout (PROTOCOL.md §6 item 10:
+	 * vLLM's D waits forever here). D reports TIMED_OUT within its timeout and tells P
+	 * (`release`); its blocks stay quarantined, since P may still be writing, until P answers.
+	 * P, beginning late, sees the release, writes nothing and answers; only then are D's blocks
+	 * released. */
+	struct kvx_engine_params pp, dp;
+	struct et_eng P, D;
+	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	dp.transfer_timeout_ms = 300;
+	dp.defer_timeout_ms = 60000;
+	et_start(&P, &pp, true);
+	et_start(&D, &dp, false);
+	const uint32_t dst[2] = {2, 3}, src[2] = {4, 5};
+	struct kvx_engine_announce an = {.transfer_id = "tx-dw", .peer = peer_of(&P), .local_blocks = dst, .n = 2};
+	uint64_t t0 = kvx_now_ns();
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	struct et_track td = {.n = 0}, tp = {.n = 0};
+	size_t kd = et_follow(&td, "tx-dw");
+	cr_assert(et_wait(D.e, &td, "tx-dw", false));
+	uint64_t took = kvx_now_ns() - t0;
+	cr_assert_eq(td.status[kd], KVX_CPL_TIMED_OUT, "status %d error %d", td.status[kd], td.error[kd]);
+	cr_assert_eq(td.error[kd], -ETIMEDOUT);
+	cr_assert_geq(took, 300000000ull, "timed out early (%llu ns)", (unsigned long long)took);
+	cr_assert_lt(took, 10000000000ull, "timed out %llu ns after the announce", (unsigned long long)took);
+	cr_assert_eq(td.released[kd], 0, "blocks released while P could still write");
+	/* P got remote_blocks, then release. */
+	const uint64_t two = 2;
+	cr_assert(et_wait_until(P.e, &tp, received_at_least, (void *)&two), "P never got remote_blocks + release");
+	et_pump(D.e, &td);
+	cr_assert_eq(td.released[kd], 0, "blocks released before P answered");
+	/* P begins late: nothing is written, D's blocks come out of quarantine. */
+	struct kvx_engine_write w = {.transfer_id = "tx-dw", .peer = peer_of(&D), .local_blocks = src, .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	size_t kp = et_follow(&tp, "tx-dw");
+	cr_assert(et_wait(P.e, &tp, "tx-dw", true));
+	cr_assert_eq(tp.status[kp], KVX_CPL_ABORTED, "status %d error %d", tp.status[kp], tp.error[kp]);
+	cr_assert_eq(tp.bytes[kp], 0);
+	cr_assert(et_wait(D.e, &td, "tx-dw", true));
+	cr_assert_eq(td.released[kd], 1);
+	cr_assert_eq(et_bytes_moved(P.e), 0);
+	et_expect_blocks(&D, NULL, NULL, 0, true); /* all of D still zero */
+	cr_assert_eq(stats(D.e).transfers_timed_out, 1);
 	et_pair_free(&P, &D);
 }
