@@ -94,8 +94,9 @@ static void op_finish(struct vep *e, uint32_t oid)
 /* Status of an op caught by the flush of an endpoint in error state. */
 static int flush_status(const struct vep *e, const struct vop *o)
 {
-	if (atomic_load_explicit(&e->base.status, memory_order_relaxed) == -ETIMEDOUT &&
-	    e->batches[o->batch].deadline_ns <= e->fail_ns)
+	uint64_t dl = e->batches[o->batch].deadline_ns; /* 0: not stamped yet, i.e. young */
+	if (atomic_load_explicit(&e->base.status, memory_order_relaxed) == -ETIMEDOUT && dl &&
+	    dl <= e->fail_ns)
 		return -ETIMEDOUT;
 	return -ECONNRESET;
 }
@@ -375,12 +376,11 @@ int verbs_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 		cnt_add(e, post_nobufs, 1);
 		return -ENOBUFS;
 	}
-	uint64_t now = kvx_now_ns();
 	uint32_t bid = e->b_free[--e->n_b_free];
 	struct vbatch *b = &e->batches[bid];
 	*b = (struct vbatch){
 		.cookie = cookie,
-		.deadline_ns = now + ep->ctx->params.op_timeout_ns,
+		.deadline_ns = 0, /* stamped by the poller's next clock read (stamp_deadlines) */
 		.seq = e->batch_seq++,
 		.n_ops = n,
 		.first_failed = n,
@@ -448,6 +448,19 @@ int verbs_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 	return 0;
 }
 
+/*
+ * Give every batch posted since the last clock read its deadline (now + op timeout). The
+ * post path reads no clock (in a VM without a TSC clocksource that is a syscall per op); the
+ * poller reads it every 8th busy poll, so a deadline is late by at most a few polls.
+ */
+static void stamp_deadlines(struct vep *e, uint64_t now)
+{
+	uint64_t dl = now + e->base.ctx->params.op_timeout_ns;
+	for (uint32_t b = e->old_tail; b != VERBS_NIL && !e->batches[b].deadline_ns;
+	     b = e->batches[b].prev)
+		e->batches[b].deadline_ns = dl;
+}
+
 int verbs_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
 {
 	struct vep *e = (struct vep *)ep;
@@ -459,12 +472,15 @@ int verbs_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
 		verbs_cq_drain(e->vc);
 		if (e->pend_head != VERBS_NIL)
 			flush_pending(e);
-		/* Op deadlines (seconds) are checked on every 8th busy poll: no clock read per
-		 * spin of a latency-bound poller. */
+		/* Op deadlines (seconds) are stamped and checked on every 8th busy poll: no clock
+		 * read per post or per spin of a latency-bound poller. */
 		if (e->old_head != VERBS_NIL && KVX_UNLIKELY((++e->ticks & 7) == 0) &&
-		    !atomic_load_explicit(&ep->status, memory_order_relaxed) &&
-		    e->batches[e->old_head].deadline_ns <= kvx_now_ns())
-			verbs_ep_fail(e, -ETIMEDOUT);
+		    !atomic_load_explicit(&ep->status, memory_order_relaxed)) {
+			uint64_t now = kvx_now_ns();
+			stamp_deadlines(e, now);
+			if (e->batches[e->old_head].deadline_ns <= now)
+				verbs_ep_fail(e, -ETIMEDOUT);
+		}
 	}
 	uint32_t k = 0;
 	uint32_t mask = e->depth - 1;
