@@ -108,6 +108,29 @@ static void lfree(bool dev, uint8_t *p)
 		free(p);
 }
 
+/* A target process of @p provider with @p mem regions, a local context and one endpoint. */
+struct pair {
+	struct peer pe;
+	struct kvx_xport_ctx *ctx;
+	struct kvx_xport_ep *ep;
+};
+
+static void pair_up(struct pair *x, const char *provider, const char *mem,
+		    const struct kvx_xport_ctx_params *target, const struct kvx_xport_ctx_params *local)
+{
+	char why[KVX_MEM_WHY_LEN] = "";
+	cr_assert_eq(peer_start_mem(&x->pe, provider, mem, target, why, sizeof(why)), 0,
+		     "target %s/%s: %s", provider, mem, why);
+	cr_assert_eq(kvx_xport_open(provider, local, &x->ctx), 0);
+	x->ep = connect_ep(x->ctx, &x->pe);
+}
+
+static void pair_down(struct pair *x)
+{
+	kvx_xport_close(x->ctx);
+	cr_assert_eq(peer_quit(&x->pe), 0);
+}
+
 /*
  * The target's bounce buffers are 4 KiB (its chunk_bytes), four per direction: every 64 KiB
  * request of the initiator is answered in 16 pieces and its WRITE payload lands through 16
@@ -118,12 +141,11 @@ Test(xport_devmem, tcp_stage_moves_more_than_the_rings_hold_exact_bytes)
 	struct kvx_xport_ctx_params tp, ip;
 	params(&tp, 4096);
 	params(&ip, 64 * KIB);
-	struct peer pe;
-	char why[KVX_MEM_WHY_LEN];
-	cr_assert_eq(peer_start_mem(&pe, "tcp", "hostdev", &tp, why, sizeof(why)), 0, "%s", why);
-	struct kvx_xport_ctx *ctx = NULL;
-	cr_assert_eq(kvx_xport_open("tcp", &ip, &ctx), 0);
-	struct kvx_xport_ep *ep = connect_ep(ctx, &pe);
+	struct pair x;
+	pair_up(&x, "tcp", "hostdev", &tp, &ip);
+	struct peer pe = x.pe;
+	struct kvx_xport_ctx *ctx = x.ctx;
+	struct kvx_xport_ep *ep = x.ep;
 	const uint64_t len = 3 * MIB + 123;
 	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	int idx = peer_reg(&pe, len + 64, KVX_XPORT_ACCESS_ALL, 5, d);
@@ -148,8 +170,7 @@ Test(xport_devmem, tcp_stage_moves_more_than_the_rings_hold_exact_bytes)
 	struct kvx_xport_counters k;
 	cr_assert_eq(peer_counters(&pe, &k), 0);
 	cr_assert_eq(k.bytes_served, 2 * len);
-	kvx_xport_close(ctx);
-	cr_assert_eq(peer_quit(&pe), 0);
+	pair_down(&x);
 	lfree(true, lm);
 }
 
@@ -160,29 +181,23 @@ Test(xport_devmem, tcp_host_and_device_sides_mix)
 	for (int local_dev = 0; local_dev < 2; local_dev++) {
 		struct kvx_xport_ctx_params p;
 		params(&p, 256 * KIB);
-		struct peer pe;
-		char why[KVX_MEM_WHY_LEN];
-		cr_assert_eq(peer_start_mem(&pe, "tcp", local_dev ? "host" : "hostdev", &p, why,
-					    sizeof(why)),
-			     0);
-		struct kvx_xport_ctx *ctx = NULL;
-		cr_assert_eq(kvx_xport_open("tcp", &p, &ctx), 0);
-		struct kvx_xport_ep *ep = connect_ep(ctx, &pe);
+		struct pair x;
+		pair_up(&x, "tcp", local_dev ? "host" : "hostdev", &p, &p);
+		struct kvx_xport_ep *ep = x.ep;
 		const uint64_t len = MIB + 77;
 		uint8_t d[KVX_XPORT_RDESC_BYTES];
-		int idx = peer_reg(&pe, len, KVX_XPORT_ACCESS_ALL, 21, d);
+		int idx = peer_reg(&x.pe, len, KVX_XPORT_ACCESS_ALL, 21, d);
 		struct kvx_xport_rmr *rr = NULL;
 		cr_assert_eq(kvx_xport_rmr_import(ep, d, sizeof(d), &rr), 0);
 		uint8_t *lm;
-		struct kvx_xport_mr *l = local(ctx, local_dev, len, &lm);
+		struct kvx_xport_mr *l = local(x.ctx, local_dev, len, &lm);
 		cr_assert_eq(run1(ep, KVX_XPORT_OP_READ, l, 0, rr, 0, len, 1).status, 0);
 		cr_assert_eq(lcheck(local_dev, lm, len, 21, 0), len, "local %s",
 			     local_dev ? "device" : "host");
 		lfill(local_dev, lm, len, 22, 0);
 		cr_assert_eq(run1(ep, KVX_XPORT_OP_WRITE, l, 0, rr, 0, len, 2).status, 0);
-		cr_assert_eq(peer_verify(&pe, idx, 0, len, 22, 0), (int64_t)len);
-		kvx_xport_close(ctx);
-		cr_assert_eq(peer_quit(&pe), 0);
+		cr_assert_eq(peer_verify(&x.pe, idx, 0, len, 22, 0), (int64_t)len);
+		pair_down(&x);
 		lfree(local_dev, lm);
 	}
 }
@@ -195,35 +210,29 @@ Test(xport_devmem, shm_host_initiator_reaches_device_region_device_to_host_regio
 	for (int local_dev = 0; local_dev < 2; local_dev++) {
 		struct kvx_xport_ctx_params p;
 		params(&p, 0);
-		struct peer pe;
-		char why[KVX_MEM_WHY_LEN];
-		cr_assert_eq(peer_start_mem(&pe, "shm", local_dev ? "host" : "hostdev", &p, why,
-					    sizeof(why)),
-			     0);
-		struct kvx_xport_ctx *ctx = NULL;
-		cr_assert_eq(kvx_xport_open("shm", &p, &ctx), 0);
-		struct kvx_xport_ep *ep = connect_ep(ctx, &pe);
+		struct pair x;
+		pair_up(&x, "shm", local_dev ? "host" : "hostdev", &p, &p);
+		struct kvx_xport_ep *ep = x.ep;
 		const uint64_t len = 300 * KIB + 5;
 		uint8_t d[KVX_XPORT_RDESC_BYTES];
-		int idx = peer_reg(&pe, len, KVX_XPORT_ACCESS_ALL, 31, d);
+		int idx = peer_reg(&x.pe, len, KVX_XPORT_ACCESS_ALL, 31, d);
 		struct kvx_xport_rmr *rr = NULL;
 		cr_assert_eq(kvx_xport_rmr_import(ep, d, sizeof(d), &rr), 0);
 		uint8_t *lm;
-		struct kvx_xport_mr *l = local(ctx, local_dev, len, &lm);
+		struct kvx_xport_mr *l = local(x.ctx, local_dev, len, &lm);
 		lfill(local_dev, lm, len, 32, 0);
 		struct kvx_xport_cpl c = run1(ep, KVX_XPORT_OP_WRITE, l, 0, rr, 0, len, 1);
 		if (local_dev) {
 			cr_assert_eq(c.status, -ENOTSUP);
 			cr_assert_eq(c.n_failed, 1);
-			cr_assert_eq(peer_verify(&pe, idx, 0, len, 31, 0), (int64_t)len);
+			cr_assert_eq(peer_verify(&x.pe, idx, 0, len, 31, 0), (int64_t)len);
 		} else {
 			cr_assert_eq(c.status, 0);
-			cr_assert_eq(peer_verify(&pe, idx, 0, len, 32, 0), (int64_t)len);
+			cr_assert_eq(peer_verify(&x.pe, idx, 0, len, 32, 0), (int64_t)len);
 			cr_assert_eq(run1(ep, KVX_XPORT_OP_READ, l, 0, rr, 0, len, 2).status, 0);
 			cr_assert_eq(lcheck(false, lm, len, 32, 0), len);
 		}
-		kvx_xport_close(ctx);
-		cr_assert_eq(peer_quit(&pe), 0);
+		pair_down(&x);
 		lfree(local_dev, lm);
 	}
 }
@@ -292,13 +301,12 @@ Test(xport_devmem, shm_ipc_mapping_per_peer_allocation_closed_on_endpoint_destro
 	skip_unless_available("shm");
 	struct kvx_xport_ctx_params p;
 	params(&p, 0);
-	struct peer pe;
-	char why[KVX_MEM_WHY_LEN];
-	cr_assert_eq(peer_start_mem(&pe, "shm", "hostdev", &p, why, sizeof(why)), 0, "%s", why);
-	struct kvx_xport_ctx *ctx = NULL;
-	cr_assert_eq(kvx_xport_open("shm", &p, &ctx), 0);
 	int base = hostdev_maps();
-	struct kvx_xport_ep *ep = connect_ep(ctx, &pe);
+	struct pair x;
+	pair_up(&x, "shm", "hostdev", &p, &p);
+	struct peer pe = x.pe;
+	struct kvx_xport_ctx *ctx = x.ctx;
+	struct kvx_xport_ep *ep = x.ep;
 	uint8_t d1[KVX_XPORT_RDESC_BYTES], d2[KVX_XPORT_RDESC_BYTES];
 	cr_assert_geq(peer_reg(&pe, 64 * KIB, KVX_XPORT_ACCESS_ALL, 41, d1), 0);
 	cr_assert_geq(peer_reg(&pe, 64 * KIB, KVX_XPORT_ACCESS_ALL, 42, d2), 0);
@@ -321,7 +329,6 @@ Test(xport_devmem, shm_ipc_mapping_per_peer_allocation_closed_on_endpoint_destro
 	cr_assert_eq(pat_check(lm, 64 * KIB, 42, 0), 64 * KIB);
 	kvx_xport_ep_destroy(ep);
 	cr_assert_eq(hostdev_maps(), base, "endpoint destroy closed the peer mappings");
-	kvx_xport_close(ctx);
-	cr_assert_eq(peer_quit(&pe), 0);
+	pair_down(&x);
 	free(lm);
 }

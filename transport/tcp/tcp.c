@@ -823,12 +823,17 @@ static inline struct tdev *ep_dev(struct tcp_ep *e)
 	return atomic_load_explicit(&e->dev, memory_order_acquire);
 }
 
-/* Bounce buffer of a chunk back to the D2H ring. */
+/* A sent (or dropped) bounce buffer back to the D2H ring; *held is cleared. */
+static void bounce_put(struct tdev *d, uint8_t *buf, uint32_t slot, bool *held)
+{
+	struct kvx_mem_chunk b = {.buf = buf, .slot = slot};
+	(void)kvx_mem_stage_d2h_release(d->tx, &b);
+	*held = false;
+}
+
 static void chunk_unhold(struct tdev *d, struct tcp_chunk *k)
 {
-	struct kvx_mem_chunk b = {.buf = k->payload, .slot = k->bslot};
-	(void)kvx_mem_stage_d2h_release(d->tx, &b);
-	k->held = false;
+	bounce_put(d, k->payload, k->bslot, &k->held);
 }
 
 /* Move the endpoint to error state: close its sockets and complete every outstanding op (an
@@ -1357,9 +1362,7 @@ static inline struct tdev *ctx_tdev(struct tcp_ctx *c)
 
 static void resp_unhold(struct tdev *d, struct tresp *r)
 {
-	struct kvx_mem_chunk b = {.buf = r->payload, .slot = r->bslot};
-	(void)kvx_mem_stage_d2h_release(d->tx, &b);
-	r->held = false;
+	bounce_put(d, r->payload, r->bslot, &r->held);
 }
 
 /* READ from a device region: reserve one response entry per bounce-buffer piece and queue
