@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvxfer/control.h"
@@ -35,8 +36,17 @@ struct nopts {
 	uint64_t msgs;     /* throughput messages */
 	uint64_t window;   /* in-flight bound for throughput */
 	uint64_t hs_iters; /* handshakes per layer count */
+	uint64_t busy_poll_us; /* kvx_ctl_params.busy_poll_us of both control lcores */
 	const char *json;
 };
+
+/* CPU time of the whole calling process (all its threads), ns. */
+static uint64_t proc_cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* ---- child: echo side ------------------------------------------------------------------ */
 
@@ -112,7 +122,8 @@ static void *tcp_echo_thread(void *arg)
 	return NULL;
 }
 
-static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg)
+static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg,
+				     uint32_t busy_poll_us)
 {
 	struct kvx_ctl_params p;
 	memset(&p, 0, sizeof(p));
@@ -126,6 +137,7 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 	p.notify_arg = arg;
 	p.on_connect = echo_connect;
 	p.inbox_slots = 4096;
+	p.busy_poll_us = busy_poll_us;
 	struct kvx_ctl *c = NULL;
 	if (kvx_ctl_create(&p, &c))
 		return NULL;
@@ -172,12 +184,12 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 }
 
 /* Child: report 4 ports on `up`, read the parent's notify port from `down`, run until EOF. */
-static int child_main(int up, int down)
+static int child_main(int up, int down, uint32_t busy_poll_us)
 {
 	struct echo e;
 	memset(&e, 0, sizeof(e));
-	e.ctl = make_listener(1, echo_cb, &e);
-	struct kvx_ctl *l64 = make_listener(64, NULL, NULL);
+	e.ctl = make_listener(1, echo_cb, &e, busy_poll_us);
+	struct kvx_ctl *l64 = make_listener(64, NULL, NULL, 0);
 	uint16_t tport = 0;
 	int ls = tcp_listen(&tport);
 	if (!e.ctl || !l64 || ls < 0 || kvx_ctl_inbox_open(e.ctl, &e.ib))
@@ -312,16 +324,20 @@ static void json_us(struct perf_json *j, const char *key, const struct perf_stat
 
 static int parse(int argc, char **argv, struct nopts *o)
 {
+	const char *opt = "";
 	for (int i = 1; i < argc; i++) {
+		opt = argv[i];
 		const char *v;
 		int r;
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			printf("usage: kvxfer-perf notify [--iters N] [--msgs N] [--window N] "
-			       "[--hs-iters N] [--json FILE]\n"
+			       "[--hs-iters N] [--busy-poll US] [--json FILE]\n"
 			       "  --iters     round-trip samples (default 20000)\n"
 			       "  --msgs      messages for the throughput run (default 200000)\n"
 			       "  --window    in-flight notifications in the throughput run (default 256)\n"
 			       "  --hs-iters  handshakes per layer count, 1 and 64 layers (default 200)\n"
+			       "  --busy-poll both control lcores keep polling this long after the last\n"
+			       "              activity before sleeping, us (default 0: sleep at once)\n"
 			       "  --json      also write the figures to FILE\n");
 			return 1;
 		}
@@ -334,6 +350,11 @@ static int parse(int argc, char **argv, struct nopts *o)
 			dst = &o->window;
 		else if ((r = perf_opt_value(argc, argv, &i, "--hs-iters", &v)) != 0)
 			dst = &o->hs_iters;
+		else if ((r = perf_opt_value(argc, argv, &i, "--busy-poll", &v)) != 0) {
+			if (r < 0 || perf_parse_u64(v, &o->busy_poll_us) || o->busy_poll_us > 1000000)
+				goto bad;
+			continue;
+		}
 		else if ((r = perf_opt_value(argc, argv, &i, "--json", &v)) != 0) {
 			if (r < 0)
 				goto bad;
@@ -350,7 +371,9 @@ static int parse(int argc, char **argv, struct nopts *o)
 		o->window = 2048;
 	return 0;
 bad:
-	fprintf(stderr, "kvxfer-perf notify: option '%s' needs a positive number\n", argv[0]);
+	fprintf(stderr, "kvxfer-perf notify: option '%s' needs a %s\n", opt,
+		strncmp(opt, "--busy-poll", 11) ? "positive number"
+						 : "number of microseconds, 0..1000000");
 	return -1;
 }
 
@@ -369,7 +392,7 @@ int kvx_perf_notify_main(int argc, char **argv)
 	if (pid == 0) {
 		close(up[0]);
 		close(down[1]);
-		_exit(child_main(up[1], down[0]));
+		_exit(child_main(up[1], down[0], (uint32_t)o.busy_poll_us));
 	}
 	close(up[1]);
 	close(down[0]);
@@ -388,6 +411,7 @@ int kvx_perf_notify_main(int argc, char **argv)
 	p.tp_size = 1;
 	p.on_notify = count_cb;
 	p.inbox_slots = 4096;
+	p.busy_poll_us = (uint32_t)o.busy_poll_us;
 	struct kvx_ctl *ctl = NULL;
 	struct kvx_ctl_inbox *ib = NULL;
 	if (kvx_ctl_create(&p, &ctl) || kvx_ctl_start(ctl) || kvx_ctl_inbox_open(ctl, &ib)) {
@@ -417,6 +441,7 @@ int kvx_perf_notify_main(int argc, char **argv)
 			sched_yield();
 		wait_rx(++sent);
 	}
+	uint64_t cpu0 = proc_cpu_ns();
 	for (uint64_t i = 0; i < o.iters; i++) {
 		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-%llu", (unsigned long long)i);
 		uint64_t t0 = kvx_now_ns();
@@ -425,6 +450,7 @@ int kvx_perf_notify_main(int argc, char **argv)
 		wait_rx(++sent);
 		rtt[i] = kvx_now_ns() - t0;
 	}
+	double cpu_rtt = (double)(proc_cpu_ns() - cpu0) / (double)o.iters;
 	uint64_t t0 = kvx_now_ns();
 	uint64_t base = sent;
 	for (uint64_t i = 0; i < o.msgs; i++) {
@@ -449,12 +475,14 @@ int kvx_perf_notify_main(int argc, char **argv)
 	setsockopt(ts, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	uint8_t fr[FRAME_BYTES], rb[FRAME_BYTES];
 	memset(fr, 'x', sizeof(fr));
+	cpu0 = proc_cpu_ns();
 	for (uint64_t i = 0; i < o.iters; i++) {
 		uint64_t s0 = kvx_now_ns();
 		if (full_io(ts, fr, sizeof(fr), 1) || full_io(ts, rb, sizeof(rb), 0))
 			goto out_tcp;
 		trtt[i] = kvx_now_ns() - s0;
 	}
+	double tcp_cpu_rtt = (double)(proc_cpu_ns() - cpu0) / (double)o.iters;
 	/* Windowed TCP: write `window` frames, then read one per write (socket buffers hold it). */
 	uint64_t w = o.window < 64 ? o.window : 64;
 	t0 = kvx_now_ns();
@@ -489,6 +517,10 @@ int kvx_perf_notify_main(int argc, char **argv)
 	printf("  ratio kvxfer/TCP: p50 %.2f  p99 %.2f  p99.9 %.2f\n",
 	       (double)s_rtt.p50 / (double)s_trtt.p50, (double)s_rtt.p99 / (double)s_trtt.p99,
 	       (double)s_rtt.p999 / (double)s_trtt.p999);
+	printf("  measuring process CPU per round trip (all its threads): kvxfer %.1f us, TCP "
+	       "echo %.1f us, ratio %.2f (busy-poll %llu us)\n",
+	       cpu_rtt / 1e3, tcp_cpu_rtt / 1e3, cpu_rtt / tcp_cpu_rtt,
+	       (unsigned long long)o.busy_poll_us);
 	printf("throughput (window %llu): kvxfer %.0f msg/s, TCP echo (window %llu) %.0f msg/s, "
 	       "ratio %.2f\n",
 	       (unsigned long long)o.window, msgs_s, (unsigned long long)w, tcp_msgs_s,
@@ -513,6 +545,10 @@ int kvx_perf_notify_main(int argc, char **argv)
 			perf_json_double(&j, "rtt_ratio_p50", (double)s_rtt.p50 / (double)s_trtt.p50);
 			perf_json_double(&j, "rtt_ratio_p99", (double)s_rtt.p99 / (double)s_trtt.p99);
 			perf_json_double(&j, "rtt_ratio_p999", (double)s_rtt.p999 / (double)s_trtt.p999);
+			perf_json_u64(&j, "busy_poll_us", o.busy_poll_us);
+			perf_json_double(&j, "cpu_per_rtt_us", cpu_rtt / 1e3);
+			perf_json_double(&j, "tcp_echo_cpu_per_rtt_us", tcp_cpu_rtt / 1e3);
+			perf_json_double(&j, "cpu_ratio", cpu_rtt / tcp_cpu_rtt);
 			perf_json_u64(&j, "window", o.window);
 			perf_json_double(&j, "msgs_per_s", msgs_s);
 			perf_json_double(&j, "tcp_echo_msgs_per_s", tcp_msgs_s);

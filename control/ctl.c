@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The control lcore: one zmq_poll loop over the handshake ROUTER, the notify ROUTER, the
- * DEALERs of running handshake jobs, and the waiter eventfd of the inboxes; notify DEALERs
+ * The control lcore: one poll loop (poll(2) over ZMQ_FDs, see ctl_loop()) over the handshake
+ * ROUTER, the notify ROUTER, the DEALERs of running handshake jobs, the watched fds
+ * (kvx_ctl_watch_fd()) and the waiter eventfd of the inboxes; notify DEALERs
  * (cached per peer path) and the heartbeat DEALER are send-only. DESIGN.md §1, §4;
  * PROTOCOL.md §2, §3; RUNTIME_GUIDE.md §5.2.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,7 @@
 #define RX_BATCH 64
 #define INBOX_BATCH 32
 #define MAX_POLL_MS 100
+#define WORK_ROUNDS 8 /* busy loop rounds between two looks at the fds */
 #define LIVE_MAX 65536u
 #define WATCH_MAX KVX_CTL_WATCH_MAX
 
@@ -204,6 +208,7 @@ struct hs_job {
 	struct kvx_ctl *ctl;
 	struct hs_job *next; /* queue / active list */
 	int expired;
+	int due; /* sent on a fresh socket: read it until EAGAIN before waiting on its fd */
 };
 
 struct peer_stat {
@@ -1204,6 +1209,9 @@ static int job_send_get_meta(struct kvx_ctl *ctl, struct hs_job *j)
 	if (zmq_send(j->sock, KVX_MSG_GET_META, KVX_MSG_GET_META_LEN, ZMQ_DONTWAIT) < 0)
 		return -zmq_errno();
 	j->phase = HS_META;
+	/* A new pipe's reader counts as awake until one read fails, so the reply would not
+	 * signal ZMQ_FD: the loop reads once (EAGAIN) before it waits on the fd. */
+	j->due = 1;
 	return 0;
 }
 
@@ -1749,7 +1757,7 @@ static void count_bad(struct kvx_ctl *ctl, struct peer_stat *ps, int rc)
 	atomic_fetch_add_explicit(&ps->malformed, 1, memory_order_relaxed);
 }
 
-static void notify_rx(struct kvx_ctl *ctl)
+static int notify_rx(struct kvx_ctl *ctl)
 {
 	for (int k = 0; k < RX_BATCH; k++) {
 		zmq_msg_t id, pl;
@@ -1758,7 +1766,7 @@ static void notify_rx(struct kvx_ctl *ctl)
 		struct peer_stat *ps;
 		int r = router_next(ctl, ctl->nt_router, &id, &pl, &nf, &addr, &ps);
 		if (r == 0)
-			return;
+			return k;
 		if (r < 0) {
 			count_bad(ctl, ps, -EPROTO);
 			warn_rl(ctl, "notify: dropped a %d-frame message from %s (want 2 frames)", nf,
@@ -1788,6 +1796,7 @@ static void notify_rx(struct kvx_ctl *ctl)
 		zmq_msg_close(&id);
 		zmq_msg_close(&pl);
 	}
+	return RX_BATCH; /* the limit: more may be queued */
 }
 
 static void router_reply(void *sock, zmq_msg_t *id, const void *data, size_t len)
@@ -1798,7 +1807,7 @@ static void router_reply(void *sock, zmq_msg_t *id, const void *data, size_t len
 	zmq_send(sock, data, len, ZMQ_DONTWAIT);
 }
 
-static void hs_rx(struct kvx_ctl *ctl)
+static int hs_rx(struct kvx_ctl *ctl)
 {
 	for (int k = 0; k < RX_BATCH; k++) {
 		zmq_msg_t id, pl;
@@ -1807,7 +1816,7 @@ static void hs_rx(struct kvx_ctl *ctl)
 		struct peer_stat *ps;
 		int r = router_next(ctl, ctl->hs_router, &id, &pl, &nf, &addr, &ps);
 		if (r == 0)
-			return;
+			return k;
 		size_t len = zmq_msg_size(&pl);
 		const uint8_t *d = zmq_msg_data(&pl);
 		if (r < 0) {
@@ -1859,6 +1868,7 @@ static void hs_rx(struct kvx_ctl *ctl)
 		zmq_msg_close(&id);
 		zmq_msg_close(&pl);
 	}
+	return RX_BATCH; /* the limit: more may be queued */
 }
 
 static void hb_fire(struct kvx_timer *t, void *arg)
@@ -1874,15 +1884,34 @@ static void hb_fire(struct kvx_timer *t, void *arg)
 /* The loop                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
+/* The ZMQ_FD of a socket: readable when the socket's command mailbox was signalled. It is
+ * edge-like (RUNTIME_GUIDE.md §5.2): a socket whose fd fired must be read until EAGAIN (or kept
+ * "due") before the loop waits on the fd again. Returns -1 on error. */
+static int sock_fd(void *s)
+{
+	int fd = -1;
+	size_t l = sizeof(fd);
+	return zmq_getsockopt(s, ZMQ_FD, &fd, &l) ? -1 : fd;
+}
+
+/*
+ * One poll(2) per iteration over the waiter eventfd, the ROUTERs' ZMQ_FDs, the watched fds and
+ * the running handshake jobs' DEALERs. zmq_poll() would cost a zero-timeout poll pass, then a
+ * ZMQ_EVENTS query (a getpid and a poll each) per socket, before and after every sleep: about
+ * six syscalls per wait instead of one, which showed as the control plane's main CPU cost per
+ * notification round trip (kvxfer-perf notify). A ROUTER is read only when its fd fired or a
+ * batch limit left input queued (hs_due / nt_due).
+ */
 static void *ctl_loop(void *arg)
 {
 	struct kvx_ctl *ctl = arg;
-	zmq_pollitem_t *items =
-		calloc(3 + WATCH_MAX + ctl->p.max_active_handshakes, sizeof(*items));
+	struct pollfd *pfd = calloc(3 + WATCH_MAX + ctl->p.max_active_handshakes, sizeof(*pfd));
 	struct hs_job **jobs = calloc(ctl->p.max_active_handshakes + 1, sizeof(*jobs));
-	if (!items || !jobs) {
-		kvx_log(KVX_LOG_ERROR, "control: out of memory starting the loop");
-		free(items);
+	int hs_fd = sock_fd(ctl->hs_router), nt_fd = sock_fd(ctl->nt_router);
+	if (!pfd || !jobs || hs_fd < 0 || nt_fd < 0) {
+		kvx_log(KVX_LOG_ERROR, "control: cannot start the loop (%s)",
+			!pfd || !jobs ? "out of memory" : "no ZMQ_FD for a ROUTER");
+		free(pfd);
 		free(jobs);
 		return NULL;
 	}
@@ -1890,14 +1919,49 @@ static void *ctl_loop(void *arg)
 	struct watch_set ws = {.n = 0};
 	watch_loop_live(ctl, 1);
 	watch_sync(ctl, &ws);
+	int hs_due = 1, nt_due = 1; /* read once at start */
+	const uint64_t spin_ns = (uint64_t)ctl->p.busy_poll_us * 1000u;
+	uint64_t last_work = kvx_now_ns();
+	unsigned busy_rounds = 0;
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
 			watch_sync(ctl, &ws);
-		kvx_timer_heap_run(ctl->timers, kvx_now_ns());
+		uint64_t now = kvx_now_ns();
+		kvx_timer_heap_run(ctl->timers, now);
 		unsigned work = drain_inboxes(ctl);
 		jobs_start_queued(ctl);
-		int timeout = 0, prepared = 0;
-		if (!work) {
+		for (struct hs_job *j = ctl->hs_active, *nx; j; j = nx) {
+			nx = j->next; /* job_on_readable() may finish and free j */
+			if (j->due) {
+				j->due = 0;
+				job_on_readable(ctl, j);
+			}
+		}
+		if (hs_due) {
+			int k = hs_rx(ctl);
+			hs_due = k == RX_BATCH;
+			work += (unsigned)k;
+		}
+		if (nt_due) {
+			int k = notify_rx(ctl);
+			nt_due = k == RX_BATCH;
+			work += (unsigned)k;
+		}
+		int timeout = 0, prepared = 0, spinning = 0;
+		if (!work)
+			busy_rounds = 0;
+		if (work) {
+			last_work = now;
+			/* More inbox work is likely (the producer is running): go round again and
+			 * look at the fds only every WORK_ROUNDS busy rounds (one syscall less per
+			 * send; sockets are never starved for longer than that). */
+			if (++busy_rounds < WORK_ROUNDS)
+				continue;
+			busy_rounds = 0;
+		} else if (spin_ns && now - last_work < spin_ns) {
+			/* Busy-poll window: look again without sleeping (no wake-up to pay). */
+			spinning = 1;
+		} else {
 			kvx_waiter_prepare(&ctl->waiter);
 			if (inboxes_pending(ctl) ||
 			    atomic_load_explicit(&ctl->watch_gen, memory_order_seq_cst) != ws.gen ||
@@ -1910,49 +1974,57 @@ static void *ctl_loop(void *arg)
 					timeout = MAX_POLL_MS;
 			}
 		}
-		int n = 0;
-		items[n++] = (zmq_pollitem_t){.socket = ctl->hs_router, .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.socket = ctl->nt_router, .events = ZMQ_POLLIN};
-		items[n++] = (zmq_pollitem_t){.fd = kvx_waiter_fd(&ctl->waiter), .events = ZMQ_POLLIN};
+		nfds_t n = 0;
+		pfd[n++] = (struct pollfd){.fd = kvx_waiter_fd(&ctl->waiter), .events = POLLIN};
+		pfd[n++] = (struct pollfd){.fd = hs_fd, .events = POLLIN};
+		pfd[n++] = (struct pollfd){.fd = nt_fd, .events = POLLIN};
 		for (uint32_t k = 0; k < ws.n; k++)
-			items[n++] = (zmq_pollitem_t){.fd = ws.w[k].fd, .events = ZMQ_POLLIN};
-		int jbase = n;
+			pfd[n++] = (struct pollfd){.fd = ws.w[k].fd, .events = POLLIN};
+		nfds_t jbase = n;
 		uint32_t nj = 0;
 		for (struct hs_job *j = ctl->hs_active; j && nj < ctl->p.max_active_handshakes;
 		     j = j->next) {
-			if (!j->sock)
+			int fd = j->sock ? sock_fd(j->sock) : -1;
+			if (fd < 0)
 				continue;
 			jobs[nj++] = j;
-			items[n++] = (zmq_pollitem_t){.socket = j->sock, .events = ZMQ_POLLIN};
+			pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
-		int rc = zmq_poll(items, n, timeout);
-		if (prepared)
+		int rc = poll(pfd, n, timeout);
+		if (prepared || (rc > 0 && pfd[0].revents))
 			kvx_waiter_finish(&ctl->waiter);
-		if (rc <= 0)
+		if (rc <= 0) {
+			if (spinning)
+				sched_yield(); /* a thread sharing this CPU runs first */
 			continue;
-		if (items[0].revents & ZMQ_POLLIN)
-			hs_rx(ctl);
-		if (items[1].revents & ZMQ_POLLIN)
-			notify_rx(ctl);
+		}
+		if (pfd[1].revents) {
+			hs_due = hs_rx(ctl) == RX_BATCH;
+			last_work = kvx_now_ns();
+		}
+		if (pfd[2].revents) {
+			nt_due = notify_rx(ctl) == RX_BATCH;
+			last_work = kvx_now_ns();
+		}
 		for (uint32_t k = 0; k < ws.n; k++) {
-			short re = items[3 + k].revents;
+			short re = pfd[3 + k].revents;
 			if (!re)
 				continue;
 			/* The table changed (a callback or another thread unwatched): entries are
 			 * stale until the next sync; level-triggered fds report again then. */
 			if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
 				break;
-			if (re & ZMQ_POLLIN)
+			if (re & POLLIN)
 				ws.w[k].cb(ws.w[k].arg);
-			else if (re & ZMQ_POLLERR)
-				watch_suspend(ctl, ws.w[k].fd);
+			else
+				watch_suspend(ctl, ws.w[k].fd); /* POLLERR / POLLHUP / POLLNVAL */
 		}
 		for (uint32_t k = 0; k < nj; k++) {
-			if (!(items[jbase + k].revents & ZMQ_POLLIN))
+			if (!pfd[jbase + k].revents)
 				continue;
 			/* A job may have finished (and been freed) by an earlier one's callback
 			 * only through its own timer, which runs at the loop top, so jobs[k] is
-			 * still on the active list here. */
+			 * still on the active list here. The job reads until EAGAIN. */
 			job_on_readable(ctl, jobs[k]);
 		}
 	}
@@ -1970,7 +2042,7 @@ static void *ctl_loop(void *arg)
 	ctl->hs_queue_tail = NULL;
 	watch_loop_live(ctl, 0);
 	t_ctl_self = NULL;
-	free(items);
+	free(pfd);
 	free(jobs);
 	return NULL;
 }

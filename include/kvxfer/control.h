@@ -16,8 +16,9 @@
  *     any allocation; key and value types, required keys, integer ranges checked after).
  *     Decoders never allocate memory that outlives the call; outputs go into caller storage.
  *     Safe from any thread.
- *  3. **Control lcore** (`kvx_ctl_*` on `struct kvx_ctl`): one thread running a `zmq_poll`
- *     loop over the handshake ROUTER, the notify ROUTER, a bounded cache of DEALERs (one per
+ *  3. **Control lcore** (`kvx_ctl_*` on `struct kvx_ctl`): one thread running a poll loop
+ *     (one poll(2) per iteration over the sockets' ZMQ_FDs, the inbox eventfd and the watched
+ *     fds) over the handshake ROUTER, the notify ROUTER, a bounded cache of DEALERs (one per
  *     peer path), the heartbeat DEALER to the proxy, and the eventfd of its inbox. Other
  *     threads (engine worker, pollers) talk to it only through inboxes
  *     (`struct kvx_ctl_inbox`, one per producer thread, single-producer/single-consumer, no
@@ -814,6 +815,7 @@ struct kvx_ctl_params {
 	uint32_t max_active_handshakes;     /**< Jobs running at once (others queue); 0 = 4. */
 	uint32_t max_inboxes;               /**< Inboxes that may be open; 0 = 16. */
 	uint32_t inbox_slots;               /**< Slots per inbox, power of two; 0 = 256 (each slot holds KVX_CTL_INLINE_BYTES inline, ~1.8 KiB). */
+	uint32_t busy_poll_us;              /**< After the last activity (inbox work, a received message), keep polling without sleeping for this long, µs: the next message then costs no wake-up of the control thread. For a control lcore on a core of its own; 0 = sleep at once (default, right when CPUs are shared). */
 	uint64_t epoch;                     /**< Engine epoch to advertise; 0 = derived from time and pid at create. */
 	kvx_ctl_notify_fn on_notify;        /**< Inbound notifications; NULL = count and drop. */
 	void *notify_arg;                   /**< Passed to on_notify. */

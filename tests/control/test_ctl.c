@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #ifdef KVX_TSAN_RUNNER /* TSan build: Criterion cannot start (tests/lcore/tsan_runner.h) */
 #include "tests/lcore/tsan_runner.h"
@@ -113,6 +114,8 @@ Test(control_ctl, notify_roundtrip_between_two_objects)
 	cr_assert_str_eq(cb.msgs[0].m.transfer_id, "tx-roundtrip");
 	cr_assert_eq(cb.msgs[1].m.type, KVX_MSG_RELEASE);
 	cr_assert_eq(cb.msgs[1].m.consumer_tp_size, 4);
+	/* a counts a send after zmq_send() returned: b may deliver first. */
+	cr_assert(WAIT_CTR(a, notify_tx, 2, 10.0));
 	cr_assert_eq(CTR(a, notify_tx), 2);
 	cr_assert_eq(CTR(b, notify_rx), 2);
 	cr_assert_eq(CTR(a, peers_open), 1, "one cached DEALER for one path");
@@ -393,6 +396,8 @@ Test(control_ctl, handshake_exchanges_metadata_and_blobs)
 	cr_assert_eq(w.blob_b_len, 8);
 	cr_assert_arr_eq(w.blob_b, "B0knar-A", 8);
 	cr_assert_eq(CTR(l, hs_served), 1);
+	/* The listener counts after its reply left: the initiator may finish first. */
+	cr_assert(WAIT_CTR(l, connect_served, 1, 10.0));
 	cr_assert_eq(CTR(l, connect_served), 1);
 	cr_assert_eq(CTR(i, hs_ok), 1);
 	kvx_ctl_inbox_close(ib);
@@ -906,4 +911,122 @@ Test(control_ctl, watch_unwatch_churn_from_another_thread)
 	cr_assert_eq(atomic_load(&w.calls) + left, 300, "every unit consumed once or still there");
 	kvx_ctl_destroy(ctl);
 	close(w.fd);
+}
+
+/* ---- Receive loop: one poll(2) over ZMQ_FDs (edge-like), busy-poll window ---------------- */
+
+/* Bursts larger than the per-call receive batch (64) from several peers: the loop keeps
+ * reading a ROUTER whose batch limit left input queued, without a new ZMQ_FD edge. */
+static void burst_and_count(uint32_t busy_poll_us)
+{
+	struct collector cb;
+	coll_init(&cb);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &cb);
+	p.busy_poll_us = busy_poll_us;
+	struct kvx_ctl *ctl = tctl_start(&p);
+	uint16_t nt;
+	kvx_ctl_bound_ports(ctl, NULL, &nt);
+	void *z = zmq_ctx_new();
+	void *d[3];
+	for (int i = 0; i < 3; i++)
+		d[i] = raw_dealer(z, nt);
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_WRITE_DONE;
+	uint8_t buf[128];
+	const int per = 700;
+	for (int k = 0; k < per; k++) {
+		for (int i = 0; i < 3; i++) {
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-%d-%d", i, k);
+			int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+			cr_assert_eq(zmq_send(d[i], buf, (size_t)n, 0), n);
+		}
+	}
+	cr_assert_eq(coll_wait(&cb, 3 * per, 30.0), 3 * per);
+	cr_assert_eq(CTR(ctl, notify_rx), 3 * per);
+	cr_assert_eq(CTR(ctl, malformed), 0);
+	/* The loop still answers after the burst (it went to sleep and woke up again). */
+	for (int i = 0; i < 3; i++) {
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-last-%d", i);
+		int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+		cr_assert_eq(zmq_send(d[i], buf, (size_t)n, 0), n);
+	}
+	cr_assert_eq(coll_wait(&cb, 3 * per + 3, 30.0), 3 * per + 3);
+	for (int i = 0; i < 3; i++)
+		zmq_close(d[i]);
+	zmq_ctx_term(z);
+	kvx_ctl_destroy(ctl);
+	coll_fini(&cb);
+}
+
+Test(control_ctl, burst_beyond_receive_batch_is_all_delivered)
+{
+	burst_and_count(0);
+}
+
+Test(control_ctl, burst_is_all_delivered_with_busy_poll_window)
+{
+	burst_and_count(500);
+}
+
+/* With a busy-poll window on both sides: notifications both ways and a full handshake. */
+static void hs_done_flag(void *arg, const struct kvx_ctl_hs_result *r)
+{
+	atomic_store((_Atomic int *)arg, r->status == 0 ? 1 : -1);
+}
+
+static int flag_set(void *arg)
+{
+	return atomic_load((_Atomic int *)arg) != 0;
+}
+
+Test(control_ctl, busy_poll_window_keeps_notify_and_handshake_working)
+{
+	struct collector ca, cb;
+	coll_init(&ca);
+	coll_init(&cb);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &ca);
+	p.busy_poll_us = 1000;
+	struct kvx_ctl *a = tctl_start(&p);
+	tctl_params(&p, &cb);
+	p.busy_poll_us = 1000;
+	p.role = KVX_CTL_ROLE_CONSUMER;
+	struct kvx_ctl *b = NULL;
+	cr_assert_eq(kvx_ctl_create(&p, &b), 0);
+	tctl_set_local(b, 2);
+	cr_assert_eq(kvx_ctl_start(b), 0);
+	uint16_t an, bh, bn;
+	kvx_ctl_bound_ports(a, NULL, &an);
+	kvx_ctl_bound_ports(b, &bh, &bn);
+	struct kvx_ctl_inbox *ia, *ib;
+	cr_assert_eq(kvx_ctl_inbox_open(a, &ia), 0);
+	cr_assert_eq(kvx_ctl_inbox_open(b, &ib), 0);
+	for (int i = 0; i < 50; i++) {
+		cr_assert_eq(kvx_ctl_send_raw(ia, "127.0.0.1", bn, "tx-ab", 5), 0);
+		cr_assert_eq(coll_wait(&cb, (size_t)i + 1, 10.0), (size_t)i + 1);
+		cr_assert_eq(kvx_ctl_send_raw(ib, "127.0.0.1", an, "tx-ba", 5), 0);
+		cr_assert_eq(coll_wait(&ca, (size_t)i + 1, 10.0), (size_t)i + 1);
+	}
+	_Atomic int done = 0;
+	struct kvx_ctl_hs_params hp;
+	memset(&hp, 0, sizeof(hp));
+	hp.host = "127.0.0.1";
+	hp.handshake_base_port = bh;
+	hp.dp_size = 1;
+	hp.tp_size = 1;
+	hp.on_done = hs_done_flag;
+	hp.arg = (void *)&done;
+	cr_assert_eq(kvx_ctl_handshake_start(ia, &hp), 0);
+	cr_assert(wait_until(flag_set, (void *)&done, 15.0));
+	cr_assert_eq(atomic_load(&done), 1);
+	/* b counts after its replies left, so the initiator may finish first. */
+	cr_assert(WAIT_CTR(b, hs_served, 1, 10.0));
+	kvx_ctl_inbox_close(ia);
+	kvx_ctl_inbox_close(ib);
+	kvx_ctl_destroy(a);
+	kvx_ctl_destroy(b);
+	coll_fini(&ca);
+	coll_fini(&cb);
 }

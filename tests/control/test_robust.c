@@ -238,6 +238,8 @@ Test(control_robust, handshake_listener_survives_bad_requests)
 	struct kvx_msg_layers l = {.descs = ds, .descs_cap = 4};
 	cr_assert_eq(kvx_msg_layers_decode(r, (size_t)len, &l, NULL, 0), 0);
 	cr_assert_eq(l.num_layers, 2);
+	/* Counted after both replies left: the raw DEALER may read them first. */
+	cr_assert(WAIT_CTR(f.ctl, hs_served, 1, 10.0));
 	cr_assert_eq(CTR(f.ctl, hs_served), 1);
 	cr_assert_eq(CTR(f.ctl, malformed), 5);
 	/* A connect request with no handler configured is answered -ENOTSUP, not dropped. */

@@ -575,7 +575,10 @@ Test(control_vectors, t41_one_handshake_per_cold_peer)
 	cr_assert_eq(kvx_ctl_start(L), 0);
 	uint16_t hs;
 	kvx_ctl_bound_ports(L, &hs, NULL);
-	struct kvx_ctl *I = tctl_start(&p);
+	/* Queue the 4 requests before I's loop runs, so they are concurrent: a running loop could
+	 * finish the first handshake before the test thread queued the second. */
+	struct kvx_ctl *I = NULL;
+	cr_assert_eq(kvx_ctl_create(&p, &I), 0);
 	struct kvx_ctl_inbox *ib;
 	cr_assert_eq(kvx_ctl_inbox_open(I, &ib), 0);
 	struct hs_res h;
@@ -586,6 +589,7 @@ Test(control_vectors, t41_one_handshake_per_cold_peer)
 		hp.cookie = k;
 		cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0);
 	}
+	cr_assert_eq(kvx_ctl_start(I), 0);
 	cr_assert(hr_wait(&h, 4, 15.0));
 	int ok = 0, busy = 0;
 	for (int k = 0; k < 4; k++) {
