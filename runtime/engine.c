@@ -47,6 +47,7 @@ enum msg_type {
 	M_NOTIFY = 5,
 	M_PEER_READY = 6,
 	M_PEER_FAILED = 7,
+	M_PEER_CHECKED = 8, /* a metadata-only epoch check of the peer finished */
 };
 
 struct emsg {
@@ -115,6 +116,11 @@ struct peer {
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
 	uint64_t epoch; /* control thread: epoch of the last published connection */
 	uint64_t gen;   /* control thread: connections published */
+	/* Epoch check (P WRITE, consumer restart): a metadata-only handshake; a poller starts one
+	 * (check_busy CAS) and numbers it (check_started); the control thread stores the epoch it
+	 * saw (0: failed) and then the number of the finished job in check_done (release). */
+	atomic_bool check_busy;
+	_Atomic uint64_t check_started, check_done, checked_epoch;
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
 
@@ -125,6 +131,7 @@ struct clink {
 	/* Owned by poller k. */
 	uint32_t outstanding;
 	bool listed;
+	uint64_t last_ok_ns; /* last successful completion on this link */
 	struct conn *next; /* poller k's poll list */
 };
 
@@ -179,6 +186,11 @@ struct xf {
 	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
 	uint64_t fence_ticket;
 	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
+	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
+	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
+	atomic_bool alloc_known_pub; /* the same, for the runtime_internal.h test hook */
+	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
+	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
 	int error;
 	uint64_t bytes;
 	uint64_t quarantine_deadline;
@@ -868,11 +880,45 @@ static int hetero_tp_guard(struct peer *pr)
 	return rc;
 }
 
+/* Control thread: the metadata-only epoch check of alloc_epoch_settle() finished. */
+static void on_epoch_checked(void *arg, const struct kvx_ctl_hs_result *res)
+{
+	struct peer *pr = arg;
+	struct kvx_engine *e = pr->e;
+	if (res->status == -EBUSY) {
+		/* A handshake with the same host:port runs: the waiting transfers retry. */
+		atomic_store_explicit(&pr->check_busy, false, memory_order_release);
+		return;
+	}
+	uint64_t epoch = res->status == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
+	if (!epoch)
+		kvx_log(KVX_LOG_WARN, "engine: epoch check of %s:%u dp %u failed: %s", pr->host, pr->hs_port, pr->dp_rank,
+			res->error[0] ? res->error : kvx_strerror(res->status));
+	atomic_store_explicit(&pr->checked_epoch, epoch, memory_order_relaxed);
+	atomic_store_explicit(&pr->check_done, res->cookie, memory_order_release);
+	atomic_store_explicit(&pr->check_busy, false, memory_order_release);
+	struct emsg m = {.type = M_PEER_CHECKED, .ptr = pr};
+	for (uint32_t k = 0; k < e->n_po; k++)
+		cin_push(e, k, &m);
+}
+
 static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 {
 	struct peer *pr = arg;
 	struct kvx_engine *e = pr->e;
 	int rc = res->status;
+	if (rc == -EBUSY) {
+		/* Another job (an epoch check) dials the same host:port: not a failure; the
+		 * waiting transfers start the handshake again (xf_conn()). */
+		pthread_mutex_lock(&e->acc_lock);
+		hs_eps_destroy(pr);
+		pthread_mutex_unlock(&e->acc_lock);
+		atomic_store_explicit(&pr->hs_state, pr->gen ? HS_READY : HS_IDLE, memory_order_release);
+		struct emsg m = {.type = M_PEER_CHECKED, .ptr = pr};
+		for (uint32_t k = 0; k < e->n_po; k++)
+			cin_push(e, k, &m);
+		return;
+	}
 	uint64_t epoch = rc == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
 	struct conn *c = NULL;
 	if (rc == 0)
@@ -1131,6 +1177,8 @@ static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
 	return kvx_rcu_table_lookup_u64(po->e->conns, pr->id);
 }
 
+static void conn_stale(struct poller *po, struct conn *c);
+
 static void conn_bind(struct xf *x, struct conn *c)
 {
 	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* the table's ref is held */
@@ -1154,16 +1202,117 @@ static int xf_conn(struct poller *po, struct xf *x)
 		return 0;
 	}
 	struct conn *n = conn_lookup(po, x->peer);
-	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) &&
-	    atomic_load_explicit(&x->peer->hs_state, memory_order_acquire) == HS_READY)
+	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
+	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) && hs == HS_READY)
 		hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
+	else if (!n && hs == HS_IDLE)
+		hs_start(po->e, po->ib, x->peer, HS_IDLE); /* the first one was refused (-EBUSY) */
 	if (!n || n == c || atomic_load_explicit(&n->stale, memory_order_acquire))
 		return 0;
 	if (c && x->kind == XK_WRITE && n->epoch != c->epoch)
 		return -ECONNRESET;
+	if (x->kind == XK_WRITE && x->alloc_epoch && n->epoch != x->alloc_epoch)
+		return -ECONNRESET; /* the allocation belongs to a consumer incarnation that is gone */
 	conn_put(po, c);
 	conn_bind(x, n);
 	return 1;
+}
+
+static void on_epoch_checked(void *arg, const struct kvx_ctl_hs_result *res);
+static void epoch_check_start(struct poller *po, struct peer *pr);
+
+/* How recent a successful completion on the link must be to vouch for the peer's epoch. */
+#define KVX_EPOCH_FRESH_NS 20000000ull
+
+/* P WRITE: which incarnation of the consumer made the allocation (remote_blocks)? tcp/shm do
+ * not watch idle connections, so a consumer that died and restarted on the same ports is not
+ * noticed until an op fails. Before a transfer's first post: if the link carried a successful
+ * op in the last KVX_EPOCH_FRESH_NS the connection's epoch is current; else the peer's
+ * metadata is fetched again (a handshake without connection setup, on the control lcore) and
+ * its epoch is the allocation's. If it differs from the connection's, the consumer restarted:
+ * the connection is marked stale and re-handshaken, and the transfer binds the new one. A
+ * transfer that ends up on a connection of another epoch than its allocation's fails with
+ * -ECONNRESET: nothing is written into a restarted consumer for an allocation it never made.
+ * Returns true once alloc_epoch is settled. */
+static bool alloc_epoch_settle(struct poller *po, struct xf *x)
+{
+	struct peer *pr = x->peer;
+	if (x->alloc_known)
+		return true;
+	struct conn *c = conn_lookup(po, pr);
+	bool stale = c && atomic_load_explicit(&c->stale, memory_order_acquire);
+	if (x->check_wait && stale) {
+		/* A re-handshake runs anyway: its connection has the epoch current after the
+		 * allocation arrived. */
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = 0;
+		return true;
+	}
+	if (x->check_wait && atomic_load_explicit(&pr->check_done, memory_order_acquire) < x->check_need) {
+		epoch_check_start(po, pr); /* no-op while one runs; a job that started before the
+					    * allocation arrived does not count */
+		return false;
+	}
+	if (x->check_wait) {
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = atomic_load_explicit(&pr->checked_epoch, memory_order_relaxed);
+		if (!x->alloc_epoch)
+			x->alloc_epoch = c ? c->epoch : 0; /* the check failed: trust the connection */
+		if (c && x->alloc_epoch != c->epoch)
+			conn_stale(po, c); /* restarted: re-handshake now */
+		return true;
+	}
+	if (!c || stale || kvx_now_ns() - c->link[po->k].last_ok_ns < KVX_EPOCH_FRESH_NS) {
+		/* No connection yet (the handshake in flight gives the current epoch), one being
+		 * replaced, or fresh proof of life. */
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = c && !stale ? c->epoch : 0;
+		return true;
+	}
+	x->check_need = atomic_load_explicit(&pr->check_started, memory_order_acquire) + 1;
+	x->check_wait = true;
+	epoch_check_start(po, pr);
+	return false;
+}
+
+/* Start the peer's epoch check unless one runs or a handshake runs (both dial host:port). */
+static void epoch_check_start(struct poller *po, struct peer *pr)
+{
+	bool idle = false;
+	if (atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_READY &&
+	    atomic_compare_exchange_strong_explicit(&pr->check_busy, &idle, true, memory_order_acq_rel,
+						    memory_order_acquire)) {
+		struct kvx_engine *e = po->e;
+		uint32_t rtp = 0, ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
+		kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, ptp, &rtp, NULL, 0);
+		uint32_t rank = pr->dp_rank;
+		struct kvx_ctl_hs_params hp = {
+			.host = pr->host,
+			.handshake_base_port = pr->hs_port,
+			.dp_size = pr->dp_rank + 1,
+			.dp_size_local = pr->dp_size_local,
+			.remote_hosts = pr->n_pods ? pr->pod_ptr : NULL,
+			.num_remote_hosts = pr->n_pods,
+			.tp_rank = rtp,
+			.tp_size = ptp,
+			.port_mode = e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE,
+			.ranks = &rank,
+			.num_ranks = 1,
+			.timeout_ms = e->p.handshake_timeout_ms,
+			.on_done = on_epoch_checked,
+			.arg = pr,
+			.cookie = atomic_load_explicit(&pr->check_started, memory_order_relaxed) + 1,
+		};
+		/* Numbered before it can start: a transfer asking later needs a later job. */
+		atomic_store_explicit(&pr->check_started, hp.cookie, memory_order_release);
+		if (kvx_ctl_handshake_start(po->ib, &hp))
+			atomic_store_explicit(&pr->check_busy, false, memory_order_release); /* retried */
+	}
 }
 
 static void list_link(struct poller *po, struct conn *c)
@@ -1321,7 +1470,7 @@ static void write_progress(struct poller *po, struct xf *x)
 		}
 		return;
 	}
-	if (!t->has_alloc)
+	if (!t->has_alloc || !alloc_epoch_settle(po, x))
 		return;
 	int cr = xf_conn(po, x);
 	if (cr < 0) {
@@ -1528,6 +1677,8 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 	x->bytes += c->bytes;
 	atomic_fetch_add_explicit(&po->st_bytes, c->bytes, memory_order_relaxed);
 	atomic_fetch_add_explicit(&x->peer->bytes, c->bytes, memory_order_relaxed);
+	if (c->status == 0)
+		cn->link[po->k].last_ok_ns = kvx_now_ns();
 	if (c->status) {
 		bool ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0;
 		if (ep_dead)
@@ -2617,6 +2768,13 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 		o->transfers = atomic_load_explicit(&pr->transfers, memory_order_relaxed);
 		o->failures = atomic_load_explicit(&pr->failures, memory_order_relaxed);
 	}
+}
+
+bool kvx_engine_test_alloc_settled(struct kvx_engine *e, const char *transfer_id)
+{
+	struct kvx_xfer *r = kvx_xfer_find(e->reg, transfer_id);
+	struct xf *x = r && r->state == KVX_XFER_S_LIVE ? r->user : NULL;
+	return x && atomic_load_explicit(&x->alloc_known_pub, memory_order_acquire);
 }
 
 void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers)

@@ -54,6 +54,18 @@
  * epoch is the same (the producer fenced it: its blocks may be reused). WRITE transfers whose
  * ops failed end FAILED; later ones use the new endpoint.
  *
+ * Consumer restart in WRITE mode (PROTOCOL.md §6 item 18): tcp and shm do not watch idle
+ * connections, so before a WRITE transfer's first post the producer attributes D's allocation
+ * (`remote_blocks`) to a consumer epoch: the connection's, if it completed an op in the last
+ * 20 ms, else the epoch the peer reports when its metadata is fetched again (a handshake
+ * without connection setup, one round trip on the control lcore, shared by the transfers that
+ * wait for it). A new epoch means the consumer restarted: the producer re-handshakes, and
+ * transfers whose allocation came from the old epoch end FAILED (-ECONNRESET) without writing
+ * anything into the new process; transfers allocated by the new incarnation are written on the
+ * new connection. Known window: a consumer that dies and restarts on the same ports within
+ * that one round trip after sending `remote_blocks` has its old allocation attributed to the
+ * new epoch.
+ *
  * Thread model (DESIGN.md §1): one application thread (the engine's worker thread) owns the
  * engine and makes every call in this header; the calls never block except
  * kvx_xfer_layer_wait() and kvx_engine_stop(), and never allocate per submission (see below).

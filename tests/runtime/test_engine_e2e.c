@@ -14,6 +14,7 @@
 
 #include "kvxfer/engine.h"
 #include "kvxfer/transport.h"
+#include "runtime/runtime_internal.h"
 
 TestSuite(runtime_e2e, .timeout = 60.0);
 
@@ -96,8 +97,8 @@ struct side {
 	uint8_t *mem[NLAYERS];
 };
 
-static int side_start(struct side *s, enum kvx_sched_role role, enum kvx_sched_mode mode, const char *prov,
-		      enum lay l, uint64_t nb, bool fill)
+static int side_start_at(struct side *s, enum kvx_sched_role role, enum kvx_sched_mode mode, const char *prov,
+			 enum lay l, uint64_t nb, bool fill, uint16_t hs, uint16_t nt)
 {
 	struct kvx_engine_params p;
 	kvx_engine_params_init(&p);
@@ -105,8 +106,8 @@ static int side_start(struct side *s, enum kvx_sched_role role, enum kvx_sched_m
 	p.mode = mode;
 	p.transport = prov;
 	p.host = "127.0.0.1";
-	p.handshake_port = 0;
-	p.notify_port = 0;
+	p.handshake_port = hs;
+	p.notify_port = nt;
 	p.transfer_timeout_ms = 20000;
 	p.handshake_timeout_ms = 10000;
 	p.max_transfers = 16;
@@ -133,6 +134,12 @@ static int side_start(struct side *s, enum kvx_sched_role role, enum kvx_sched_m
 			return rc < 0 ? rc : -EPROTO;
 	}
 	return kvx_engine_start(s->e);
+}
+
+static int side_start(struct side *s, enum kvx_sched_role role, enum kvx_sched_mode mode, const char *prov,
+		      enum lay l, uint64_t nb, bool fill)
+{
+	return side_start_at(s, role, mode, prov, l, nb, fill, 0, 0);
 }
 
 static void side_free(struct side *s)
@@ -368,3 +375,226 @@ Test(runtime_e2e, auto_write_shm_disabled_uses_tcp) { run_auto(KVX_SCHED_MODE_WR
 Test(runtime_e2e, auto_read_tcp_peer_agrees_on_tcp) { run_auto(KVX_SCHED_MODE_READ, "tcp", false, "tcp"); }
 Test(runtime_e2e, auto_write_tcp_peer_agrees_on_tcp) { run_auto(KVX_SCHED_MODE_WRITE, "tcp", false, "tcp"); }
 Test(runtime_e2e, auto_read_shm_peer_agrees_on_shm) { run_auto(KVX_SCHED_MODE_READ, "shm", false, "shm"); }
+
+/* ---- WRITE after a consumer restart (PROTOCOL.md §6 item 18), three real processes ---------- */
+
+#define RB (BS * MLA_D * 2) /* bytes of one MLA block */
+static const uint32_t g_r_p[3][2] = {{3, 17}, {4, 5}, {30, 0}};  /* tx-1, tx-1b, tx-2 on P */
+static const uint32_t g_r_d[3][2] = {{39, 2}, {11, 12}, {7, 25}}; /* ... their blocks on D */
+static const char *const g_r_tid[3] = {"tx-rs-1", "tx-rs-1b", "tx-rs-2"};
+
+/* Terminal status of transfer g_r_tid[k] (waits up to 30 s), or -1; completions of the other
+ * transfers seen meanwhile are kept for their own call. */
+static int g_r_status[3] = {-1, -1, -1};
+static int status_of(struct kvx_engine *e, int k)
+{
+	uint64_t end = kvx_now_ns() + 30000000000ull;
+	while (g_r_status[k] < 0 && kvx_now_ns() < end) {
+		struct kvx_completion c[4];
+		size_t n = kvx_engine_poll_completions(e, c, 4);
+		for (size_t i = 0; i < n && i < KVX_ARRAY_SIZE(c); i++)
+			for (int j = 0; j < 3; j++)
+				if (c[i].kind == KVX_CPL_TRANSFER && !strcmp(c[i].transfer_id, g_r_tid[j]))
+					g_r_status[j] = (int)c[i].status;
+		if (!n)
+			usleep(200); /* polling cadence of this application thread, not synchronisation */
+	}
+	return g_r_status[k];
+}
+
+static int write_one(struct kvx_engine *e, int k, struct kvx_engine_peer d, const struct kvx_mem_event *ev)
+{
+	struct kvx_engine_write w = {.transfer_id = g_r_tid[k], .peer = d, .local_blocks = g_r_p[k], .n = 2};
+	if (kvx_xfer_write_begin(e, &w))
+		return -1;
+	for (uint32_t l = 0; l < NLAYERS; l++)
+		if (kvx_xfer_layer_ready_event(e, g_r_tid[k], l, ev))
+			return -1;
+	return kvx_xfer_seal(e, g_r_tid[k], NLAYERS) ? -1 : 0;
+}
+
+/* Producer: tx-1 to D1; tx-1b allocated by D1 but gated until D1 is dead and D2 is up (it must
+ * fail: never written into D2); tx-2 allocated by D2 (must succeed after the re-handshake). */
+static int restart_producer(int to_parent, int from_parent)
+{
+	struct side s = {0};
+	struct ports mine = {0}, d;
+	if (side_start(&s, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE, "tcp", L_MLA, NB_P, true) ||
+	    kvx_engine_ports(s.e, &mine.hs, &mine.nt) || write_all(to_parent, &mine, sizeof(mine)))
+		return 10;
+	if (read_all(from_parent, &d, sizeof(d)))
+		return 11;
+	struct kvx_engine_peer pd = {.host = "127.0.0.1", .handshake_port = d.hs, .notify_port = d.nt};
+	if (write_one(s.e, 0, pd, NULL) || status_of(s.e, 0) != KVX_CPL_DONE)
+		return 12;
+	static _Atomic uint64_t computed; /* tx-1b's layers: not computed until D1 is gone */
+	struct kvx_mem_event ev;
+	kvx_mem_event_init_flag(&ev, &computed, 1);
+	if (write_one(s.e, 1, pd, &ev))
+		return 13;
+	/* D1's remote_blocks for tx-1b reached P (2 notifications: tx-1's and tx-1b's). */
+	uint64_t end = kvx_now_ns() + 30000000000ull;
+	struct kvx_engine_stats st;
+	do {
+		kvx_engine_get_stats(s.e, &st);
+		if (st.notifications_received < 2)
+			usleep(500);
+	} while (st.notifications_received < 2 && kvx_now_ns() < end);
+	if (st.notifications_received < 2)
+		return 14;
+	/* ... and P attributed it to D1's epoch (its epoch check answered) before D1 dies. */
+	while (!kvx_engine_test_alloc_settled(s.e, g_r_tid[1]) && kvx_now_ns() < end)
+		usleep(500);
+	if (!kvx_engine_test_alloc_settled(s.e, g_r_tid[1]) || write_all(to_parent, "b", 1))
+		return 21;
+	char c;
+	if (read_all(from_parent, &c, 1)) /* D1 exited, D2 is up on the same ports */
+		return 15;
+	/* First the new transfer (D2's allocation): P must notice D1's death before posting. */
+	if (write_one(s.e, 2, pd, NULL))
+		return 17;
+	int st2 = status_of(s.e, 2);
+	if (st2 != KVX_CPL_DONE) {
+		fprintf(stderr, "producer: tx-2 status %d, want DONE\n", st2);
+		return 18;
+	}
+	/* Then D1's allocation becomes writable: its epoch is gone, it fails, D2 is untouched. */
+	atomic_store_explicit(&computed, 1, memory_order_release);
+	int st1b = status_of(s.e, 1);
+	if (st1b != KVX_CPL_FAILED) {
+		fprintf(stderr, "producer: tx-1b status %d, want FAILED\n", st1b);
+		return 16;
+	}
+	kvx_engine_get_stats(s.e, &st);
+	if (st.peer_resets < 1)
+		return 19;
+	if (write_all(to_parent, "f", 1) || read_all(from_parent, &c, 1)) /* the consumer has verified */
+		return 20;
+	side_free(&s);
+	return 0;
+}
+
+static bool block_is(const struct side *s, uint32_t db, uint32_t pb, bool zero)
+{
+	for (uint32_t l = 0; l < NLAYERS; l++)
+		for (size_t b = 0; b < RB; b++)
+			if (s->mem[l][db * RB + b] != (zero ? 0 : pat(l, pb * RB + b)))
+				return false;
+	return true;
+}
+
+/* Consumer incarnation 1 (ephemeral ports) announces tx-1 and tx-1b, then dies abruptly when
+ * told; incarnation 2 (same ports, new epoch) announces tx-2 and checks its memory. */
+static int restart_consumer(int gen, struct ports at, struct ports p, int to_parent, int from_parent)
+{
+	struct side s = {0};
+	struct ports mine = {0};
+	if (side_start_at(&s, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE, "tcp", L_MLA, NB_D, false, at.hs, at.nt) ||
+	    kvx_engine_ports(s.e, &mine.hs, &mine.nt) || write_all(to_parent, &mine, sizeof(mine)))
+		return 30;
+	struct kvx_engine_peer pp = {.host = "127.0.0.1", .handshake_port = p.hs, .notify_port = p.nt};
+	char c;
+	if (gen == 1) {
+		struct kvx_engine_announce a = {.transfer_id = g_r_tid[0], .peer = pp, .local_blocks = g_r_d[0], .n = 2};
+		if (kvx_xfer_announce(s.e, &a) || status_of(s.e, 0) != KVX_CPL_DONE)
+			return 31;
+		if (!block_is(&s, g_r_d[0][0], g_r_p[0][0], false) || !block_is(&s, g_r_d[0][1], g_r_p[0][1], false))
+			return 32;
+		a.transfer_id = g_r_tid[1];
+		a.local_blocks = g_r_d[1];
+		if (kvx_xfer_announce(s.e, &a))
+			return 33;
+		if (read_all(from_parent, &c, 1))
+			return 34;
+		_exit(0); /* a crash, not a clean stop: no release, sockets closed by the kernel */
+	}
+	struct kvx_engine_announce a = {.transfer_id = g_r_tid[2], .peer = pp, .local_blocks = g_r_d[2], .n = 2};
+	if (kvx_xfer_announce(s.e, &a))
+		return 40;
+	int st = status_of(s.e, 2);
+	if (st != KVX_CPL_DONE) {
+		fprintf(stderr, "consumer 2: tx-2 status %d\n", st);
+		return 41;
+	}
+	if (!block_is(&s, g_r_d[2][0], g_r_p[2][0], false) || !block_is(&s, g_r_d[2][1], g_r_p[2][1], false))
+		return 42;
+	if (read_all(from_parent, &c, 1)) /* the producer's tx-1b is terminal */
+		return 45;
+	/* tx-1b's blocks (D1's allocation) were never written into this process. */
+	for (int i = 0; i < 2; i++)
+		if (!block_is(&s, g_r_d[1][i], 0, true) || !block_is(&s, g_r_d[0][i], 0, true))
+			return 43;
+	if (write_all(to_parent, "v", 1))
+		return 44;
+	side_free(&s);
+	return 0;
+}
+
+static pid_t spawn_consumer(int gen, struct ports at, struct ports p, int *to_child, int *from_child)
+{
+	int a[2], b[2];
+	cr_assert_eq(pipe(a), 0);
+	cr_assert_eq(pipe(b), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(a[1]);
+		close(b[0]);
+		_exit(restart_consumer(gen, at, p, b[1], a[0]));
+	}
+	close(a[0]);
+	close(b[1]);
+	*to_child = a[1];
+	*from_child = b[0];
+	return pid;
+}
+
+static void expect_exit(pid_t pid, const char *who)
+{
+	int wst = 0;
+	cr_assert_eq(waitpid(pid, &wst, 0), pid);
+	cr_assert(WIFEXITED(wst), "%s crashed", who);
+	cr_assert_eq(WEXITSTATUS(wst), 0, "%s exit code %d", who, WEXITSTATUS(wst));
+}
+
+/* The producer sees the consumer's new epoch and re-handshakes; the WRITE allocated by the dead
+ * incarnation ends FAILED and writes nothing into the new one; a new WRITE succeeds. The
+ * orchestrating test process runs no engine (fork stays simple). */
+Test(runtime_e2e, tcp_write_after_consumer_restart)
+{
+	int p_in[2], p_out[2];
+	cr_assert_eq(pipe(p_in), 0);
+	cr_assert_eq(pipe(p_out), 0);
+	fflush(NULL);
+	pid_t pp = fork();
+	cr_assert_geq(pp, 0);
+	if (pp == 0) {
+		close(p_in[1]);
+		close(p_out[0]);
+		_exit(restart_producer(p_out[1], p_in[0]));
+	}
+	close(p_in[0]);
+	close(p_out[1]);
+	struct ports p, d1, none = {0};
+	cr_assert_eq(read_all(p_out[0], &p, sizeof(p)), 0, "producer failed to start");
+	int to1, from1, to2, from2;
+	pid_t c1 = spawn_consumer(1, none, p, &to1, &from1);
+	cr_assert_eq(read_all(from1, &d1, sizeof(d1)), 0, "consumer 1 failed to start");
+	cr_assert_eq(write_all(p_in[1], &d1, sizeof(d1)), 0);
+	char c;
+	cr_assert_eq(read_all(p_out[0], &c, 1), 0, "producer: tx-1 or tx-1b's allocation failed");
+	cr_assert_eq(write_all(to1, "x", 1), 0);
+	expect_exit(c1, "consumer 1");
+	struct ports d2;
+	pid_t c2 = spawn_consumer(2, d1, p, &to2, &from2);
+	cr_assert_eq(read_all(from2, &d2, sizeof(d2)), 0, "consumer 2 failed to start on the same ports");
+	cr_assert_eq(d2.hs, d1.hs);
+	cr_assert_eq(write_all(p_in[1], "c", 1), 0);
+	cr_assert_eq(read_all(p_out[0], &c, 1), 0, "producer: tx-2 or tx-1b ended wrong");
+	cr_assert_eq(write_all(to2, "f", 1), 0);
+	cr_assert_eq(read_all(from2, &c, 1), 0, "consumer 2 did not verify");
+	cr_assert_eq(write_all(p_in[1], "k", 1), 0);
+	expect_exit(c2, "consumer 2");
+	expect_exit(pp, "producer");
+}
