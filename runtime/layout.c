@@ -506,41 +506,47 @@ static bool inside(uint64_t addr, uint64_t len, uint64_t base, uint64_t size)
 }
 
 KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct kvx_msg_layers *l,
-				    uint32_t regions_per_layer, struct kvx_layout_peer_layer *out, uint32_t cap, char *err,
-				    size_t errlen)
+				    const uint32_t *regions_per_layer, uint32_t n_layers,
+				    struct kvx_layout_peer_layer *out, char *err, size_t errlen)
 {
-	if (!m || !l || (cap && !out) || (m->num_regions && !m->regions) || (l->num_descs && !l->descs)) {
-		set_err(err, errlen, "peer regions: NULL metadata, region map or output");
+	if (!m || !l || (n_layers && (!out || !regions_per_layer)) || (m->num_regions && !m->regions) ||
+	    (l->num_descs && !l->descs)) {
+		set_err(err, errlen, "peer regions: NULL metadata, region map, counts or output");
 		return -EINVAL;
 	}
-	if (regions_per_layer != 1 && regions_per_layer != 2) {
-		set_err(err, errlen, "peer regions: regions_per_layer %u (want 1 or 2)", regions_per_layer);
-		return -EINVAL;
+	uint64_t want = 0;
+	for (uint32_t j = 0; j < n_layers; j++) {
+		if (regions_per_layer[j] != 1 && regions_per_layer[j] != 2) {
+			set_err(err, errlen, "peer regions: regions_per_layer[%u] = %u (want 1 or 2)", j,
+				regions_per_layer[j]);
+			return -EINVAL;
+		}
+		want += regions_per_layer[j];
 	}
 	uint32_t layers = 0;
 	for (uint32_t d = 0; d < l->num_descs; d++)
 		layers += d == 0 || strcmp(l->descs[d].layer, l->descs[d - 1].layer) != 0;
-	if ((uint64_t)layers * regions_per_layer != m->num_regions) {
-		set_err(err, errlen,
-			"peer advertises %u regions in kv_caches_base_addr for %u layers in its region map; "
-			"expected %u per layer (%u)",
-			m->num_regions, layers, regions_per_layer, layers * regions_per_layer);
+	if (layers != n_layers) {
+		set_err(err, errlen, "peer region map has %u layers, this engine %u", layers, n_layers);
 		return -EPROTO;
 	}
-	if (layers > cap) {
-		set_err(err, errlen, "peer has %u layers, capacity %u", layers, cap);
-		return -EMSGSIZE;
+	if (want != m->num_regions) {
+		set_err(err, errlen,
+			"peer advertises %u regions in kv_caches_base_addr for %u layers; this engine's layers "
+			"have %llu",
+			m->num_regions, layers, (unsigned long long)want);
+		return -EPROTO;
 	}
-	uint32_t j = 0;
+	uint32_t j = 0, r = 0;
 	for (uint32_t d = 0; d < l->num_descs; d++) {
 		if (d > 0 && strcmp(l->descs[d].layer, l->descs[d - 1].layer) == 0)
 			continue;
 		const struct kvx_msg_memdesc *md = &l->descs[d];
-		uint32_t r = j * regions_per_layer;
+		const uint32_t per = regions_per_layer[j];
 		const struct kvx_msg_region *k = &m->regions[r];
-		struct kvx_layout_peer_layer pl = {.desc = d, .region = r, .nregions = regions_per_layer,
-						   .mr_addr = md->addr, .mr_len = md->len_bytes, .k_addr = k->addr};
-		for (uint32_t i = 0; i < regions_per_layer; i++) {
+		struct kvx_layout_peer_layer pl = {.desc = d, .region = r, .nregions = per, .mr_addr = md->addr,
+						   .mr_len = md->len_bytes, .k_addr = k->addr};
+		for (uint32_t i = 0; i < per; i++) {
 			const struct kvx_msg_region *x = &m->regions[r + i];
 			if (!inside(x->addr, x->len_bytes, md->addr, md->len_bytes)) {
 				set_err(err, errlen,
@@ -550,7 +556,7 @@ KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct k
 				return -EPROTO;
 			}
 		}
-		if (regions_per_layer == 2) {
+		if (per == 2) {
 			const struct kvx_msg_region *v = &m->regions[r + 1];
 			if (v->addr <= k->addr || (k->len_bytes && k->len_bytes > v->addr - k->addr)) {
 				set_err(err, errlen,
@@ -562,6 +568,7 @@ KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct k
 			pl.kv_offset = v->addr - k->addr;
 		}
 		out[j++] = pl;
+		r += per;
 	}
 	return (int)j;
 }

@@ -276,33 +276,34 @@ struct kvx_layout_peer_layer {
  * Assign a peer's advertised regions (metadata (a)) to its layers (region map (b)) and
  * validate MoRIIO's form (PROTOCOL.md §3.1, §4.1).
  *
- * Layer j (the j-th run of same-name descs, in map order) owns regions
- * [j*regions_per_layer, (j+1)*regions_per_layer). Each region must start inside the layer's
- * first MemoryDesc `[data, data+size)`; with 2 regions the V address must be above the K
- * address, and when `kvx_regions` gave lengths each region must end inside the MemoryDesc and
- * the K region must end at or before the V address. Works on a pure MoRIIO peer (no kvx_
- * keys): only addresses are checked then. Peers must agree on regions per layer (§4.1), so
- * pass the local value (2 for split K/V, 1 otherwise).
+ * Peers must agree on the layers and on the number of regions of each layer (§4.1), so the
+ * caller passes its own per-layer counts (what kvx_layout_meta_regions() returns for each
+ * local layer: 2 for split K/V, 1 otherwise). Layer j (the j-th run of same-name descs, in map
+ * order) owns the next regions_per_layer[j] regions of `kv_caches_base_addr`, in order. Each
+ * region must start inside the layer's first MemoryDesc `[data, data+size)`; with 2 regions
+ * the V address must be above the K address, and when `kvx_regions` gave lengths each region
+ * must end inside the MemoryDesc and the K region must end at or before the V address. Works
+ * on a pure MoRIIO peer (no kvx_ keys): only addresses are checked then.
  *
  * @param m                  Decoded metadata (a); not NULL.
  * @param l                  Decoded region map (b); not NULL.
- * @param regions_per_layer  1 or 2.
- * @param[out] out           Array[cap] of per-layer results; not NULL if cap > 0.
- * @param cap                Capacity of @p out, layers.
+ * @param regions_per_layer  Array[n_layers], each 1 or 2: regions of each local layer.
+ * @param n_layers           Local layers; the peer must have as many.
+ * @param[out] out           Array[n_layers] of per-layer results; not NULL if n_layers > 0.
  * @param[out] err           If non-NULL, a message naming the layer, region and values on error.
  * @param errlen             Size of @p err, bytes.
- * @return                   Number of layers written.
- * @retval -EINVAL   NULL argument or regions_per_layer not 1 or 2.
- * @retval -EMSGSIZE More layers than @p cap.
- * @retval -EPROTO   Region count != layers * regions_per_layer, or a region outside its
- *                   layer's MemoryDesc, or V not above K / overlapping K.
+ * @return                   n_layers on success.
+ * @retval -EINVAL   NULL argument or a regions_per_layer entry not 1 or 2.
+ * @retval -EPROTO   The peer has another number of layers, or its region count is not the
+ *                   sum of regions_per_layer, or a region lies outside its layer's
+ *                   MemoryDesc, or V is not above K / overlaps K.
  * @par Thread safety  Reentrant.
  * @par Context        Control path (handshake); no allocation.
  * @par Source         PROTOCOL.md §3.1 (a)/(b), §4.1.
  */
 KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct kvx_msg_layers *l,
-				    uint32_t regions_per_layer, struct kvx_layout_peer_layer *out, uint32_t cap, char *err,
-				    size_t errlen);
+				    const uint32_t *regions_per_layer, uint32_t n_layers,
+				    struct kvx_layout_peer_layer *out, char *err, size_t errlen);
 
 /**
  * Check that a peer layer's advertised memory matches what the offsets of §4.3 assume for

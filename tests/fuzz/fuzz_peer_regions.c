@@ -41,7 +41,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (kvx_msg_meta_decode(data + 3, la, &m, NULL, 0) || kvx_msg_layers_decode(data + 3 + la, size - 3 - la, &l, NULL, 0))
 		return 0;
 	char err[256];
-	int n = kvx_layout_peer_regions(&m, &l, per, pl, 256, err, sizeof(err));
+	static uint32_t counts[256];
+	for (uint32_t j = 0; j < l.num_layers; j++)
+		counts[j] = per;
+	int n = kvx_layout_peer_regions(&m, &l, counts, l.num_layers, pl, err, sizeof(err));
 	if (n < 0)
 		return 0;
 	if ((uint32_t)n != l.num_layers || (uint64_t)n * per != m.num_regions)

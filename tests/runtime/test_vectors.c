@@ -965,6 +965,8 @@ Test(runtime_layout, split_handshake_is_byte_identical_to_moriio_form)
 	expect_bytes(buf, kvx_msg_layers_encode(&l, buf, sizeof(buf)), &e, "region map (b)");
 }
 
+static const uint32_t two_each[2] = {2, 2}, one_each[2] = {1, 1}, bad_count[2] = {2, 3};
+
 /* Decode hand-built MoRIIO bytes (a) and (b) into d/dl with caller storage. */
 static void decode_moriio(struct kvx_msg_meta *d, struct kvx_msg_region *dr, struct kvx_msg_layers *dl,
 			  struct kvx_msg_memdesc *dd)
@@ -997,7 +999,7 @@ Test(runtime_layout, moriio_split_peer_regions_map_to_layers_and_match_the_offse
 
 	struct kvx_layout_peer_layer pl[2];
 	char err[256] = "";
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), 2, "%s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), 2, "%s", err);
 	for (uint32_t i = 0; i < 2; i++) {
 		cr_assert_eq(pl[i].desc, i);
 		cr_assert_eq(pl[i].region, 2 * i);
@@ -1044,31 +1046,36 @@ Test(runtime_layout, peer_regions_rejections_name_layer_and_values)
 	struct kvx_layout_peer_layer pl[2];
 	char err[256] = "";
 	decode_moriio(&d, dr, &dl, dd);
-	/* Count: 4 regions are not 1 per layer; capacity; bad regions_per_layer. */
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 1, pl, 2, err, sizeof(err)), -EPROTO);
-	cr_assert(strstr(err, "4 regions") && strstr(err, "2 layers"), "message: %s", err);
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 1, err, sizeof(err)), -EMSGSIZE);
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 3, pl, 2, err, sizeof(err)), -EINVAL);
-	cr_assert_eq(kvx_layout_peer_regions(NULL, &dl, 2, pl, 2, err, sizeof(err)), -EINVAL);
+	/* Counts: 4 regions are not 1 per layer, nor 2 + 1 (a split and a one-region layer); the
+	 * peer's 2 layers are not 1; a count of 3 is no layout. */
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, one_each, 2, pl, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "4 regions") && strstr(err, "2 layers") && strstr(err, "have 2"), "message: %s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, (const uint32_t[]){2, 1}, 2, pl, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "have 3"), "message: %s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 1, pl, err, sizeof(err)), -EPROTO);
+	cr_assert(strstr(err, "2 layers, this engine 1"), "message: %s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, bad_count, 2, pl, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "regions_per_layer[1] = 3"), "message: %s", err);
+	cr_assert_eq(kvx_layout_peer_regions(NULL, &dl, two_each, 2, pl, err, sizeof(err)), -EINVAL);
 	/* V region of layer 1 outside its MemoryDesc (points into layer 0). */
 	dr[3].addr = g_base[0] + 384;
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), -EPROTO);
 	cr_assert(strstr(err, g_lname[1]) && strstr(err, "region 3"), "message: %s", err);
 	/* V not above K. */
 	decode_moriio(&d, dr, &dl, dd);
 	dr[1].addr = dr[0].addr;
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), -EPROTO);
 	cr_assert(strstr(err, "V region"), "message: %s", err);
 	/* kvx_ lengths: a K region that runs into V, and one past the MemoryDesc end. */
 	decode_moriio(&d, dr, &dl, dd);
 	dr[0].len_bytes = 385;
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), -EPROTO);
 	dr[0].len_bytes = 384;
 	dr[1].len_bytes = 385;
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), -EPROTO);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), -EPROTO);
 	cr_assert(strstr(err, "outside its MemoryDesc"), "message: %s", err);
 	dr[1].len_bytes = 384;
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), 2, "%s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), 2, "%s", err);
 }
 
 Test(runtime_layout, kvxfer_split_handshake_roundtrips_through_peer_regions)
@@ -1094,7 +1101,41 @@ Test(runtime_layout, kvxfer_split_handshake_roundtrips_through_peer_regions)
 	cr_assert(d.has_kvx);
 	cr_assert_arr_eq(dr, reg, sizeof(reg), "regions with lengths and keys survive");
 	struct kvx_layout_peer_layer pl[2];
-	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, 2, pl, 2, err, sizeof(err)), 2, "%s", err);
+	cr_assert_eq(kvx_layout_peer_regions(&d, &dl, two_each, 2, pl, err, sizeof(err)), 2, "%s", err);
 	cr_assert_eq(pl[1].kv_offset, 384);
 	cr_assert_eq(d.regions[pl[1].region + 1].key, MR_KEY1);
+}
+
+Test(runtime_layout, peer_regions_mixed_split_and_mla_layers)
+{
+	/* A split layer then an MLA layer (e.g. an indexer): 2 + 1 regions, assigned in order. */
+	struct kvx_layout_tensor ts = tensor(5, (uint64_t[]){2, 8, 4, 2, 3});
+	struct kvx_layout_tensor tm = tensor(3, (uint64_t[]){8, 4, 3});
+	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	struct kvx_layout_geom gs, gm;
+	cr_assert_eq(kvx_layout_geometry(&g_spec, &ts, 8, &gs, NULL, 0), 0);
+	cr_assert_eq(kvx_layout_geometry(&mla, &tm, 8, &gm, NULL, 0), 0);
+	struct kvx_msg_region reg[3];
+	uint32_t per[2];
+	per[0] = (uint32_t)kvx_layout_meta_regions(&gs, &ts, 0x100000, 1, reg);
+	per[1] = (uint32_t)kvx_layout_meta_regions(&gm, &tm, 0x200000, 2, reg + per[0]);
+	cr_assert_eq(per[0], 2);
+	cr_assert_eq(per[1], 1);
+	struct kvx_msg_memdesc desc[2] = {{.layer = "attn", .addr = 0x100000, .len_bytes = 768, .loc = 1},
+					  {.layer = "indexer", .id = 1, .addr = 0x200000, .len_bytes = 192, .loc = 1}};
+	struct kvx_msg_meta m = {.num_regions = 3, .regions = reg, .has_kvx = true};
+	struct kvx_msg_layers l = {.num_descs = 2, .descs = desc};
+	struct kvx_layout_peer_layer pl[2];
+	char err[256] = "";
+	cr_assert_eq(kvx_layout_peer_regions(&m, &l, per, 2, pl, err, sizeof(err)), 2, "%s", err);
+	cr_assert_eq(pl[0].region, 0);
+	cr_assert_eq(pl[0].nregions, 2);
+	cr_assert_eq(pl[0].kv_offset, 384);
+	cr_assert_eq(pl[1].region, 2);
+	cr_assert_eq(pl[1].nregions, 1);
+	cr_assert_eq(pl[1].k_addr, 0x200000);
+	cr_assert_eq(pl[1].kv_offset, 0);
+	cr_assert_eq(kvx_layout_check_peer_layer(&gs, &pl[0], err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvx_layout_check_peer_layer(&gm, &pl[1], err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvx_layout_check_peer_layer(&gm, &pl[0], err, sizeof(err)), -EPROTO, "split peer, MLA local");
 }
