@@ -1358,6 +1358,17 @@ static int recv_reply(void *sock, zmq_msg_t *payload)
 	return (int)zmq_msg_size(payload);
 }
 
+/* Keep a decoded array: copy its @p n elements out of the shared scratch array into an
+ * exact-size heap array (at least 1 byte, so NULL always means -ENOMEM). */
+static void *dup_scratch(const void *scratch, size_t n, size_t elem)
+{
+	size_t sz = n * elem;
+	void *p = malloc(sz ? sz : 1);
+	if (p && sz)
+		memcpy(p, scratch, sz);
+	return p;
+}
+
 static void job_on_readable(struct kvx_ctl *ctl, struct hs_job *j)
 {
 	static const char *const stage[] = {"receiving agent metadata",
@@ -1381,12 +1392,9 @@ static void job_on_readable(struct kvx_ctl *ctl, struct hs_job *j)
 			rc = kvx_msg_meta_decode(zmq_msg_data(&m), zmq_msg_size(&m), &r->meta, e,
 						 sizeof(e));
 			if (!rc) {
-				size_t sz = (size_t)r->meta.num_regions * sizeof(*r->meta.regions);
-				r->meta.regions = malloc(sz ? sz : 1);
-				if (!r->meta.regions)
-					rc = -ENOMEM;
-				else
-					memcpy(r->meta.regions, ctl->scratch_regions, sz);
+				r->meta.regions = dup_scratch(ctl->scratch_regions, r->meta.num_regions,
+							      sizeof(*r->meta.regions));
+				rc = r->meta.regions ? 0 : -ENOMEM;
 				r->meta.regions_cap = r->meta.num_regions;
 				r->have_meta = !rc;
 			} else {
@@ -1400,12 +1408,9 @@ static void job_on_readable(struct kvx_ctl *ctl, struct hs_job *j)
 			rc = kvx_msg_layers_decode(zmq_msg_data(&m), zmq_msg_size(&m), &r->layers, e,
 						   sizeof(e));
 			if (!rc) {
-				size_t sz = (size_t)r->layers.num_descs * sizeof(*r->layers.descs);
-				r->layers.descs = malloc(sz ? sz : 1);
-				if (!r->layers.descs)
-					rc = -ENOMEM;
-				else
-					memcpy(r->layers.descs, ctl->scratch_descs, sz);
+				r->layers.descs = dup_scratch(ctl->scratch_descs, r->layers.num_descs,
+							      sizeof(*r->layers.descs));
+				rc = r->layers.descs ? 0 : -ENOMEM;
 				r->layers.descs_cap = r->layers.num_descs;
 				r->have_layers = !rc;
 			} else {

@@ -504,7 +504,8 @@ Test(control_ctl, stop_cancels_pending_handshake)
 	kvx_ctl_destroy(i);
 }
 
-Test(control_ctl, runs_on_the_control_lcore)
+/* A one-lcore set (the calling CPU) whose control lcore is returned in *lc. */
+static struct kvx_lcore_set *one_control_lcore(struct kvx_lcore **lc)
 {
 	static char err[KVX_LCORE_ERRLEN];
 	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
@@ -515,8 +516,16 @@ Test(control_ctl, runs_on_the_control_lcore)
 	cr_assert_eq(rc, 0, "%s", err);
 	struct kvx_lcore_set *set = NULL;
 	cr_assert_eq(kvx_lcore_set_create(cfg, &set), 0);
-	struct kvx_lcore *lc = kvx_lcore_set_control(set);
-	cr_assert_not_null(lc);
+	free(cfg);
+	*lc = kvx_lcore_set_control(set);
+	cr_assert_not_null(*lc);
+	return set;
+}
+
+Test(control_ctl, runs_on_the_control_lcore)
+{
+	struct kvx_lcore *lc;
+	struct kvx_lcore_set *set = one_control_lcore(&lc);
 	struct collector cb;
 	coll_init(&cb);
 	struct kvx_ctl_params p;
@@ -536,7 +545,6 @@ Test(control_ctl, runs_on_the_control_lcore)
 	cr_assert_not(kvx_lcore_is_running(lc));
 	kvx_ctl_destroy(ctl);
 	kvx_lcore_set_destroy(set);
-	free(cfg);
 	coll_fini(&cb);
 }
 
@@ -647,23 +655,6 @@ static void *wfd_writer_main(void *arg)
 			sched_yield();
 	}
 	return NULL;
-}
-
-static struct kvx_lcore_set *one_control_lcore(struct kvx_lcore **lc)
-{
-	static char err[KVX_LCORE_ERRLEN];
-	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
-	kvx_lcore_cfg_init(cfg);
-	int rc = kvx_lcore_cfg_default(cfg, 1, 0, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	rc = kvx_lcore_cfg_validate(cfg, NULL, NULL, err, sizeof(err));
-	cr_assert_eq(rc, 0, "%s", err);
-	struct kvx_lcore_set *set = NULL;
-	cr_assert_eq(kvx_lcore_set_create(cfg, &set), 0);
-	free(cfg);
-	*lc = kvx_lcore_set_control(set);
-	cr_assert_not_null(*lc);
-	return set;
 }
 
 Test(control_ctl, watch_fd_callback_runs_on_control_lcore_exact_count)
