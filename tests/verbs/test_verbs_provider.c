@@ -693,6 +693,64 @@ Test(verbs_provider, async_events_fd_and_forced_qp_error, .timeout = 120)
 	pair_close(&p);
 }
 
+/*
+ * A real device event: overflow the endpoint's CQ. rxe (seen in the VM) flushes every WR
+ * posted to a QP in ERR into its CQ and, once the CQ is full, drops each further completion
+ * and raises IBV_EVENT_CQ_ERR for it (one event per dropped completion). A QP of the test's
+ * own on the endpoint's CQ does that; kvx_xport_ctx_handle_events() must count the events as
+ * errors and fail the endpoint on that CQ, whose next op completes with -ECONNRESET.
+ */
+Test(verbs_provider, async_cq_overflow_fails_endpoint_on_that_cq, .timeout = 120)
+{
+	skip_without_verbs();
+	struct pair p;
+	pair_open(&p, 1, 0);
+	struct vep *e = (struct vep *)p.ei;
+	struct vctx *vc = (struct vctx *)p.ci;
+	uint32_t nwr = (uint32_t)e->vc->cq->cqe + 64; /* the device may round the CQ size up */
+	struct ibv_qp_init_attr ia = {
+		.send_cq = e->vc->cq,
+		.recv_cq = e->vc->cq,
+		.cap = {.max_send_wr = nwr, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = IBV_QPT_RC,
+		.sq_sig_all = 1,
+	};
+	struct ibv_qp *qp = ibv_create_qp(vc->pd, &ia);
+	cr_assert_not_null(qp, "ibv_create_qp(%u WRs)", nwr);
+	/* RESET -> INIT -> ERR (rxe refuses RESET -> ERR). */
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = vc->port};
+	cr_assert_eq(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS), 0);
+	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_ERR};
+	cr_assert_eq(ibv_modify_qp(qp, &a, IBV_QP_STATE), 0);
+	struct ibv_sge sg = {(uint64_t)(uintptr_t)p.bi, 64, ((struct vmr *)p.mi)->mr->lkey};
+	for (uint32_t i = 0; i < nwr; i++) {
+		/* WR ids no endpoint owns (generation 0xffff): the endpoint's drain drops them. */
+		struct ibv_send_wr wr = {.wr_id = 0xffffull << 48 | i, .sg_list = &sg, .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+		struct ibv_send_wr *bad = NULL;
+		cr_assert_eq(ibv_post_send(qp, &wr, &bad), 0, "post %u to the ERR QP", i);
+	}
+	int fd = kvx_xport_ctx_event_fd(p.ci);
+	struct pollfd pf = {.fd = fd, .events = POLLIN};
+	cr_assert_eq(poll(&pf, 1, 10000), 1, "no async event after overflowing the CQ");
+	int n = kvx_xport_ctx_handle_events(p.ci);
+	cr_log_info("CQ overflow: %d event(s) handled", n);
+	cr_assert_geq(n, 1);
+	struct kvx_xport_counters k;
+	kvx_xport_ctx_counters(p.ci, &k);
+	cr_assert_eq(k.async_events, (uint64_t)n);
+	cr_assert_eq(k.async_errors, (uint64_t)n); /* every one a CQ error */
+	/* The poller fails the endpoint at its next post: the op completes with -ECONNRESET and
+	 * the status says so (the engine re-handshakes on that). */
+	struct kvx_xport_op op = {p.mi, p.rt, 0, 0, 4096};
+	struct kvx_xport_cpl c = run(p.ei, KVX_XPORT_OP_WRITE, &op, 1, 5);
+	cr_assert_eq(c.status, -ECONNRESET);
+	cr_assert_eq(c.n_failed, 1);
+	cr_assert_eq(kvx_xport_ep_status(p.ei), -ECONNRESET);
+	cr_assert_eq(ibv_destroy_qp(qp), 0);
+	pair_close(&p);
+}
 #endif /* KVX_HAVE_VERBS */
 
 Test(verbs_provider, tcp_shm_have_no_async_events, .timeout = 30)
