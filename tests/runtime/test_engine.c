@@ -1053,3 +1053,32 @@ Test(runtime_engine, hetero_tp_peer_rejected_at_handshake)
 	free(mem);
 	eng_free(&P);
 }
+
+/* Hot-path rule (no allocation per submission): transfer objects are preallocated from
+ * params.max_transfers; one more live transfer is refused with -ENOBUFS (and a message), and
+ * an object comes back once its last completion is polled. */
+Test(runtime_engine, submissions_beyond_max_transfers_get_enobufs_until_polled)
+{
+	struct kvx_engine_params pp;
+	struct eng P;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	pp.max_transfers = 4;
+	eng_start(&P, &pp, 0);
+	char tid[16];
+	for (int i = 0; i < 4; i++) {
+		snprintf(tid, sizeof(tid), "tx-cap-%d", i);
+		struct kvx_engine_serve sv = {.transfer_id = tid, .local_blocks = (uint32_t[]){(uint32_t)i}, .n = 1};
+		cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0, "transfer %d", i);
+	}
+	struct kvx_engine_serve sv = {.transfer_id = "tx-cap-4", .local_blocks = (uint32_t[]){4}, .n = 1};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -ENOBUFS);
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -ENOBUFS, "still full");
+	/* Abort one: its completions come back, and its object with them. */
+	cr_assert_eq(kvx_xfer_abort(P.e, "tx-cap-1"), 0);
+	struct seen s = {.transfer = -1};
+	cr_assert(wait_for(P.e, "tx-cap-1", &s, true, 20000000000ull));
+	cr_assert_eq(s.transfer, KVX_CPL_ABORTED);
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0, "the polled transfer's object is reused");
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -EEXIST);
+	eng_free(&P);
+}
