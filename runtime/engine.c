@@ -759,6 +759,39 @@ static void conn_table_free(void *value, void *ctx)
 	conn_put(NULL, value);
 }
 
+/* The peer's advertised regions (metadata (a) + region map (b), PROTOCOL.md §3.1, §4.1) must be
+ * what the §4.3 offsets assume for every local layer: split layers with the V plane exactly
+ * es*remote_kv_stride above K, every plannable block inside the peer's memory region. */
+static int check_peer_regions(struct kvx_engine *e, const struct peer *pr, const struct kvx_ctl_hs_rank *r,
+			      uint64_t nb)
+{
+	if (!r->meta || !r->layers)
+		return -EPROTO;
+	struct kvx_layout_peer_layer *pl = calloc(e->n_layers, sizeof(*pl));
+	uint32_t *per = calloc(e->n_layers, sizeof(*per));
+	if (!pl || !per) {
+		free(pl);
+		free(per);
+		return -ENOMEM;
+	}
+	char why[256] = "";
+	for (uint32_t i = 0; i < e->n_layers; i++)
+		per[i] = e->layers[i].geom.kind == KVX_LAYOUT_KIND_SPLIT ? 2 : 1;
+	int n = kvx_layout_peer_regions(r->meta, r->layers, per, e->n_layers, pl, why, sizeof(why));
+	int rc = n < 0 ? n : 0;
+	for (uint32_t i = 0; !rc && i < e->n_layers; i++) {
+		struct kvx_layout_geom g = e->layers[i].geom;
+		kvx_layout_set_remote_blocks(&g, nb);
+		rc = kvx_layout_check_peer_layer(&g, &pl[i], why, sizeof(why));
+	}
+	free(pl);
+	free(per);
+	if (rc)
+		kvx_log(KVX_LOG_ERROR, "engine: peer %s:%u advertises regions that do not match this engine's layers: %s",
+			pr->host, pr->hs_port, why);
+	return rc;
+}
+
 static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t epoch, struct conn **out)
 {
 	struct kvx_engine *e = pr->e;
@@ -807,6 +840,9 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 	memcpy(&nb, b + off + (size_t)nreg * KVX_XPORT_RDESC_BYTES, 8);
 	if (nb == 0)
 		return -EPROTO;
+	int vrc = check_peer_regions(e, pr, r, nb);
+	if (vrc)
+		return vrc;
 	struct conn *c = calloc(1, sizeof(*c) + e->n_po * sizeof(struct clink));
 	if (!c)
 		return -ENOMEM;
@@ -873,8 +909,10 @@ static int hetero_tp_guard(struct peer *pr)
 	if (sp->is_mla || sp->num_kv_heads == 0 || ptp == e->p.tp_size)
 		return 0;
 	char msg[200] = "";
-	int rc = kvx_layout_check_hetero_tp(e->p.tp_size, ptp, sp->num_kv_heads * e->p.tp_size, false, msg,
-					    sizeof(msg));
+	/* num_kv_heads is per rank: with replicated heads (tp_size > heads) it is 1 and the product
+	 * overcounts, so the application's total_kv_heads wins when given. */
+	uint32_t total = e->p.total_kv_heads ? e->p.total_kv_heads : sp->num_kv_heads * e->p.tp_size;
+	int rc = kvx_layout_check_hetero_tp(e->p.tp_size, ptp, total, false, msg, sizeof(msg));
 	if (rc)
 		kvx_log(KVX_LOG_ERROR, "engine: peer %s:%u dp %u rejected: %s", pr->host, pr->hs_port, pr->dp_rank, msg);
 	return rc;
@@ -2141,7 +2179,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			return rc;
 		}
 	}
-	struct kvx_msg_region *regs = calloc(e->n_layers, sizeof(*regs));
+	struct kvx_msg_region *regs = calloc(2 * (size_t)e->n_layers, sizeof(*regs));
 	struct kvx_msg_memdesc *descs = calloc(e->n_layers, sizeof(*descs));
 	if (!regs || !descs) {
 		free(regs);
@@ -2165,21 +2203,29 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		 e->layers[0].geom.kind == KVX_LAYOUT_KIND_MLA	   ? "mla"
 		 : e->layers[0].geom.kind == KVX_LAYOUT_KIND_SPLIT ? "split"
 								   : "interleaved");
-	meta.num_regions = e->n_layers;
 	meta.regions = regs;
 	struct kvx_msg_layers lm;
 	memset(&lm, 0, sizeof(lm));
 	snprintf(lm.engine_key, sizeof(lm.engine_key), "%s", meta.engine_key);
 	lm.num_descs = e->n_layers;
 	lm.descs = descs;
+	/* MoRIIO form (PROTOCOL.md §3.1, §4.1): a split layer advertises its K and V planes as two
+	 * regions of one memory region; the region map keeps one MemoryDesc of the whole tensor. */
 	for (uint32_t i = 0; i < e->n_layers; i++) {
-		regs[i] = (struct kvx_msg_region){(uint64_t)(uintptr_t)e->layers[i].base, e->layers[i].span,
-						  kvx_xport_mr_key(e->layers[i].mr[0])};
-		snprintf(descs[i].layer, sizeof(descs[i].layer), "%s", e->layers[i].name);
+		const struct layer *ly = &e->layers[i];
+		int k = kvx_layout_meta_regions(&ly->geom, &ly->t, (uint64_t)(uintptr_t)ly->base,
+						kvx_xport_mr_key(ly->mr[0]), regs + meta.num_regions);
+		if (k < 0) {
+			free(regs);
+			free(descs);
+			return k;
+		}
+		meta.num_regions += (uint32_t)k;
+		snprintf(descs[i].layer, sizeof(descs[i].layer), "%s", ly->name);
 		descs[i].id = i;
 		descs[i].device_id = -1;
-		descs[i].addr = regs[i].addr;
-		descs[i].len_bytes = regs[i].len_bytes;
+		descs[i].addr = (uint64_t)(uintptr_t)ly->base;
+		descs[i].len_bytes = ly->span;
 		descs[i].loc = 1;
 	}
 	rc = kvx_ctl_set_local(e->ctl, &meta, &lm);

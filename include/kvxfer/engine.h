@@ -150,6 +150,10 @@ struct kvx_engine_params {
 	uint32_t dp_size_local;        /**< DP ranks per pod; 0 = single pod (PROTOCOL.md §2.1). */
 	uint32_t tp_rank;              /**< TP rank, < tp_size. */
 	uint32_t tp_size;              /**< TP size, > 0. */
+	uint32_t total_kv_heads;       /**< The model's KV heads over all TP ranks (heterogeneous-TP
+	                                    guard, PROTOCOL.md §4.5); 0 = layers' num_kv_heads x
+	                                    tp_size, which is right only when heads are not
+	                                    replicated (tp_size <= heads). */
 	uint32_t handshake_timeout_ms; /**< Handshake deadline from its start, ms (default 10000). */
 	uint32_t transfer_timeout_ms;  /**< Per-transfer deadline on both sides, ms (default 30000). */
 	uint32_t defer_timeout_ms;     /**< P: free deadline without ACK, ms (default 60000). */

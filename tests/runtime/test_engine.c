@@ -1015,43 +1015,86 @@ Test(runtime_engine, multi_pod_routing_per_transfer)
 	eng_free(&P);
 }
 
-/* PROTOCOL.md §4.2/§4.5: a consumer with TP 2 and one KV head per rank (2 heads in all) cannot
- * take whole blocks from a TP 1 producer (min TP 1 < 2 heads): the peer is rejected when its
- * metadata arrives, and the READ fails with -ENOTSUP (no crash, no hang). */
-Test(runtime_engine, hetero_tp_peer_rejected_at_handshake)
+/* Register NL split K/V layers (2 x NB blocks x 4 tokens x 1 head x 16, bf16) filled with
+ * `fill` and start the engine. mem: Array[NL] of the layers' buffers (caller frees). */
+static void split_engine_start(struct kvx_engine *e, uint8_t *mem[NL], uint8_t fill)
+{
+	for (int i = 0; i < NL; i++) {
+		mem[i] = malloc(2 * NB * 64 * 2);
+		cr_assert_not_null(mem[i]);
+		memset(mem[i], fill, 2 * NB * 64 * 2);
+		char name[8];
+		snprintf(name, sizeof(name), "s%d", i);
+		struct kvx_engine_layer l = {
+			.name = name, .base = mem[i],
+			.tensor = {.ndim = 5, .shape = {2, NB, 4, 1, 16}, .stride = {NB * 64, 64, 16, 16, 1}, .elem_size = 2},
+			.spec = {.block_size = 4, .num_kv_heads = 1, .head_size = 16}};
+		cr_assert_eq(kvx_engine_register_layer(e, &l), i);
+	}
+	cr_assert_eq(kvx_engine_start(e), 0);
+}
+
+/* A TP 2 consumer with one KV head per rank reads block 2 of a TP 1 producer (same split layers)
+ * into its block 1; `total` is the consumer's params.total_kv_heads. Returns the READ's
+ * completion; a rejected peer must have written nothing, an accepted one exactly that block. */
+static struct seen hetero_tp_read(uint32_t total, const char *tid)
 {
 	struct kvx_engine_params pp, dp;
-	struct eng P;
 	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
 	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	eng_start(&P, &pp, 0x11);
 	dp.tp_size = 2;
-	struct kvx_engine *d;
+	dp.total_kv_heads = total;
+	struct kvx_engine *p, *d;
+	uint8_t *pm[NL], *dm[NL];
 	char err[256] = "";
+	cr_assert_eq(kvx_engine_create(&pp, &p, err, sizeof(err)), 0, "%s", err);
+	split_engine_start(p, pm, 0x11);
+	uint16_t hs, nt;
+	cr_assert_eq(kvx_engine_ports(p, &hs, &nt), 0);
 	cr_assert_eq(kvx_engine_create(&dp, &d, err, sizeof(err)), 0, "%s", err);
-	uint8_t *mem = calloc(2, NB * 64 * 2);
-	cr_assert_not_null(mem);
-	struct kvx_engine_layer l = {.name = "s0", .base = mem,
-				     .tensor = {.ndim = 5, .shape = {2, NB, 4, 1, 16}, .stride = {NB * 64, 64, 16, 16, 1},
-						.elem_size = 2},
-				     .spec = {.block_size = 4, .num_kv_heads = 1, .head_size = 16}};
-	cr_assert_eq(kvx_engine_register_layer(d, &l), 0);
-	cr_assert_eq(kvx_engine_start(d), 0);
-	struct kvx_engine_read r = {.transfer_id = "tx-htp",
-				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt, .tp_size = 1},
+	split_engine_start(d, dm, 0);
+	struct kvx_engine_read r = {.transfer_id = tid,
+				    .peer = {.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt, .tp_size = 1},
 				    .local_blocks = (uint32_t[]){1},
 				    .remote_blocks = (uint32_t[]){2},
 				    .n = 1};
 	cr_assert_eq(kvx_xfer_read(d, &r), 0);
 	struct seen s = {.transfer = -1};
-	cr_assert(wait_for(d, "tx-htp", &s, false, 20000000000ull));
+	cr_assert(wait_for(d, tid, &s, false, 20000000000ull));
+	/* Block 1 of each plane (K at 0, V at NB*64 elements) is bytes [128, 256) of the plane. */
+	for (int i = 0; i < NL; i++)
+		for (size_t k = 0; k < 2 * NB * 64 * 2; k++) {
+			size_t in_plane = k % (NB * 64 * 2);
+			bool moved = s.transfer == KVX_CPL_DONE && in_plane >= 128 && in_plane < 256;
+			cr_assert_eq(dm[i][k], moved ? 0x11 : 0, "layer %d byte %zu", i, k);
+		}
+	kvx_engine_destroy(d);
+	kvx_engine_destroy(p);
+	for (int i = 0; i < NL; i++) {
+		free(pm[i]);
+		free(dm[i]);
+	}
+	return s;
+}
+
+/* PROTOCOL.md §4.2/§4.5: a consumer with TP 2 and one KV head per rank (2 heads in all) cannot
+ * take whole blocks from a TP 1 producer (min TP 1 < 2 heads): the peer is rejected when its
+ * metadata arrives, and the READ fails with -ENOTSUP (no crash, no hang, nothing written). */
+Test(runtime_engine, hetero_tp_peer_rejected_at_handshake)
+{
+	struct seen s = hetero_tp_read(0, "tx-htp");
 	cr_assert_eq(s.transfer, KVX_CPL_FAILED);
 	cr_assert_eq(s.error, -ENOTSUP, "error %d", s.error);
-	for (size_t k = 0; k < 2 * NB * 64 * 2; k++)
-		cr_assert_eq(mem[k], 0, "byte %zu written", k);
-	kvx_engine_destroy(d);
-	free(mem);
-	eng_free(&P);
+}
+
+/* The same pair with a model of one KV head replicated on both consumer ranks
+ * (params.total_kv_heads = 1): min TP 1 >= 1 head, so the handshake is accepted and the READ
+ * completes (num_kv_heads x tp_size would have overcounted the heads as 2 and refused it). */
+Test(runtime_engine, hetero_tp_replicated_heads_accepted)
+{
+	struct seen s = hetero_tp_read(1, "tx-htp-rep");
+	cr_assert_eq(s.transfer, KVX_CPL_DONE, "outcome %d error %d", s.transfer, s.error);
+	cr_assert_eq(s.error, 0);
 }
 
 /* Hot-path rule (no allocation per submission): transfer objects are preallocated from
