@@ -778,6 +778,16 @@ static void dealer_close(void *v)
 	zmq_close(v);
 }
 
+/* kvx_ctl_stop(): a notify DEALER may still hold messages the loop sent just before it exited
+ * (a `release` or `write_done` of the engine's last transfer); a bounded linger lets
+ * zmq_ctx_term() deliver them to a live peer and gives up on a dead one after the bound. */
+static void dealer_close_flush(void *v)
+{
+	int ms = KVX_CTL_STOP_FLUSH_MS;
+	zmq_setsockopt(v, ZMQ_LINGER, &ms, sizeof(ms));
+	zmq_close(v);
+}
+
 void kvx_ctl_stop(struct kvx_ctl *ctl)
 {
 	if (!ctl || !ctl->thread_started || ctl->stopped)
@@ -791,7 +801,7 @@ void kvx_ctl_stop(struct kvx_ctl *ctl)
 	ctl->stopped = 1;
 	atomic_store(&ctl->running, 0);
 	/* The loop has exited (join/wait is the barrier for socket migration): close all. */
-	smap_fini(&ctl->dealers, dealer_close);
+	smap_fini(&ctl->dealers, dealer_close_flush);
 	smap_init(&ctl->dealers, 1024);
 	atomic_store(&ctl->c.peers_open, 0);
 	if (ctl->hb_dealer)

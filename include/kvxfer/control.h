@@ -895,15 +895,21 @@ KVX_API int kvx_ctl_set_local(struct kvx_ctl *ctl, const struct kvx_msg_meta *me
 KVX_API int kvx_ctl_start(struct kvx_ctl *ctl);
 
 /**
- * Stop the control thread and close every socket (LINGER 0: a dead peer never blocks).
- * Pending handshake jobs complete with -ECANCELED before this returns. Idempotent; a second
- * call is a no-op.
+ * Stop the control thread and close every socket. Notifications already handed to the control
+ * lcore (its inboxes are drained first) get a bounded flush: cached notify DEALERs close with a
+ * linger of KVX_CTL_STOP_FLUSH_MS, so a `release` / `write_done` sent just before an engine is
+ * destroyed still leaves, while a dead peer delays the return by at most that long; every other
+ * socket closes with LINGER 0. Pending handshake jobs complete with -ECANCELED before this
+ * returns. Idempotent; a second call is a no-op.
  *
  * @param ctl  Object; NULL is a no-op.
  * @par Thread safety  Not from the control thread itself (callbacks); not concurrent with
  *                     other lifecycle calls.
  */
 KVX_API void kvx_ctl_stop(struct kvx_ctl *ctl);
+
+/** Most time kvx_ctl_stop() waits for queued notifications to reach live peers, ms. */
+#define KVX_CTL_STOP_FLUSH_MS 500
 
 /**
  * Stop (if needed) and free the object. Every inbox must be closed first.

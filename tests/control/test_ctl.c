@@ -127,6 +127,44 @@ Test(control_ctl, notify_roundtrip_between_two_objects)
 	coll_fini(&cb);
 }
 
+/* kvx_ctl_stop() flushes: notifications queued just before the sender is destroyed (an
+ * engine's last `release` / `write_done`) still reach a live peer, in order (bounded linger,
+ * KVX_CTL_STOP_FLUSH_MS). With LINGER 0 the tail of this burst was dropped at close. */
+Test(control_ctl, destroy_right_after_send_still_delivers_queued_notifies)
+{
+	struct collector cb;
+	coll_init(&cb);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &cb);
+	p.role = KVX_CTL_ROLE_CONSUMER;
+	struct kvx_ctl *b = tctl_start(&p);
+	uint16_t bn;
+	cr_assert_eq(kvx_ctl_bound_ports(b, NULL, &bn), 0);
+	tctl_params(&p, NULL);
+	struct kvx_ctl *a = tctl_start(&p);
+	struct kvx_ctl_inbox *ib;
+	cr_assert_eq(kvx_ctl_inbox_open(a, &ib), 0);
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_RELEASE;
+	m.has_consumer_tp_size = true;
+	m.consumer_tp_size = 1;
+	enum { N = 50 };
+	for (int i = 0; i < N; i++) {
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-flush-%02d", i);
+		cr_assert_eq(kvx_ctl_send_notify(ib, "127.0.0.1", bn, &m), 0);
+	}
+	kvx_ctl_destroy(a); /* no wait for a's sends: the flush is what is under test */
+	cr_assert_eq(coll_wait(&cb, N, 10.0), N);
+	for (int i = 0; i < N; i++) {
+		char want[32];
+		snprintf(want, sizeof(want), "tx-flush-%02d", i);
+		cr_assert_str_eq(cb.msgs[i].m.transfer_id, want);
+	}
+	kvx_ctl_destroy(b);
+	coll_fini(&cb);
+}
+
 Test(control_ctl, large_remote_blocks_travel_intact)
 {
 	struct collector cb;
