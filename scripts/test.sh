@@ -2,7 +2,7 @@
 # README command (2): install dependencies, build, and run every test.
 #   1. release build + all Criterion tests through ctest
 #   2. ASan+UBSan build + all tests
-#   3. TSan build + the ring/lcore stress tests (label "tsan")
+#   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan")
 #   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
 #   5. the verbs conformance suite and perftest comparison inside the Soft-RoCE VM (tests/rxe/run-vm.sh)
 # Env: KVX_JOBS (build parallelism, default nproc), KVX_SKIP_SANITIZERS=1, KVX_SKIP_FUZZ=1,
@@ -30,13 +30,15 @@ if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure)
 
   # Criterion cannot start under TSan (Snaipe/Criterion#274, see tests/lcore/tsan_runner.h), so
-  # the TSan build builds and runs the ring/lcore stress files with the in-process runner
+  # the TSan build builds and runs the multi-threaded test files (ring/lcore stress, control
+  # lcore, device staging threads, engine with 2 polling lcores) with the in-process runner
   # (ctest label "tsan").
-  stage "TSan build + ring/lcore stress tests"
+  stage "TSan build + multi-threaded tests"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_SANITIZE=thread \
     -DKVX_BUILD_BENCH=OFF >/dev/null
   cmake --build build-tsan -j "$JOBS" --target test_lcore_ring test_lcore_lcore \
-    test_lcore_waiter test_lcore_rcu test_control_ctl_tsan test_devmem_mt_tsan
+    test_lcore_waiter test_lcore_rcu test_control_ctl_tsan test_devmem_mt_tsan \
+    test_runtime_engine_tsan
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
      ctest --output-on-failure -L tsan)
 fi
