@@ -141,7 +141,9 @@ static void check_bw(const char *transport, const char *size_arg, uint64_t size,
 	cr_assert_eq(bytes, size);
 	cr_assert_eq(iters, n);
 	cr_assert(isfinite(peak) && isfinite(avg) && isfinite(mpps), "non-finite: %s", row);
-	cr_assert(peak > 0 && avg > 0 && mpps > 0, "non-positive: %s", row);
+	/* GB/s are printed with 2 decimals: on a loaded machine 5 x 64 KiB can take long enough to
+	 * print 0.00, so only MsgRate (6 decimals) must be non-zero; the checks below tie avg to it. */
+	cr_assert(peak >= 0 && avg >= 0 && mpps > 0, "negative or zero rate: %s", row);
 	/* Both printed with 2 decimals from peak >= avg: rounding keeps the order. */
 	cr_assert_geq(peak, avg, "peak %.2f < average %.2f", peak, avg);
 	/* MsgRate and average are the same ops over the same interval: avg = mpps * size / 1e3
