@@ -996,19 +996,16 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 		cin_push(e, k, &m);
 }
 
-/* Start a handshake with @p pr through inbox @p ib if its state is still @p from (CAS, so the
- * app thread and the pollers never both start one). -EALREADY: another thread won. */
-static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from)
+/* The handshake job for @p pr's DP rank (the peer's TP rank paired with ours, its pod hosts);
+ * *rank must outlive the kvx_ctl_handshake_start() call. Handshakes and epoch checks share it. */
+static int hs_params(const struct kvx_engine *e, struct peer *pr, uint32_t *rank, struct kvx_ctl_hs_params *hp)
 {
 	uint32_t rtp = 0, ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
 	int rc = kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, ptp, &rtp, NULL, 0);
 	if (rc)
 		return rc;
-	if (!atomic_compare_exchange_strong_explicit(&pr->hs_state, &from, HS_PENDING, memory_order_acq_rel,
-						     memory_order_acquire))
-		return -EALREADY;
-	uint32_t rank = pr->dp_rank;
-	struct kvx_ctl_hs_params hp = {
+	*rank = pr->dp_rank;
+	*hp = (struct kvx_ctl_hs_params){
 		.host = pr->host,
 		.handshake_base_port = pr->hs_port,
 		.dp_size = pr->dp_rank + 1,
@@ -1018,13 +1015,28 @@ static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer 
 		.tp_rank = rtp,
 		.tp_size = ptp,
 		.port_mode = e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE,
-		.ranks = &rank,
+		.ranks = rank,
 		.num_ranks = 1,
 		.timeout_ms = e->p.handshake_timeout_ms,
-		.make_blob = make_blob,
-		.on_done = on_hs_done,
 		.arg = pr,
 	};
+	return 0;
+}
+
+/* Start a handshake with @p pr through inbox @p ib if its state is still @p from (CAS, so the
+ * app thread and the pollers never both start one). -EALREADY: another thread won. */
+static int hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from)
+{
+	uint32_t rank;
+	struct kvx_ctl_hs_params hp;
+	int rc = hs_params(e, pr, &rank, &hp);
+	if (rc)
+		return rc;
+	if (!atomic_compare_exchange_strong_explicit(&pr->hs_state, &from, HS_PENDING, memory_order_acq_rel,
+						     memory_order_acquire))
+		return -EALREADY;
+	hp.make_blob = make_blob;
+	hp.on_done = on_hs_done;
 	rc = kvx_ctl_handshake_start(ib, &hp);
 	if (rc)
 		atomic_store_explicit(&pr->hs_state, from, memory_order_release);
@@ -1325,27 +1337,14 @@ static void epoch_check_start(struct poller *po, struct peer *pr)
 	if (atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_READY &&
 	    atomic_compare_exchange_strong_explicit(&pr->check_busy, &idle, true, memory_order_acq_rel,
 						    memory_order_acquire)) {
-		struct kvx_engine *e = po->e;
-		uint32_t rtp = 0, ptp = pr->tp_size ? pr->tp_size : e->p.tp_size;
-		kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, ptp, &rtp, NULL, 0);
-		uint32_t rank = pr->dp_rank;
-		struct kvx_ctl_hs_params hp = {
-			.host = pr->host,
-			.handshake_base_port = pr->hs_port,
-			.dp_size = pr->dp_rank + 1,
-			.dp_size_local = pr->dp_size_local,
-			.remote_hosts = pr->n_pods ? pr->pod_ptr : NULL,
-			.num_remote_hosts = pr->n_pods,
-			.tp_rank = rtp,
-			.tp_size = ptp,
-			.port_mode = e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE,
-			.ranks = &rank,
-			.num_ranks = 1,
-			.timeout_ms = e->p.handshake_timeout_ms,
-			.on_done = on_epoch_checked,
-			.arg = pr,
-			.cookie = atomic_load_explicit(&pr->check_started, memory_order_relaxed) + 1,
-		};
+		uint32_t rank;
+		struct kvx_ctl_hs_params hp;
+		if (hs_params(po->e, pr, &rank, &hp)) { /* validated when the peer was created */
+			atomic_store_explicit(&pr->check_busy, false, memory_order_release);
+			return;
+		}
+		hp.on_done = on_epoch_checked;
+		hp.cookie = atomic_load_explicit(&pr->check_started, memory_order_relaxed) + 1;
 		/* Numbered before it can start: a transfer asking later needs a later job. */
 		atomic_store_explicit(&pr->check_started, hp.cookie, memory_order_release);
 		if (kvx_ctl_handshake_start(po->ib, &hp))
