@@ -92,7 +92,14 @@ struct layer {
 	struct kvx_layout_geom geom;
 	uint64_t span;
 	struct kvx_xport_mr *mr[2]; /* per transport context (engine xctx[]) */
+	enum kvx_engine_mem mem;
+	int device_id;
 };
+
+_Static_assert((int)KVX_ENGINE_MEM_HOST == (int)KVX_XPORT_MEM_HOST &&
+		       (int)KVX_ENGINE_MEM_HIP == (int)KVX_XPORT_MEM_HIP &&
+		       (int)KVX_ENGINE_MEM_HOSTDEV == (int)KVX_XPORT_MEM_HOSTDEV,
+	       "engine and transport memory types share values");
 
 struct kvx_engine;
 struct poller;
@@ -237,7 +244,7 @@ struct kvx_engine {
 	struct kvx_xport_ctx *xctx[2];
 	struct kvx_xport_caps caps[2];
 	uint32_t n_xctx;
-	bool has_hip; /* a layer is HIP memory: `auto` does not add shm (CMA reads host memory) */
+	bool has_hip; /* a layer is device memory (HIP or hostdev): `auto` does not add shm */
 	int hip_probe; /* app thread: 0 not probed, 1 HIP device usable, else -errno */
 	char hip_why[KVX_MEM_WHY_LEN];
 	_Atomic(const char *) last_xport; /* provider of the latest peer connection set up */
@@ -428,8 +435,10 @@ KVX_API int kvx_engine_register_layer(struct kvx_engine *e, const struct kvx_eng
 			KVX_ENGINE_NAME_MAX - 1);
 		return -EINVAL;
 	}
-	if (l->mem != KVX_ENGINE_MEM_HOST && l->mem != KVX_ENGINE_MEM_HIP)
+	if (l->mem != KVX_ENGINE_MEM_HOST && l->mem != KVX_ENGINE_MEM_HIP && l->mem != KVX_ENGINE_MEM_HOSTDEV) {
+		kvx_log(KVX_LOG_ERROR, "engine: layer '%s': mem %d is not host, hip or hostdev", l->name, (int)l->mem);
 		return -EINVAL;
+	}
 	for (uint32_t i = 0; i < e->n_layers; i++) {
 		if (!strcmp(e->layers[i].name, l->name)) {
 			kvx_log(KVX_LOG_ERROR, "engine: layer '%s' registered twice", l->name);
@@ -449,9 +458,9 @@ KVX_API int kvx_engine_register_layer(struct kvx_engine *e, const struct kvx_eng
 			(unsigned long long)e->layers[0].geom.num_blocks);
 		return -EINVAL;
 	}
-	if (l->mem == KVX_ENGINE_MEM_HIP && !strcmp(e->transport, "tcp"))
-		return -ENOTSUP;
-	e->has_hip |= l->mem == KVX_ENGINE_MEM_HIP;
+	e->has_hip |= l->mem != KVX_ENGINE_MEM_HOST;
+	ly->mem = l->mem;
+	ly->device_id = l->mem == KVX_ENGINE_MEM_HIP ? l->device_id : 0;
 	strcpy(ly->name, l->name);
 	ly->base = l->base;
 	ly->t = l->tensor;
@@ -2078,7 +2087,9 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		for (uint32_t i = 0; i < e->n_layers; i++) {
 			struct layer *ly = &e->layers[i];
 			struct kvx_xport_mr_params mp = {.addr = ly->base, .len_bytes = ly->span,
-							 .access = KVX_XPORT_ACCESS_ALL, .mem_type = KVX_XPORT_MEM_HOST};
+							 .access = KVX_XPORT_ACCESS_ALL,
+							 .mem_type = (enum kvx_xport_mem_type)ly->mem,
+							 .device_id = ly->device_id};
 			rc = kvx_xport_mr_register(e->xctx[k], &mp, &ly->mr[k]);
 			if (rc) {
 				kvx_log(KVX_LOG_ERROR, "engine: register layer '%s' (%s): %s", ly->name, provs[k],

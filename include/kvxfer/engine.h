@@ -130,6 +130,9 @@ enum kvx_engine_idle {
 enum kvx_engine_mem {
 	KVX_ENGINE_MEM_HOST = 0, /**< Host memory. */
 	KVX_ENGINE_MEM_HIP = 1,  /**< HIP device memory (needs a HIP build and device). */
+	KVX_ENGINE_MEM_HOSTDEV = 2, /**< Test-only mock of device memory (KVX_MEM_HOSTDEV in
+	                                 kvxfer/mem.h: allocate with kvx_mem_alloc on a `hostdev`
+	                                 context; the CPU never touches it, only kvx_mem copies). */
 };
 
 /** Engine parameters; initialise with kvx_engine_params_init(), then set fields. */
@@ -173,8 +176,13 @@ struct kvx_engine_layer {
 	void *base;                     /**< Address of element 0; not NULL. */
 	struct kvx_layout_tensor tensor; /**< Shape/strides in elements, element size. */
 	struct kvx_layout_spec spec;    /**< KV-cache spec (block size, heads, head size, MLA). */
-	enum kvx_engine_mem mem;        /**< Memory type. */
-	int device_id;                  /**< HIP device for KVX_ENGINE_MEM_HIP. */
+	enum kvx_engine_mem mem;        /**< Memory type. Device layers are registered with the
+	                                     provider as device memory (tcp: staged through bounce
+	                                     buffers; shm: IPC handles; verbs: dma-buf or peer
+	                                     memory); a provider that cannot move it fails
+	                                     kvx_engine_start() with the reason logged. `auto` with a
+	                                     device layer uses its primary provider only (no shm). */
+	int device_id;                  /**< HIP device for KVX_ENGINE_MEM_HIP (0 otherwise). */
 };
 
 /**

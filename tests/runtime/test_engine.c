@@ -833,6 +833,94 @@ Test(runtime_engine, layer_ready_hip_event_without_gpu_is_refused)
 	eng_free(&P);
 }
 
+/* Issue 8: device memory through the engine. Both engines register their NL layers as
+ * KVX_ENGINE_MEM_HOSTDEV (the test-only mock of device memory: the CPU cannot touch it, so the
+ * provider must stage (tcp) or map (shm) it); one transfer moves 3 blocks per layer, and the
+ * consumer's layers, read back through kvx_mem copies, hold exactly those blocks and zeros
+ * elsewhere. */
+static void devmem_case(enum kvx_sched_mode mode, const char *prov)
+{
+	struct kvx_mem *m;
+	cr_assert_eq(kvx_mem_open(&(struct kvx_mem_type){.kind = KVX_MEM_HOSTDEV, .device = 0}, &m), 0);
+	struct kvx_engine_params pp, dp;
+	params(&pp, KVX_SCHED_PRODUCER, mode);
+	params(&dp, KVX_SCHED_CONSUMER, mode);
+	pp.transport = dp.transport = prov;
+	struct kvx_engine *pe, *de;
+	char err[256] = "";
+	cr_assert_eq(kvx_engine_create(&pp, &pe, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(kvx_engine_create(&dp, &de, err, sizeof(err)), 0, "%s", err);
+	enum { LB = NB * 128 };
+	static uint8_t host[NL][LB], back[LB];
+	void *pm[NL], *dm[NL];
+	for (int l = 0; l < NL; l++) {
+		for (int k = 0; k < LB; k++)
+			host[l][k] = (uint8_t)(1 + ((k / 128) * 13 + l * 5 + k) % 251);
+		cr_assert_eq(kvx_mem_alloc(m, LB, &pm[l]), 0);
+		cr_assert_eq(kvx_mem_alloc(m, LB, &dm[l]), 0);
+		cr_assert_eq(kvx_mem_copy_sync(m, pm[l], host[l], LB, KVX_MEM_H2D), 0);
+		char name[8];
+		snprintf(name, sizeof(name), "l%d", l);
+		struct kvx_engine_layer ly = {.name = name, .tensor = mla_tensor(), .spec = {.block_size = 4, .is_mla = true},
+					      .mem = KVX_ENGINE_MEM_HOSTDEV};
+		ly.base = pm[l];
+		cr_assert_eq(kvx_engine_register_layer(pe, &ly), l);
+		ly.base = dm[l];
+		cr_assert_eq(kvx_engine_register_layer(de, &ly), l);
+	}
+	cr_assert_eq(kvx_engine_start(pe), 0);
+	cr_assert_eq(kvx_engine_start(de), 0);
+	struct kvx_engine_peer to_p = {.host = "127.0.0.1"}, to_d = {.host = "127.0.0.1"};
+	cr_assert_eq(kvx_engine_ports(pe, &to_p.handshake_port, &to_p.notify_port), 0);
+	cr_assert_eq(kvx_engine_ports(de, &to_d.handshake_port, &to_d.notify_port), 0);
+	uint32_t pb[3] = {9, 2, 15}, db[3] = {0, 5, 6};
+	const char *tid = "tx-devmem";
+	if (mode == KVX_SCHED_MODE_READ) {
+		struct kvx_engine_serve sv = {.transfer_id = tid, .local_blocks = pb, .n = 3};
+		cr_assert_eq(kvx_xfer_serve(pe, &sv), 0);
+		struct kvx_engine_read r = {.transfer_id = tid, .peer = to_p, .local_blocks = db, .remote_blocks = pb, .n = 3};
+		cr_assert_eq(kvx_xfer_read(de, &r), 0);
+	} else {
+		struct kvx_engine_announce an = {.transfer_id = tid, .peer = to_p, .local_blocks = db, .n = 3};
+		cr_assert_eq(kvx_xfer_announce(de, &an), 0);
+		struct kvx_engine_write w = {.transfer_id = tid, .peer = to_d, .local_blocks = pb, .n = 3};
+		cr_assert_eq(kvx_xfer_write_begin(pe, &w), 0);
+		for (uint32_t l = 0; l < NL; l++)
+			cr_assert_eq(kvx_xfer_layer_ready_event(pe, tid, l, NULL), 0);
+		cr_assert_eq(kvx_xfer_seal(pe, tid, NL), 0);
+	}
+	struct seen sp = {.transfer = -1}, sd = {.transfer = -1};
+	cr_assert(wait_for(de, tid, &sd, false, 30000000000ull));
+	cr_assert(wait_for(pe, tid, &sp, true, 30000000000ull));
+	cr_assert_eq(sd.transfer, KVX_CPL_DONE, "D outcome %d error %d", sd.transfer, sd.error);
+	cr_assert_eq(sp.transfer, KVX_CPL_DONE, "P outcome %d error %d", sp.transfer, sp.error);
+	for (int l = 0; l < NL; l++) {
+		cr_assert_eq(kvx_mem_copy_sync(m, back, dm[l], LB, KVX_MEM_D2H), 0);
+		for (uint32_t b = 0; b < NB; b++) {
+			int j = -1;
+			for (int i = 0; i < 3; i++)
+				if (db[i] == b)
+					j = i;
+			for (int k = 0; k < 128; k++) {
+				uint8_t want = j < 0 ? 0 : host[l][pb[j] * 128 + (uint32_t)k];
+				cr_assert_eq(back[b * 128 + (uint32_t)k], want, "layer %d block %u byte %d", l, b, k);
+			}
+		}
+	}
+	kvx_engine_destroy(de);
+	kvx_engine_destroy(pe);
+	for (int l = 0; l < NL; l++) {
+		kvx_mem_free(m, pm[l]);
+		kvx_mem_free(m, dm[l]);
+	}
+	kvx_mem_close(m);
+}
+
+Test(runtime_engine, devmem_tcp_read_staged) { devmem_case(KVX_SCHED_MODE_READ, "tcp"); }
+Test(runtime_engine, devmem_tcp_write_staged) { devmem_case(KVX_SCHED_MODE_WRITE, "tcp"); }
+Test(runtime_engine, devmem_shm_read_ipc) { devmem_case(KVX_SCHED_MODE_READ, "shm"); }
+Test(runtime_engine, devmem_shm_write_ipc) { devmem_case(KVX_SCHED_MODE_WRITE, "shm"); }
+
 /* Issue 6 / DESIGN.md §1: transfers run on every polling lcore. Two engines with two polling
  * lcores each (adaptive idle: this host may have fewer free CPUs than threads) move 24
  * transfers in 4 rounds of 6 concurrent ones; every byte is checked, and the per-lcore stats
