@@ -57,7 +57,6 @@ command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 missing (ins
 
 mkdir -p "$WORK"
 WORK="$(realpath "$WORK")"
-case "$WORK" in /tmp/*) die "WORK_DIR '$WORK' is under /tmp, which the VM hides (tmpfs)" ;; esac
 OUT="$WORK/out"
 STAGE="$WORK/initramfs"
 rm -rf "$STAGE" "$OUT"
@@ -89,10 +88,11 @@ mknod -m 600 "$STAGE/dev/console" c 5 1
 mknod -m 666 "$STAGE/dev/null" c 1 3
 
 # /tmp is a tmpfs inside the VM, which would hide a repository or build directory that lives
-# under the host's /tmp (CI may clone there). Park each such top-level /tmp/<dir> on a spare
+# under the host's /tmp (CI may clone there), and the mount point of the output share in WORK.
+# Park each such top-level /tmp/<dir> on a spare
 # mount point of the read-only host root before the tmpfs goes on, then move it back on top.
 HOLD=""; RESTORE=""; holders=(/mnt /srv /media); nh=0; seen=" "
-for p in "$REPO" "$BUILD"; do
+for p in "$REPO" "$BUILD" "$WORK"; do
   case "$p" in /tmp/?*) ;; *) continue ;; esac
   top="/tmp/$(echo "${p#/tmp/}" | cut -d/ -f1)"
   case "$seen" in *" $top "*) continue ;; esac
