@@ -71,8 +71,9 @@ static void usage(FILE *f)
 "  --timeout-ms N       per-transfer deadline, ms (default 120000)\n"
 "  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot on PATH)\n"
 "  --quiet              no progress line\n"
-"  --mem host|hip[:DEVICE]  KV pool memory (default host; device memory is checked against\n"
-"                       the provider's caps and then refused: trace's pools are host memory)\n",
+"  --mem host|hip[:DEVICE]|hostdev  KV pool memory (default host); device pools are filled and\n"
+"                       verified through kvx_mem copies; refused up front when the provider's\n"
+"                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n",
 		DEFAULT_PORT);
 }
 
@@ -141,13 +142,7 @@ static int trace_mem_check(const struct trace_opts *o)
 				"memory (not in its caps.mem_types)\n", g_trace_mem, prov);
 		return 1;
 	}
-	/* The provider would move it; this tool's KV pools are host memory (the roles fill and
-	 * verify them with CPU loads and stores, and register them as KVX_ENGINE_MEM_HOST). */
-	fprintf(stderr, "kvxfer-perf trace: --mem %s: the %s provider moves this memory, but "
-			"kvxfer-perf trace keeps its KV pools in host memory (device pools are not "
-			"implemented in trace)\n",
-		g_trace_mem, prov);
-	return 1;
+	return 0; /* the roles allocate their KV pools in that memory (trace_role.c) */
 }
 
 static int parse_opts(int argc, char **argv, struct trace_opts *o)
@@ -220,6 +215,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				return -EINVAL;
 			}
 			g_trace_mem = optarg;
+			o->mem = optarg;
 			break;
 		}
 		case OPT_MODELS_CSV: o->models_csv = optarg; break;

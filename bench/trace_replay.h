@@ -63,6 +63,7 @@ struct trace_opts {
 	uint32_t layer_us;        /**< --layer-us: simulated compute per layer (WRITE producer), us. */
 	uint32_t timeout_ms;      /**< --timeout-ms: per-transfer deadline, ms. */
 	bool quiet;               /**< --quiet: no progress line. */
+	const char *mem;          /**< --mem host|hip[:N]|hostdev: KV pool memory; NULL = host. */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */

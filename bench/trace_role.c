@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kvxfer/engine.h"
+#include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 #include "trace_pattern.h"
 #include "trace_pool.h"
@@ -53,6 +54,10 @@ struct role {
 	struct perf_pool *pool;
 	uint64_t nb, block_len, layer_bytes;
 	unsigned char **layer;
+	struct kvx_mem *dev;      /* --mem hip|hostdev: the pools' device memory; NULL = host */
+	enum kvx_engine_mem mem;  /* how the layers are registered */
+	int device_id;
+	unsigned char *scratch;   /* device pools: one block in host memory, Array[block_len] */
 	struct kvx_engine_peer peer;
 	char peer_host[64];
 	bool have_peer;
@@ -82,14 +87,29 @@ static unsigned char *block_ptr(struct role *R, uint32_t layer, uint32_t plane, 
 	return R->layer[layer] + ((uint64_t)plane * R->nb + id) * R->block_len;
 }
 
-/* Fill (producer) the planes of prompt positions [hit, blocks) of one layer. */
+/* Fill (producer) the planes of prompt positions [hit, blocks) of one layer. Device pools are
+ * written through a host block and kvx_mem copies (the CPU does not touch device memory). */
 static void fill_layer(struct role *R, const struct rx *x, uint32_t layer)
 {
 	for (uint64_t pos = x->hit; pos < x->blocks; pos++)
 		for (uint32_t p = 0; p < R->m.planes; p++) {
 			struct perf_pattern_key k = {.request = x->idx, .layer = layer, .plane = p, .block = pos};
-			perf_pattern_fill(block_ptr(R, layer, p, x->ids[pos]), R->block_len, &k);
+			unsigned char *b = block_ptr(R, layer, p, x->ids[pos]);
+			perf_pattern_fill(R->dev ? R->scratch : b, R->block_len, &k);
+			if (R->dev && kvx_mem_copy_sync(R->dev, b, R->scratch, R->block_len, KVX_MEM_H2D))
+				fatal(R, "%s: filling layer %u on the device failed", x->tid, layer);
 		}
+}
+
+/* A block's bytes for checking: the block itself, or (device pools) a host copy of it. */
+static const unsigned char *block_read(struct role *R, uint32_t layer, uint32_t plane, uint32_t id)
+{
+	unsigned char *b = block_ptr(R, layer, plane, id);
+	if (!R->dev)
+		return b;
+	if (kvx_mem_copy_sync(R->dev, R->scratch, b, R->block_len, KVX_MEM_D2H))
+		return NULL;
+	return R->scratch;
 }
 
 /* Verify (consumer) every transferred plane; returns the number of bad planes. */
@@ -101,8 +121,9 @@ static uint64_t verify_rx(struct role *R, const struct rx *x, char *detail, size
 			for (uint32_t p = 0; p < R->m.planes; p++) {
 				struct perf_pattern_key k = {.request = x->idx, .layer = l, .plane = p,
 							     .block = x->hit + i};
-				size_t off;
-				if (perf_pattern_check(block_ptr(R, l, p, x->ids[i]), R->block_len, &k, &off))
+				size_t off = 0;
+				const unsigned char *b = block_read(R, l, p, x->ids[i]);
+				if (b && perf_pattern_check(b, R->block_len, &k, &off))
 					continue;
 				if (bad++ == 0)
 					snprintf(detail, dlen,
@@ -495,7 +516,8 @@ static int setup_engine(struct role *R)
 	for (uint32_t l = 0; l < R->m.num_layers; l++) {
 		char name[32];
 		snprintf(name, sizeof(name), "model.layers.%u.attn", l);
-		struct kvx_engine_layer L = {.name = name, .base = R->layer[l], .mem = KVX_ENGINE_MEM_HOST};
+		struct kvx_engine_layer L = {.name = name, .base = R->layer[l], .mem = R->mem,
+					     .device_id = R->device_id};
 		L.tensor.elem_size = PERF_MODEL_ELEM_BYTES;
 		L.spec.block_size = o->block_tokens;
 		if (R->m.mla) {
@@ -555,7 +577,32 @@ int trace_role_main(const struct trace_opts *o, int fd)
 	 * start-up and pinned by registration): first-touch page faults (slow on VMs) are not
 	 * charged to the transfers. */
 	uint64_t t_pre = kvx_now_ns();
-	for (uint32_t l = 0; l < R.m.num_layers; l++) {
+	R.mem = KVX_ENGINE_MEM_HOST;
+	if (o->mem && strcmp(o->mem, "host")) {
+		struct kvx_mem_type mt;
+		rc = kvx_mem_parse_type(o->mem, &mt);
+		if (!rc)
+			rc = kvx_mem_open(&mt, &R.dev);
+		R.scratch = malloc(R.block_len);
+		if (rc || !R.scratch) {
+			fatal(&R, "--mem %s: %s", o->mem, rc ? kvx_strerror(rc) : "out of memory");
+			goto out;
+		}
+		R.mem = mt.kind == KVX_MEM_HIP ? KVX_ENGINE_MEM_HIP : KVX_ENGINE_MEM_HOSTDEV;
+		R.device_id = mt.device;
+	}
+	for (uint32_t l = 0; R.dev && l < R.m.num_layers; l++) {
+		/* Device pools: allocated (and resident) through kvx_mem; zeroed like fresh pages. */
+		void *m = NULL;
+		rc = kvx_mem_alloc(R.dev, R.layer_bytes, &m);
+		if (rc) {
+			fatal(&R, "--mem %s: allocating %" PRIu64 " bytes for layer %u: %s", o->mem, R.layer_bytes, l,
+			      kvx_strerror(rc));
+			goto out;
+		}
+		R.layer[l] = m;
+	}
+	for (uint32_t l = 0; !R.dev && l < R.m.num_layers; l++) {
 		void *m = mmap(NULL, R.layer_bytes, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 		if (m == MAP_FAILED) {
@@ -638,9 +685,14 @@ int trace_role_main(const struct trace_opts *o, int fd)
 out:
 	if (R.e)
 		kvx_engine_destroy(R.e);
-	for (uint32_t l = 0; l < R.m.num_layers && R.layer; l++)
-		if (R.layer[l])
+	for (uint32_t l = 0; l < R.m.num_layers && R.layer; l++) {
+		if (R.layer[l] && R.dev)
+			kvx_mem_free(R.dev, R.layer[l]);
+		else if (R.layer[l])
 			munmap(R.layer[l], R.layer_bytes);
+	}
+	kvx_mem_close(R.dev);
+	free(R.scratch);
 	for (size_t i = 0; i < R.nrx && R.rx; i++) {
 		free(R.rx[i].ids);
 		free(R.rx[i].remote);
