@@ -56,7 +56,8 @@ static void usage(bool lat)
 	       "      --json FILE                      write the results as JSON\n"
 	       "      --output=%s             print only the number\n"
 	       "      --local                          run the server on a second thread of this process\n"
-	       "      --mem host|hip[:DEVICE]          buffer memory (default host)\n"
+	       "      --mem host|hip[:DEVICE]|hostdev  buffer memory (default host; hostdev: test-only\n"
+	       "                                       mock of device memory)\n"
 	       "%s",
 	       lat ? "lat" : "bw",
 	       lat ? "  -m, --mode pingpong|completion       how lat times an op (may follow -m read|write):\n"
@@ -299,9 +300,12 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 			c->local = true;
 			break;
 		case PERF_PX_O_PEER:
-			if (lat || (strcmp(optarg, "cma") && strcmp(optarg, "memcpy"))) {
-				fprintf(stderr, "kvxfer-perf: --peer '%s': expected cma or memcpy (bw only)\n",
-					optarg);
+			if (lat) {
+				fprintf(stderr, "kvxfer-perf: --peer is a bw option (lat has no peer loops)\n");
+				return 2;
+			}
+			if (strcmp(optarg, "cma") && strcmp(optarg, "memcpy")) {
+				fprintf(stderr, "kvxfer-perf: --peer '%s': expected cma or memcpy\n", optarg);
 				return 2;
 			}
 			c->peer = optarg;

@@ -211,7 +211,7 @@ static void usage(FILE *f)
 		   "                        [--pool N] [--remote-pool N] [--min-ms MS] [--seed S] [--json FILE]\n"
 		   "Time to plan one transfer (offsets + merge) for every layer of a model, in ns per\n"
 		   "block-layer, for random and contiguous block ids, against a qsort-based peer.\n"
-		   "  --models FILE      models.csv (default bench/data/models.csv)\n"
+		   "  --models FILE      models.csv (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
 		   "  --blocks N         blocks in the transfer (default 4096)\n"
 		   "  --block-tokens N   tokens per block (default 16)\n"
 		   "  --pool N           local num_blocks (default 4*blocks)\n"
@@ -235,7 +235,7 @@ static int parse_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, 
 
 int kvx_perf_plan_main(int argc, char **argv)
 {
-	struct plan_cfg c = {.models = "bench/data/models.csv", .blocks = 4096, .block_tokens = 16,
+	struct plan_cfg c = {.models = KVX_BENCH_DATA_DIR "/models.csv", .blocks = 4096, .block_tokens = 16,
 			     .min_ns = 200000000ull, .seed = 0x9e3779b97f4a7c15ull};
 	uint64_t v, pool = 0, rpool = 0;
 	static const struct option opts[] = {
