@@ -56,7 +56,7 @@ struct emsg {
 	int32_t status; /* error / decode rank */
 	uint32_t n;     /* block count */
 	void *ptr;      /* xf*, peer*, legacy ready flag, malloc'ed block ids */
-	uint64_t u64;   /* consumer_tp_size */
+	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
 	struct kvx_mem_event ev; /* M_LAYER_READY: the layer's readiness event (by value) */
 	char tid[KVX_ENGINE_ID_MAX];
 	uint8_t pad[256 - 32 - sizeof(struct kvx_mem_event) - KVX_ENGINE_ID_MAX];
@@ -514,8 +514,10 @@ static void on_notify(void *arg, const struct kvx_msg_notify *msg)
 		m.ptr = ids;
 		m.n = msg->num_blocks;
 		m.status = (int32_t)(msg->decode_rank < 0 ? 0 : msg->decode_rank);
+		m.u64 = msg->sender_epoch; /* the allocating incarnation, 0 from a MoRIIO peer */
+	} else {
+		m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
 	}
-	m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
 	cin_push(e, tid_poller(e, m.tid), &m);
 }
 
@@ -1111,6 +1113,7 @@ static void send_notify_to(struct poller *po, const char *host, uint16_t port, e
 		m.block_ids = (uint32_t *)blocks;
 		m.num_blocks = n;
 		m.decode_rank = e->p.dp_rank;
+		m.sender_epoch = kvx_ctl_epoch(e->ctl); /* names this incarnation (kvxfer peers) */
 	}
 	if (kvx_ctl_send_notify(po->ib, host, port, &m))
 		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
@@ -1292,14 +1295,25 @@ static void epoch_check_start(struct poller *po, struct peer *pr);
  * the connection is marked stale and re-handshaken, and the transfer binds the new one. A
  * transfer that ends up on a connection of another epoch than its allocation's fails with
  * -ECONNRESET: nothing is written into a restarted consumer for an allocation it never made.
+ * A kvxfer consumer names its incarnation in remote_blocks (`kvx_epoch`, @p sent_epoch): that
+ * settles it at once, with no guess; the check above is for MoRIIO peers (sent_epoch 0).
  * Returns true once alloc_epoch is settled. */
-static bool alloc_epoch_settle(struct poller *po, struct xf *x)
+static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_epoch)
 {
 	struct peer *pr = x->peer;
 	if (x->alloc_known)
 		return true;
 	struct conn *c = conn_lookup(po, pr);
 	bool stale = c && atomic_load_explicit(&c->stale, memory_order_acquire);
+	if (sent_epoch) {
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = sent_epoch;
+		if (c && !stale && c->epoch != sent_epoch)
+			conn_stale(po, c); /* the consumer restarted: re-handshake now */
+		return true;
+	}
 	if (x->check_wait && stale) {
 		/* A re-handshake runs anyway: its connection has the epoch current after the
 		 * allocation arrived. */
@@ -1516,7 +1530,7 @@ static void write_progress(struct poller *po, struct xf *x)
 		}
 		return;
 	}
-	if (!t->has_alloc || !alloc_epoch_settle(po, x))
+	if (!t->has_alloc || !alloc_epoch_settle(po, x, t->alloc_epoch))
 		return;
 	int cr = xf_conn(po, x);
 	if (cr < 0) {
@@ -1649,7 +1663,7 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	struct xf *x = live_find(po, m->tid);
 	switch (m->u32) {
 	case KVX_MSG_REMOTE_BLOCKS: {
-		int rc = kvx_xfer_remote_blocks_take(po->tab, m->tid, m->ptr, m->n, m->status);
+		int rc = kvx_xfer_remote_blocks_take(po->tab, m->tid, m->ptr, m->n, m->status, m->u64);
 		if (rc <= 0)
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		if (x)

@@ -59,6 +59,7 @@ struct kvx_xfer {
 	uint32_t *remote_blocks;   /* Array[n_remote_blocks], owned (control path allocation) */
 	uint32_t n_remote_blocks;
 	int32_t decode_dp_rank;
+	uint64_t alloc_epoch;      /* `kvx_epoch` of the remote_blocks sender (0: a MoRIIO peer) */
 	/* READ consumer batch (PROTOCOL.md §1.4 steps 8–10). */
 	uint32_t ops_posted;
 	uint32_t ops_done;
@@ -111,7 +112,7 @@ int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint
 /* As kvx_xfer_remote_blocks() but takes ownership of a malloc'ed id array (freed on every
  * path). */
 int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
-				int32_t decode_dp_rank);
+				int32_t decode_dp_rank, uint64_t alloc_epoch);
 
 /* READ consumer batch state (vectors T28, T30, T31): strict '>' timeout boundary. */
 enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns);

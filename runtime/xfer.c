@@ -265,7 +265,7 @@ int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint
 }
 
 int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
-				int32_t decode_dp_rank)
+				int32_t decode_dp_rank, uint64_t alloc_epoch)
 {
 	if (n == 0) {
 		free(ids);
@@ -283,6 +283,7 @@ int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint3
 	x->remote_blocks = ids;
 	x->n_remote_blocks = (uint32_t)n;
 	x->decode_dp_rank = decode_dp_rank;
+	x->alloc_epoch = alloc_epoch;
 	x->has_alloc = true;
 	return 1;
 }
