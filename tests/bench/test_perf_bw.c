@@ -187,6 +187,26 @@ Test(bench_perf_bw, shm_finite_bounded_with_duration)
 	free(r);
 }
 
+/* Duration mode with batches: posting may stop when every op has already completed (shm
+ * completes small ops at once); the phase must still end. The old loop waited for a completion
+ * that never came, in about 4 of 10 runs of exactly this command. */
+Test(bench_perf_bw, shm_duration_batch_32_always_ends)
+{
+	const char *args[] = {"bw", "--local", "-t", "shm", "-s", "64", "--batch", "32", "-D", "0.001", NULL};
+	for (int i = 0; i < 10; i++) {
+		struct run *r = calloc(1, sizeof(*r));
+		run_perf(r, args);
+		skip_if_no_cma(r);
+		cr_assert_eq(r->status, 0, "run %d exited %d:\n%s\n%s", i, r->status, r->out, r->err);
+		const char *row = row_after(r->out, " #bytes     #iterations    BW peak[GB/s]");
+		unsigned long long bytes, iters;
+		cr_assert_eq(sscanf(row, "%llu %llu", &bytes, &iters), 2, "row: %s", row);
+		cr_assert_eq(bytes, 64);
+		cr_assert_geq(iters, 32, "at least one batch: %s", row);
+		free(r);
+	}
+}
+
 /* lat: t_min <= t_typical, t_avg, 99%, 99.9% <= t_max, all finite; -D shorter than one op still
  * reports one sample (it crashed on zero samples before). */
 static struct run *check_lat(const char *transport, const char *const *extra, uint64_t n)
