@@ -119,6 +119,7 @@ struct peer {
 	const char *pod_ptr[KVX_ENGINE_MAX_PODS];
 	uint32_t n_pods;
 	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
+	atomic_int hs_error; /* control thread: the failed handshake's errno, stored before HS_FAILED */
 	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
 	uint64_t epoch; /* control thread: epoch of the last published connection */
@@ -1001,6 +1002,7 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	if (rc)
 		kvx_log(KVX_LOG_WARN, "engine: handshake with %s:%u dp %u failed: %s%s%s", pr->host, pr->hs_port,
 			pr->dp_rank, kvx_strerror(rc), res->error[0] ? ": " : "", res->error);
+	atomic_store_explicit(&pr->hs_error, rc, memory_order_relaxed);
 	atomic_store_explicit(&pr->hs_state, rc ? HS_FAILED : HS_READY, memory_order_release);
 	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr};
 	for (uint32_t k = 0; k < e->n_po; k++)
@@ -1250,7 +1252,9 @@ static void conn_bind(struct xf *x, struct conn *c)
 /* 1 if x has a usable connection to post on (binding the peer's current one if needed), 0 to
  * wait (no connection yet, re-handshake in progress, own ops still draining), or a negative
  * errno: a WRITE bound to a connection whose peer has since restarted (new epoch: the
- * consumer's allocation is gone, never write into the new process). */
+ * consumer's allocation is gone, never write into the new process), or a transfer with no
+ * connection whose handshake failed (the failure can reach this poller before the submission
+ * that started it: M_PEER_FAILED then found no transfer to fail). */
 static int xf_conn(struct poller *po, struct xf *x)
 {
 	struct conn *c = x->conn;
@@ -1265,6 +1269,10 @@ static int xf_conn(struct poller *po, struct xf *x)
 	}
 	struct conn *n = conn_lookup(po, x->peer);
 	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
+	if (!n && !c && hs == HS_FAILED) {
+		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
+		return err < 0 ? err : -ECONNREFUSED;
+	}
 	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) && hs == HS_READY)
 		hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
 	else if (!n && hs == HS_IDLE)
@@ -1474,8 +1482,15 @@ static void read_progress(struct poller *po, struct xf *x)
 		rehs_decide(po, x, n);
 	}
 	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
-	if (!x->failed && !x->done_posting && xf_conn(po, x) != 1)
-		return;
+	if (!x->failed && !x->done_posting) {
+		int cr = xf_conn(po, x);
+		if (cr < 0) {
+			report(po, x, KVX_CPL_FAILED, cr, x->batches_out == 0);
+			return;
+		}
+		if (cr == 0)
+			return;
+	}
 	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
 	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
 	if (x->next_layer == 0 && x->conn)
