@@ -31,6 +31,16 @@ missing=$(comm -23 "$tmp/api.txt" "$tmp/exported.txt" | tr '\n' ' ')
 unexpected=$(comm -13 "$tmp/api.txt" "$tmp/exported.txt" | tr '\n' ' ')
 [ -z "$unexpected" ] || fail "exported by libkvxfer.so but not declared KVX_API in the installed headers: $unexpected"
 [ "$(wc -l <"$tmp/api.txt")" -gt 100 ] || fail "found only $(wc -l <"$tmp/api.txt") KVX_API functions in $inc"
+# The in-tree tier (include/kvxfer/internal/) stays out of the install, and every installed header
+# compiles on its own without it.
+[ ! -e "$inc/kvxfer/internal" ] || fail "include/kvxfer/internal/ was installed"
+for h in "$inc/kvxfer.h" "$inc"/kvxfer/*.h; do
+	case "$h" in */ring_impl.h) continue;; esac # not for direct inclusion (kvxfer/ring.h)
+	printf '#include "%s"\n' "${h#"$inc/"}" >"$tmp/hdr.c"
+	# shellcheck disable=SC2046
+	$cc -std=c11 -Wall -Wextra -Werror -fsyntax-only $(pkg-config --cflags kvxfer) "$tmp/hdr.c" \
+		|| fail "installed header ${h#"$inc/"} does not compile on its own"
+done
 
 cd "$tmp"
 cp "$src" example.c

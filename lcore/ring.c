@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Ring creation (the enqueue/dequeue hot path is inline in include/kvxfer/lcore_impl.h). */
+/* Ring creation (the enqueue/dequeue hot path is inline in include/kvxfer/ring_impl.h). */
 #include <errno.h>
 #include <numa.h>
 #include <stdio.h>

@@ -1,13 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Endpoint recovery after an error (kvx_xport_ep_reset / kvx_xport_ep_reaccept): dispatched to
- * the providers that implement it (verbs: QP reset and re-connect, RUNTIME_GUIDE.md §3.10). */
+/* Endpoint recovery after an error (kvx_xport_ep_reset / kvx_xport_ep_reaccept): dispatched
+ * through the provider's ops table; providers without it (tcp, shm) answer -ENOTSUP (verbs: QP
+ * reset and re-connect, RUNTIME_GUIDE.md §3.10). */
 #include "transport_internal.h"
 
 #include <errno.h>
-
-#if defined(KVX_HAVE_VERBS) && defined(KVX_XPORT_VERBS_BUILT)
-#include "verbs/verbs_internal.h"
-#endif
 
 int kvx_xport_ep_reset(struct kvx_xport_ep *ep, void *blob, size_t cap, size_t *blob_len)
 {
@@ -15,11 +12,7 @@ int kvx_xport_ep_reset(struct kvx_xport_ep *ep, void *blob, size_t cap, size_t *
 		return -EINVAL;
 	if (!ep->initiator)
 		return -ENOTSUP;
-#if defined(KVX_HAVE_VERBS) && defined(KVX_XPORT_VERBS_BUILT)
-	if (ep->ctx->ops == &kvx_xport_verbs_ops)
-		return verbs_ep_reset(ep, blob, cap, blob_len);
-#endif
-	return -ENOTSUP;
+	return ep->ctx->ops->ep_reset(ep, blob, cap, blob_len);
 }
 
 int kvx_xport_ep_reaccept(struct kvx_xport_ep *ep, const void *blob_a, size_t len_a, void *blob_b,
@@ -29,9 +22,5 @@ int kvx_xport_ep_reaccept(struct kvx_xport_ep *ep, const void *blob_a, size_t le
 		return -EINVAL;
 	if (ep->initiator)
 		return -ENOTSUP;
-#if defined(KVX_HAVE_VERBS) && defined(KVX_XPORT_VERBS_BUILT)
-	if (ep->ctx->ops == &kvx_xport_verbs_ops)
-		return verbs_ep_reaccept(ep, blob_a, len_a, blob_b, cap, len_b);
-#endif
-	return -ENOTSUP;
+	return ep->ctx->ops->ep_reaccept(ep, blob_a, len_a, blob_b, cap, len_b);
 }

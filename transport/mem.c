@@ -373,6 +373,14 @@ void kvx_mem_event_init_ready(struct kvx_mem_event *ev)
 	memset(ev, 0, sizeof(*ev));
 }
 
+/* The memory ops whose native events KVX_MEM_EVENT_HIP wraps, or NULL when not built. */
+static const struct kvx_mem_ops *const native_event_ops =
+#ifdef KVX_HAVE_HIP
+	&kvx_mem_hip_ops;
+#else
+	NULL;
+#endif
+
 int kvx_mem_event_query(const struct kvx_mem_event *ev)
 {
 	switch (ev->kind) {
@@ -383,10 +391,10 @@ int kvx_mem_event_query(const struct kvx_mem_event *ev)
 		return atomic_load_explicit(ev->u.counter, memory_order_acquire) >= ev->value;
 	case KVX_MEM_EVENT_STREAM:
 		return stream_seq_query(ev->u.stream, ev->value);
-#ifdef KVX_HAVE_HIP
 	case KVX_MEM_EVENT_HIP:
-		return kvx_mem_hip_event_query(ev->u.hip_event);
-#endif
+		/* Through the ops of the memory kind that owns such events; an event of a kind not
+		 * built in cannot be made (kvx_mem_event_init_hip() refuses it): invalid. */
+		return native_event_ops ? native_event_ops->event_query(ev->u.hip_event) : -EINVAL;
 	default:
 		return -EINVAL;
 	}

@@ -458,6 +458,13 @@ static int hostdev_ipc_close(struct kvx_mem *m, void *base)
 	return hd_unmap((uintptr_t)base, true);
 }
 
+/* Host memory has no native events (producers use counter flags). */
+static int host_event_query(void *native_event)
+{
+	(void)native_event;
+	return -ENOTSUP;
+}
+
 const struct kvx_mem_ops kvx_mem_hostdev_ops = {
 	.name = "hostdev",
 	.probe = hostdev_probe,
@@ -474,6 +481,7 @@ const struct kvx_mem_ops kvx_mem_hostdev_ops = {
 	.ipc_close = hostdev_ipc_close,
 	.stream_copy = hostdev_stream_copy,
 	.stream_query = host_stream_query,
+	.event_query = host_event_query,
 };
 
 const struct kvx_mem_ops kvx_mem_host_ops = {
@@ -492,4 +500,5 @@ const struct kvx_mem_ops kvx_mem_host_ops = {
 	.ipc_close = host_ipc_close,
 	.stream_copy = host_stream_copy,
 	.stream_query = host_stream_query,
+	.event_query = host_event_query,
 };

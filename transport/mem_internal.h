@@ -36,6 +36,9 @@ struct kvx_mem_ops {
 			   size_t len, enum kvx_mem_copy_dir dir);
 	/* Hot path: 1 if copy `seq` (slot `slot`) finished, 0 if not, -EIO on error. */
 	int (*stream_query)(struct kvx_mem_stream *s, uint64_t seq, uint32_t slot);
+	/* Hot path: a producer's native event of this memory kind (HIP: a hipEvent_t): 1 ready,
+	 * 0 not ready, -EIO on error; -ENOTSUP for kinds without native events (host, hostdev). */
+	int (*event_query)(void *native_event);
 };
 
 struct kvx_mem {
@@ -89,8 +92,6 @@ int kvx_mem_ipc_cache_ptr(const struct kvx_mem_ipc_cache *c, uint32_t entry,
 			  uint64_t remote_addr, uint64_t len, void **ptr);
 #ifdef KVX_HAVE_HIP
 extern const struct kvx_mem_ops kvx_mem_hip_ops;
-/* hipEventQuery on a producer's event: 1 ready, 0 not ready, -EIO error. */
-int kvx_mem_hip_event_query(void *hip_event);
 #endif
 
 /* Write a reason into why (if non-NULL), printf-style. */

@@ -596,6 +596,27 @@ int kvx_xport_noop_handle_events(struct kvx_xport_ctx *ctx)
 	return 0;
 }
 
+int kvx_xport_enotsup_ep_reset(struct kvx_xport_ep *ep, uint8_t *blob, size_t cap, size_t *len)
+{
+	(void)ep;
+	(void)blob;
+	(void)cap;
+	(void)len;
+	return -ENOTSUP;
+}
+
+int kvx_xport_enotsup_ep_reaccept(struct kvx_xport_ep *ep, const uint8_t *a, size_t alen,
+				  uint8_t *blob, size_t cap, size_t *len)
+{
+	(void)ep;
+	(void)a;
+	(void)alen;
+	(void)blob;
+	(void)cap;
+	(void)len;
+	return -ENOTSUP;
+}
+
 int kvx_xport_noop_progress(struct kvx_xport_ctx *ctx)
 {
 	(void)ctx;

@@ -139,6 +139,13 @@ struct kvx_xport_ops {
 	int (*ctx_event_fd)(const struct kvx_xport_ctx *ctx);
 	/** Drain device async events: count handled or -errno (kvx_xport_noop_handle_events). */
 	int (*ctx_handle_events)(struct kvx_xport_ctx *ctx);
+	/** Initiator endpoint recovery (kvx_xport_ep_reset()): blob A' in @p blob, or -ENOTSUP
+	 *  (kvx_xport_enotsup_ep_reset: no endpoint state worth keeping, create a new one). */
+	int (*ep_reset)(struct kvx_xport_ep *ep, uint8_t *blob, size_t cap, size_t *len);
+	/** Target side of the recovery (kvx_xport_ep_reaccept()): blob A' in, blob B' out, or
+	 *  -ENOTSUP (kvx_xport_enotsup_ep_reaccept). */
+	int (*ep_reaccept)(struct kvx_xport_ep *ep, const uint8_t *a, size_t alen, uint8_t *blob,
+			   size_t cap, size_t *len);
 };
 
 extern const struct kvx_xport_ops kvx_xport_tcp_ops;
@@ -162,6 +169,10 @@ int kvx_xport_any_group_ep_create(struct kvx_xport_ctx *ctx, uint32_t group,
 int kvx_xport_record_ep_set_group(struct kvx_xport_ep *ep, uint32_t group);
 int kvx_xport_enotsup_ctx_event_fd(const struct kvx_xport_ctx *ctx);
 int kvx_xport_noop_handle_events(struct kvx_xport_ctx *ctx);
+/* Endpoint recovery for providers without it (tcp, shm): -ENOTSUP. */
+int kvx_xport_enotsup_ep_reset(struct kvx_xport_ep *ep, uint8_t *blob, size_t cap, size_t *len);
+int kvx_xport_enotsup_ep_reaccept(struct kvx_xport_ep *ep, const uint8_t *a, size_t alen,
+				  uint8_t *blob, size_t cap, size_t *len);
 
 /* ---- little-endian codec helpers for blobs and descriptors (bounds checked by callers) --- */
 static inline void xport_put_u16(uint8_t *p, uint16_t v)

@@ -22,7 +22,8 @@ for t in $TARGETS; do
   # shellcheck disable=SC2086
   "$CC" -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -Iinclude -Icontrol control/codec.c control/ports.c runtime/layout.c "tests/fuzz/fuzz_$t.c" \
+    -Iinclude -Icontrol control/codec.c control/codec_hs.c control/wire.c control/ports.c \
+    runtime/layout.c "tests/fuzz/fuzz_$t.c" \
     $MSGP -o "$OUT/fuzz_$t"
 done
 for t in $TARGETS; do

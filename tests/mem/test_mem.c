@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kvxfer/mem.h"
+#include "transport/mem_internal.h"
 
 TestSuite(mem_type, .timeout = 10.0);
 TestSuite(mem_ctx, .timeout = 10.0);
@@ -302,6 +303,19 @@ Test(mem_event, hip_event_init_checks_build_and_null)
 	} else {
 		cr_assert_eq(kvx_mem_event_init_hip(&ev, &fake), -ENOTSUP);
 	}
+}
+
+/* Native (producer) events are queried through the memory ops of their kind: host kinds have
+ * none and answer -ENOTSUP; the HIP ops (when built) fill the slot. */
+Test(mem_event, native_event_query_is_a_memory_ops_slot)
+{
+	int fake = 0;
+
+	cr_assert_eq(kvx_mem_host_ops.event_query(&fake), -ENOTSUP);
+	cr_assert_eq(kvx_mem_hostdev_ops.event_query(&fake), -ENOTSUP);
+#ifdef KVX_HAVE_HIP
+	cr_assert_not_null(kvx_mem_hip_ops.event_query);
+#endif
 }
 
 TestSuite(mem_buf, .timeout = 10.0);

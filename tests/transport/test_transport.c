@@ -176,7 +176,8 @@ static void check_ops(const struct kvx_xport_ops *o)
 		(const void *)o->rmr_check,   (const void *)o->ep_create,   (const void *)o->ep_accept,
 		(const void *)o->ep_connect,  (const void *)o->ep_destroy,  (const void *)o->post,
 		(const void *)o->poll,        (const void *)o->progress,    (const void *)o->ctx_wait_fd,
-		(const void *)o->ctx_wait,    (const void *)o->ep_wait,
+		(const void *)o->ctx_wait,    (const void *)o->ep_wait,     (const void *)o->ep_reset,
+		(const void *)o->ep_reaccept,
 	};
 	for (size_t i = 0; i < KVX_ARRAY_SIZE(slots); i++)
 		cr_assert_not_null(slots[i], "%s: ops slot %zu is NULL", o->name, i);
@@ -188,4 +189,39 @@ Test(transport_registry, ops_tables_have_no_null_slots)
 	check_ops(&kvx_xport_shm_ops);
 	if (&kvx_xport_verbs_ops)
 		check_ops(&kvx_xport_verbs_ops);
+}
+
+/* Endpoint recovery goes through the ops table: tcp and shm have none and answer -ENOTSUP on
+ * both sides (the wrong side is refused before the provider is asked), leaving the endpoints
+ * as they were. Both sides live in this process. */
+static void recovery_enotsup(const char *provider)
+{
+	struct kvx_xport_ctx *tgt = NULL, *ini = NULL;
+	cr_assert_eq(kvx_xport_open(provider, NULL, &tgt), 0);
+	cr_assert_eq(kvx_xport_open(provider, NULL, &ini), 0);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], c[KVX_XPORT_BLOB_MAX];
+	size_t al = 0, bl = 0, cl = 0;
+	struct kvx_xport_ep *iep = NULL, *tep = NULL;
+	cr_assert_eq(kvx_xport_ep_create(ini, &iep, a, sizeof(a), &al), 0);
+	cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, &tep, b, sizeof(b), &bl), 0);
+	cr_assert_eq(kvx_xport_ep_connect(iep, b, bl), 0);
+	cr_assert_eq(kvx_xport_ep_reset(iep, c, sizeof(c), &cl), -ENOTSUP, "%s", provider);
+	cr_assert_eq(kvx_xport_ep_reaccept(tep, a, al, c, sizeof(c), &cl), -ENOTSUP, "%s", provider);
+	cr_assert_eq(kvx_xport_ep_reset(tep, c, sizeof(c), &cl), -ENOTSUP);
+	cr_assert_eq(kvx_xport_ep_reaccept(iep, a, al, c, sizeof(c), &cl), -ENOTSUP);
+	cr_assert_eq(kvx_xport_ep_reset(NULL, c, sizeof(c), &cl), -EINVAL);
+	cr_assert_eq(kvx_xport_ep_reaccept(tep, NULL, al, c, sizeof(c), &cl), -EINVAL);
+	cr_assert_eq(cl, 0);
+	cr_assert_eq(kvx_xport_ep_status(iep), 0);
+	cr_assert_eq(kvx_xport_ep_connect(iep, b, bl), -EISCONN);
+	kvx_xport_ep_destroy(iep);
+	kvx_xport_ep_destroy(tep);
+	kvx_xport_close(ini);
+	kvx_xport_close(tgt);
+}
+
+Test(transport_registry, tcp_and_shm_endpoint_recovery_is_enotsup)
+{
+	recovery_enotsup("tcp");
+	recovery_enotsup("shm");
 }

@@ -224,7 +224,8 @@ static int hip_stream_query(struct kvx_mem_stream *s, uint64_t seq, uint32_t slo
 	return hip_event_state(h->ev[slot]);
 }
 
-int kvx_mem_hip_event_query(void *hip_event)
+/* hipEventQuery on a producer's event: 1 ready, 0 not ready, -EIO error. */
+static int hip_event_query(void *hip_event)
 {
 	return hip_event_state((hipEvent_t)hip_event);
 }
@@ -278,4 +279,5 @@ const struct kvx_mem_ops kvx_mem_hip_ops = {
 	.ipc_close = hip_ipc_close,
 	.stream_copy = hip_stream_copy,
 	.stream_query = hip_stream_query,
+	.event_query = hip_event_query,
 };

@@ -705,4 +705,6 @@ const struct kvx_xport_ops kvx_xport_shm_ops = {
 	.ep_set_group = kvx_xport_record_ep_set_group,
 	.ctx_event_fd = kvx_xport_enotsup_ctx_event_fd,
 	.ctx_handle_events = kvx_xport_noop_handle_events,
+	.ep_reset = kvx_xport_enotsup_ep_reset,
+	.ep_reaccept = kvx_xport_enotsup_ep_reaccept,
 };

@@ -550,4 +550,6 @@ const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.ep_set_group = verbs_ep_set_group,
 	.ctx_event_fd = verbs_event_fd,
 	.ctx_handle_events = verbs_handle_events,
+	.ep_reset = verbs_ep_reset,
+	.ep_reaccept = verbs_ep_reaccept,
 };

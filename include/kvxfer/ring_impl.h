@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-#ifndef KVX_LCORE_IMPL_H
-#define KVX_LCORE_IMPL_H
+#ifndef KVX_RING_IMPL_H
+#define KVX_RING_IMPL_H
 /**
  * @file
  * @internal
- * Inline hot-path bodies of kvxfer/lcore.h (rings, waiter wake). Not for direct inclusion:
- * include kvxfer/lcore.h. Layout follows RUNTIME_GUIDE.md §1.4 (rte_ring, C11 orders of
+ * Inline hot-path bodies of kvxfer/ring.h (the waiter wake is in kvxfer/waiter.h). Not for
+ * direct inclusion: include kvxfer/ring.h. Layout follows RUNTIME_GUIDE.md §1.4 (rte_ring, C11 orders of
  * rte_ring_c11_pvt.h) and §4.1 (cached opposite tail for SPSC).
  *
  * Index arithmetic: head/tail are free-running uint32_t, masked (& mask) only to address a
@@ -27,8 +27,8 @@
  *     sleeping = 1 in kvx_waiter_prepare(): one side sees the other's store. Under TSan both
  *     sides use acq_rel RMWs on sleeping instead (same guarantee, fences are not modelled).
  */
-#ifndef KVX_LCORE_H
-#error "kvxfer/lcore_impl.h is not for direct inclusion; include kvxfer/lcore.h"
+#ifndef KVX_RING_H
+#error "kvxfer/ring_impl.h is not for direct inclusion; include kvxfer/ring.h"
 #endif
 
 #include <assert.h>
@@ -55,29 +55,8 @@ static inline void kvx_lcore_pause_impl(void)
 #endif
 }
 
-/** @internal Out-of-line slow part of kvx_waiter_wake(): swap sleeping 1 -> 0, write eventfd. */
-KVX_API KVX_COLD void kvx_waiter_signal_impl(struct kvx_waiter *w);
 /** @internal Out-of-line yield used when an earlier MP/MC thread was preempted mid-copy. */
 KVX_API KVX_COLD void kvx_ring_yield_impl(void);
-
-static inline void kvx_waiter_wake(struct kvx_waiter *w)
-{
-#if defined(__SANITIZE_THREAD__)
-	/* TSan does not model fences (gcc rejects them with -fsanitize=thread): use the RMW form
-	 * of W1. Our RMW and the consumer's exchange in kvx_waiter_prepare() are ordered in the
-	 * modification order of sleeping; whichever comes second reads the other's value and
-	 * synchronizes with it (acq_rel), so again one side sees the other. */
-	uint32_t sleeping = atomic_fetch_or_explicit(&w->sleeping, 0, memory_order_acq_rel);
-#else
-	/* W1: pairs with P1 in kvx_waiter_prepare(); orders our earlier publish (R1) before the
-	 * load of sleeping. A fence + plain load keeps the waiter's line shared among producers. */
-	atomic_thread_fence(memory_order_seq_cst);
-	uint32_t sleeping = atomic_load_explicit(&w->sleeping, memory_order_relaxed);
-#endif
-	if (KVX_UNLIKELY(sleeping))
-		kvx_waiter_signal_impl(w);
-}
-
 /** @internal One side (producer or consumer) of a ring: head, tail, cached opposite tail. */
 struct kvx_ring_headtail_impl {
 	_Atomic uint32_t head; /**< Next index to reserve. */
@@ -447,4 +426,5 @@ static inline unsigned kvx_ring_dequeue_elem_bulk_mc(struct kvx_ring *r, void *e
 #ifdef __cplusplus
 }
 #endif
-#endif /* KVX_LCORE_IMPL_H */
+#endif /* KVX_RING_IMPL_H */
+

@@ -1,0 +1,290 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_TCP_INTERNAL_H
+#define KVX_TCP_INTERNAL_H
+/*
+ * tcp provider: one-sided READ/WRITE emulated over TCP (DESIGN.md §3). Private to transport/tcp:
+ * tcp.c (setup, regions, endpoints, ops table), tcp_init.c (initiator), tcp_target.c (target).
+ *
+ * Initiator: ops are split into chunks of at most chunk_bytes, striped round-robin over the
+ * endpoint's channels (one TCP connection each), sent as request headers (+ WRITE payload)
+ * with gathered sendmsg(), and answered in order per connection. All socket I/O happens in
+ * post/poll on the owning poller; nothing blocks.
+ *
+ * Target: kvx_xport_progress() on the target's poller accepts data connections, matches
+ * each to its endpoint by the token of blob B, and services requests straight from/into the
+ * registered regions. Every request carries the whole op's range (not just its chunk), so the
+ * bounds, key and access check covers the op: a violating op is refused by every one of its
+ * chunks, WRITE payload is discarded, and the target memory is never touched.
+ *
+ * Wire format (little-endian):
+ *   hello    24 B: "KXTH", version u8, 3 x 0, token u64, channel u16, nch u16, 0 u32
+ *   request  40 B: op u8 (1 READ, 2 WRITE), 0 u8, 0 u16, key u32, op_roff u64, op_len u64,
+ *                  chunk_off u64, chunk_len u32, seq u32   [+ chunk_len payload for WRITE]
+ *   response 16 B: status i32 (0, -ERANGE, -EACCES), seq u32, len u32, 0 u32
+ *                  [+ len payload for a successful READ]
+ * A connection that violates the format is closed and counted in proto_errors.
+ *
+ * Device memory (HIP, or the hostdev mock: the same code, only the kvx_mem ops differ) is never
+ * touched by the CPU or a socket call: it is staged through pinned bounce buffers of a
+ * kvx_mem staging ring (struct tdev: one stream, a device->host ring and a host->device ring,
+ * buffers of chunk_bytes). Each initiator endpoint has its own (its poller owns it), the
+ * target side one per context (the progress thread owns it). Overlap:
+ * - initiator WRITE: chunks are queued as D2H jobs; a chunk is sent once its bounce buffer is
+ *   filled, while the next ones are being copied; the buffer returns when the chunk is sent.
+ * - target READ response: the same, from the region into bounce buffers; a request longer than
+ *   one buffer is answered as several pieces (one header, then the pieces in order).
+ * - initiator READ response / target WRITE payload: received into a bounce buffer, then an
+ *   H2D copy; the op (initiator) or the response (target) completes only when the copy did.
+ * Copies are polled with event queries, never synchronized; an op that still has copies in
+ * flight completes only after they finished, also when the endpoint fails, so no copy ever
+ * touches memory its owner already got back.
+ */
+#include "transport_internal.h"
+
+#include "mem_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/epoll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define TCP_MAX_CH 64u
+#define TCP_MAX_BATCH 4096u
+#define TCP_MAX_OP (1ull << 34)
+#define TCP_MAX_CHUNK (16u << 20)
+#define TCP_HELLO 24u
+#define TCP_REQ 40u
+#define TCP_RESP 16u
+#define TCP_CHQ 512u              /* chunks queued or in flight per channel */
+#define TCP_WINDOW (8u << 20)     /* payload bytes in flight per channel */
+#define TCP_RXBUF (64u << 10)
+#define TCP_DIRECT (16u << 10)    /* payloads at least this long bypass the rx buffer */
+#define TCP_IOV 64
+#define TCP_TQ 256u               /* responses queued per target connection */
+#define TCP_HELLO_SLOTS 64
+#define TCP_CONN_BUDGET (8u << 20) /* bytes one target connection moves per progress call */
+#define TCP_CONNECT_MS 5000
+#define TCP_DEV_BUFS 4u           /* bounce buffers per staging direction */
+#define TCP_DEV_JOBS 64u          /* D2H jobs queued per staging ring */
+
+enum { REQ_READ = 1, REQ_WRITE = 2 };
+
+struct tcp_slot {
+	_Atomic uint32_t key;
+	_Atomic uint32_t inflight; /* requests being serviced from this region (progress) */
+	uint8_t *addr;
+	uint64_t len;
+	uint32_t access;
+	bool dev;                  /* device memory: staged, never touched by the CPU */
+};
+
+/* Device staging of one poller: a stream and a ring per direction (see the file comment). */
+struct tdev {
+	struct kvx_mem_stream *s;
+	struct kvx_mem_stage *tx; /* D2H: device -> bounce -> socket */
+	struct kvx_mem_stage *rx; /* H2D: socket -> bounce -> device */
+	size_t buf_bytes;
+	uint32_t copies;          /* D2H jobs not handed out + H2D copies not retired */
+};
+
+struct hello_slot {
+	int fd;
+	uint32_t got;
+	uint8_t buf[TCP_HELLO];
+};
+
+struct tcp_ep;
+
+struct tcp_ctx {
+	struct kvx_xport_ctx base;
+	int lfd;
+	int epfd;                  /* listener (level) + connections (edge): kvx_xport_ctx_wait */
+	struct sockaddr_storage laddr;
+	socklen_t laddr_len;
+	struct tcp_slot *slots;    /* Array[max_regions] */
+	uint16_t *gen;             /* Array[max_regions], control thread */
+	bool *used;                /* Array[max_regions], control thread */
+	struct hello_slot hello[TCP_HELLO_SLOTS];
+	struct tcp_ep *served;     /* target endpoints owned by progress */
+	pthread_mutex_t lock;      /* guards pending */
+	struct tcp_ep *pending;    /* accepted, not yet picked up by progress */
+	_Atomic int has_pending;
+	uint32_t tick;             /* progress calls, paces accept4() */
+	uint32_t n_hello;          /* hello slots in use */
+	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
+	_Atomic(struct tdev *) tdev; /* target-side staging: stored (release) before the first
+	                                device slot's key is published; progress loads (acquire) */
+};
+
+struct tcp_mr {
+	struct kvx_xport_mr base;
+	uint32_t slot;
+	bool closing;
+};
+
+/* ---- initiator state ---- */
+
+struct tcp_op {
+	uint8_t *laddr;
+	uint64_t len, roff, sched, left;
+	uint32_t key, batch, index;
+	uint32_t copies;  /* staging copies still referring to this op (done waits for 0) */
+	int32_t status;
+	bool write, done, dev;
+};
+
+struct tcp_batch {
+	uint64_t cookie, deadline_ns, bytes;
+	uint32_t n_ops, left, n_failed, first_failed;
+	int32_t status;
+	bool done, freed;
+};
+
+struct tcp_chunk {
+	uint8_t *payload; /* WRITE: source (device op: its bounce buffer); READ: destination */
+	uint64_t off;
+	uint32_t op, len, seq;
+	uint32_t bslot;   /* WRITE of a device op: stage slot of the bounce buffer held */
+	bool write;
+	bool ready;       /* WRITE of a device op: false until the bounce buffer is filled */
+	bool held;        /* holds a bounce buffer (released when sent) */
+	bool dev;         /* READ into device memory: payload goes through a bounce buffer */
+	uint8_t hdr[TCP_REQ];
+};
+
+struct ich {
+	int fd;
+	struct tcp_chunk *q; /* Array[TCP_CHQ]; tail <= sent <= head, free-running */
+	uint32_t head, sent, tail, sent_off;
+	uint64_t out_bytes;
+	uint32_t seq;
+	uint8_t *rx;         /* Array[TCP_RXBUF] */
+	uint32_t rx_start, rx_end;
+	bool in_pay;
+	bool pay_dev;        /* the payload being received goes to a bounce buffer (pay_b) */
+	uint32_t pay_left;
+	uint8_t *pay_dst;
+	struct kvx_mem_chunk pay_b;
+};
+
+/* ---- target state ---- */
+
+struct tconn;
+
+struct tresp {
+	uint8_t hdr[TCP_RESP];
+	uint8_t *payload;
+	uint32_t len;
+	int32_t slot;     /* region reference held until sent, or -1 */
+	uint32_t hlen;    /* TCP_RESP, or 0 for a later piece of a staged READ response */
+	bool ready;       /* staged entries: false until their copies are done */
+	bool held;        /* holds a bounce buffer (D2H stage slot bslot) until sent */
+	bool wdone;       /* staged WRITE: all payload received */
+	bool rpiece;      /* a piece of a staged READ response (waits for its D2H copy) */
+	uint32_t bslot;
+	uint32_t pend;    /* staged WRITE: H2D copies not retired */
+	uint32_t idx;     /* free-running tq index of this entry */
+	struct tconn *t;  /* owner (staging cookies point at entries) */
+};
+
+enum { TC_HDR = 0, TC_WPAY = 1 };
+
+struct tconn {
+	int fd;
+	uint8_t *rx; /* Array[TCP_RXBUF] */
+	uint32_t rx_start, rx_end;
+	int state;
+	uint8_t *dst;   /* WRITE payload destination, NULL = discard */
+	uint32_t pay_left, cur_seq, cur_len;
+	int32_t cur_status, cur_slot;
+	struct tresp *tq; /* Array[TCP_TQ] */
+	uint32_t tq_head, tq_sent, tq_off;
+	/* Staged WRITE payload into device memory. */
+	struct tresp *wr;        /* its response entry, or NULL */
+	uint8_t *wdev;           /* device destination of the next bounce buffer */
+	bool wb_have;            /* wb is a bounce buffer being filled */
+	struct kvx_mem_chunk wb;
+	uint32_t wfill;          /* bytes in wb */
+	uint32_t copies;         /* staging copies referring to this connection's entries */
+	bool closed;             /* closed once: never attached again (cookies may point here) */
+};
+
+struct tcp_ep {
+	struct kvx_xport_ep base;
+	uint32_t nch;
+	int epfd;                  /* initiator: channel sockets, edge-triggered */
+	/* initiator */
+	struct ich *ch;
+	uint32_t rr;
+	struct tcp_op *ops;        /* Array[depth]: tail <= sched <= head */
+	uint32_t op_mask, op_head, op_tail, op_sched;
+	struct tcp_batch *b;       /* Array[depth] */
+	uint32_t b_mask, b_head, b_tail, b_oldest;
+	uint32_t *doneq;           /* Array[depth]: completed batch indices */
+	uint32_t dq_head, dq_tail;
+	uint64_t timeout_ns;
+	_Atomic(struct tdev *) dev; /* device staging; set on the control thread before the first
+	                               device region or endpoint use (acquire in post/drive) */
+	/* target */
+	uint64_t token;
+	struct tconn *conns;       /* Array[nch] */
+	struct tcp_ep *pnext;      /* pending / served list */
+	_Atomic int refs;
+	_Atomic bool closing;
+};
+
+static inline struct tdev *ep_dev(struct tcp_ep *e)
+{
+	/* A2: pairs with R2 in ep_dev_attach(). */
+	return atomic_load_explicit(&e->dev, memory_order_acquire);
+}
+
+static inline struct tdev *ctx_tdev(struct tcp_ctx *c)
+{
+	/* A3: pairs with R3 in ctx_dev_init(). */
+	return atomic_load_explicit(&c->tdev, memory_order_acquire);
+}
+
+/* One entry of a send queue as the gathered send sees it: header bytes, then payload bytes. */
+struct txent {
+	const uint8_t *hdr;
+	uint32_t hlen;
+	const uint8_t *pay;
+	uint32_t plen;
+};
+
+/* Entries gathered per sendmsg() (each takes one or two iovecs). */
+#define TCP_TXENT (TCP_IOV - 1)
+
+/* tcp.c */
+void tcp_set_nodelay(int fd);
+void tcp_ep_free(struct tcp_ep *e);
+void tcp_tdev_destroy(struct tdev *d);
+/* A sent (or dropped) bounce buffer back to the D2H ring; *held is cleared. */
+void tcp_bounce_put(struct tdev *d, uint8_t *buf, uint32_t slot, bool *held);
+int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off);
+/* epoll_wait() on @p epfd: 1 when something is ready, 0 on timeout or error. */
+int tcp_epoll_block(int epfd, int timeout_ms);
+
+/* tcp_init.c (the endpoint's poller) */
+int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
+	     uint32_t n, uint64_t cookie);
+int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
+int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
+
+/* tcp_target.c (the context's progress thread; close: no progress running) */
+int tcp_progress(struct kvx_xport_ctx *ctx);
+void tcp_close(struct kvx_xport_ctx *ctx);
+int tcp_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
+int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
+
+#endif /* KVX_TCP_INTERNAL_H */

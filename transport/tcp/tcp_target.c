@@ -1,0 +1,602 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * tcp provider, target side (kvx_xport_progress() on the target's poller): accepts data
+ * connections, matches them to endpoints by token, services requests from/into the registered
+ * regions, device staging of READ responses and WRITE payloads; context close
+ * (tcp_internal.h).
+ */
+#include "tcp_internal.h"
+
+/* ---- target side (progress) ---- */
+
+static void slot_put(struct tcp_ctx *c, int32_t slot)
+{
+	if (slot >= 0)
+		atomic_fetch_sub_explicit(&c->slots[slot].inflight, 1, memory_order_release);
+}
+
+/* Validate a request against the region table; on success holds a reference on the slot. */
+static int32_t req_check(struct tcp_ctx *c, int op, uint32_t key, uint64_t roff, uint64_t len,
+			 uint8_t **addr, int32_t *slot_out)
+{
+	uint32_t slot = key & 0xffff;
+	if (slot >= c->base.params.max_regions || key == 0)
+		return -EACCES;
+	struct tcp_slot *s = &c->slots[slot];
+	/* D3/D4: see tcp_mr_unregister(). */
+	atomic_fetch_add_explicit(&s->inflight, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&s->key, memory_order_seq_cst) != key) {
+		slot_put(c, (int32_t)slot);
+		return -EACCES;
+	}
+	int32_t st = 0;
+	if (roff > s->len || len > s->len - roff)
+		st = -ERANGE;
+	else if (!(s->access &
+		   (op == REQ_READ ? KVX_XPORT_ACCESS_REMOTE_READ : KVX_XPORT_ACCESS_REMOTE_WRITE)))
+		st = -EACCES;
+	if (st) {
+		slot_put(c, (int32_t)slot);
+		return st;
+	}
+	*addr = s->addr + roff;
+	*slot_out = (int32_t)slot;
+	return 0;
+}
+
+static struct tresp *tq_push(struct tconn *t, int32_t st, uint32_t seq, uint8_t *payload,
+			     uint32_t len, int32_t slot)
+{
+	struct tresp *r = &t->tq[t->tq_head & (TCP_TQ - 1)];
+	xport_put_u32(r->hdr, (uint32_t)st);
+	xport_put_u32(r->hdr + 4, seq);
+	xport_put_u32(r->hdr + 8, len);
+	xport_put_u32(r->hdr + 12, 0);
+	r->payload = payload;
+	r->len = len;
+	r->slot = slot;
+	r->hlen = TCP_RESP;
+	r->ready = true;
+	r->held = false;
+	r->wdone = false;
+	r->rpiece = false;
+	r->pend = 0;
+	r->idx = t->tq_head;
+	r->t = t;
+	t->tq_head++;
+	return r;
+}
+
+static void resp_unhold(struct tdev *d, struct tresp *r)
+{
+	tcp_bounce_put(d, r->payload, r->bslot, &r->held);
+}
+
+/* READ from a device region: reserve one response entry per bounce-buffer piece and queue
+ * the D2H job. -EAGAIN when entries or jobs are short (the request is retried later). */
+static int read_stage(struct tcp_ctx *c, struct tconn *t, uint32_t seq, const uint8_t *src,
+		      uint32_t clen, int32_t slot)
+{
+	struct tdev *d = ctx_tdev(c);
+	uint32_t np = (uint32_t)((clen + d->buf_bytes - 1) / d->buf_bytes);
+	if (t->tq_head - t->tq_sent + np > TCP_TQ)
+		return -EAGAIN;
+	struct tresp *r0 = &t->tq[t->tq_head & (TCP_TQ - 1)];
+	if (kvx_mem_stage_d2h_push(d->tx, src, clen, (uint64_t)(uintptr_t)r0))
+		return -EAGAIN;
+	struct tresp *r = NULL;
+	for (uint32_t i = 0; i < np; i++) {
+		/* The header announces the whole length; pieces follow it back to back. */
+		r = tq_push(t, 0, seq, NULL, clen, -1);
+		r->len = 0;
+		r->hlen = i ? 0 : TCP_RESP;
+		r->ready = false;
+		r->rpiece = true;
+	}
+	r->slot = slot; /* the region is needed until the last piece was copied */
+	t->copies += np;
+	d->copies += np;
+	return 0;
+}
+
+/* Receive a staged WRITE's payload into bounce buffers and start their H2D copies.
+ * 1 progressed, 0 blocked (no free buffer or no data yet), < 0 connection error. */
+static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
+{
+	struct tdev *d = ctx_tdev(c);
+	if (!t->wb_have) {
+		if (kvx_mem_stage_h2d_get(d->rx, &t->wb))
+			return 0; /* retried once pump() retired a copy */
+		t->wb_have = true;
+		t->wfill = 0;
+	}
+	uint32_t room = (uint32_t)t->wb.len - t->wfill;
+	uint32_t want = room < t->pay_left ? room : t->pay_left;
+	uint32_t avail = t->rx_end - t->rx_start, got;
+	if (avail) {
+		got = avail < want ? avail : want;
+		memcpy((uint8_t *)t->wb.buf + t->wfill, t->rx + t->rx_start, got);
+		t->rx_start += got;
+	} else {
+		if (!*budget)
+			return 0;
+		ssize_t n = recv(t->fd, (uint8_t *)t->wb.buf + t->wfill,
+				 want < *budget ? want : *budget, MSG_DONTWAIT);
+		if (n == 0)
+			return -ECONNRESET;
+		if (n < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0
+			       : errno == EINTR			      ? 1
+								      : -ECONNRESET;
+		got = (uint32_t)n;
+		*budget -= got;
+	}
+	t->wfill += got;
+	t->pay_left -= got;
+	if (t->wfill < t->wb.len && t->pay_left)
+		return 1;
+	struct tresp *r = t->wr;
+	if (KVX_UNLIKELY(kvx_mem_stage_h2d_commit(d->rx, &t->wb, t->wdev, t->wfill,
+						  (uint64_t)(uintptr_t)r))) {
+		(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
+		t->wb_have = false;
+		return -EIO;
+	}
+	t->wb_have = false;
+	t->wdev += t->wfill;
+	r->pend++;
+	t->copies++;
+	d->copies++;
+	if (!t->pay_left) {
+		xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+		r->wdone = true;
+		t->wr = NULL;
+		t->state = TC_HDR;
+	}
+	return 1;
+}
+
+/* Target staging: hand filled buffers to their READ pieces, retire WRITE copies. Entries of a
+ * closed connection only give back their buffers and region references. */
+static int tpump(struct tcp_ctx *c, struct tdev *d)
+{
+	struct kvx_mem_chunk b;
+	uint64_t ck;
+	size_t len;
+	int work = 0, rc;
+	while ((rc = kvx_mem_stage_d2h_poll(d->tx, &b)) == 1) {
+		struct tresp *r0 = (struct tresp *)(uintptr_t)b.cookie;
+		struct tconn *t = r0->t;
+		struct tresp *r = &t->tq[(r0->idx + (uint32_t)(b.job_off / d->buf_bytes)) &
+					 (TCP_TQ - 1)];
+		t->copies--;
+		d->copies--;
+		work++;
+		if (t->closed) {
+			(void)kvx_mem_stage_d2h_release(d->tx, &b);
+			slot_put(c, r->slot);
+			r->slot = -1;
+			continue;
+		}
+		r->payload = b.buf;
+		r->len = (uint32_t)b.len;
+		r->bslot = b.slot;
+		r->held = true;
+		r->ready = true;
+	}
+	if (KVX_UNLIKELY(rc < 0))
+		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+	while ((rc = kvx_mem_stage_h2d_poll(d->rx, &ck, &len)) == 1) {
+		struct tresp *r = (struct tresp *)(uintptr_t)ck;
+		struct tconn *t = r->t;
+		t->copies--;
+		d->copies--;
+		work++;
+		if (--r->pend || !r->wdone)
+			continue;
+		if (t->closed) {
+			slot_put(c, r->slot);
+			r->slot = -1;
+		} else {
+			r->ready = true;
+		}
+	}
+	if (KVX_UNLIKELY(rc < 0))
+		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+	return work;
+}
+
+static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
+{
+	struct txent x[TCP_TXENT];
+	int work = 0;
+	for (;;) {
+		uint32_t n = 0;
+		for (uint32_t i = t->tq_sent; i != t->tq_head && n < TCP_TXENT; i++) {
+			const struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
+			if (!r->ready)
+				break; /* staged: its copy has not finished; responses go in order */
+			x[n++] = (struct txent){r->hdr, r->hlen, r->payload, r->len};
+		}
+		if (!n)
+			return work;
+		int full = tcp_txv_send(t->fd, x, n, &t->tq_off);
+		if (full < 0)
+			return full == -EAGAIN ? work : full;
+		work++;
+		for (; full > 0; full--, t->tq_sent++) {
+			struct tresp *r = &t->tq[t->tq_sent & (TCP_TQ - 1)];
+			slot_put(c, r->slot);
+			r->slot = -1;
+			if (r->held)
+				resp_unhold(ctx_tdev(c), r);
+		}
+	}
+}
+
+static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
+{
+	int op = h[0];
+	uint32_t key = xport_get_u32(h + 4);
+	uint64_t op_roff = xport_get_u64(h + 8), op_len = xport_get_u64(h + 16);
+	uint64_t coff = xport_get_u64(h + 24);
+	uint32_t clen = xport_get_u32(h + 32), seq = xport_get_u32(h + 36);
+	if ((op != REQ_READ && op != REQ_WRITE) || h[1] || xport_get_u16(h + 2) || clen == 0 ||
+	    clen > TCP_MAX_CHUNK || coff > op_len || clen > op_len - coff)
+		return -EPROTO;
+	uint8_t *addr = NULL;
+	int32_t slot = -1;
+	int32_t st = req_check(c, op, key, op_roff, op_len, &addr, &slot);
+	bool dev = !st && c->slots[slot].dev;
+	if (dev && op == REQ_READ) {
+		int rc = read_stage(c, t, seq, addr + coff, clen, slot);
+		if (rc) {
+			slot_put(c, slot);
+			return rc; /* -EAGAIN: the header stays in rx, retried later */
+		}
+	}
+	if (st)
+		xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
+	else
+		xport_cnt_add(&c->base.cnt, reqs_served, 1);
+	if (op == REQ_READ) {
+		if (st)
+			tq_push(t, st, seq, NULL, 0, -1);
+		else if (!dev)
+			tq_push(t, 0, seq, addr + coff, clen, slot);
+		if (!st)
+			xport_cnt_add(&c->base.cnt, bytes_served, clen);
+		return 0;
+	}
+	t->state = TC_WPAY;
+	t->pay_left = clen;
+	t->cur_len = clen;
+	t->cur_seq = seq;
+	t->cur_status = st;
+	t->cur_slot = dev ? -1 : slot;
+	t->dst = st || dev ? NULL : addr + coff; /* NULL: discard the payload, memory untouched */
+	if (dev) {
+		/* Device region: payload through bounce buffers; the response (holding the region)
+		 * is reserved now and sent once every copy finished. */
+		struct tresp *r = tq_push(t, 0, seq, NULL, 0, slot);
+		r->ready = false;
+		t->wr = r;
+		t->wdev = addr + coff;
+		t->wb_have = false;
+	}
+	return 0;
+}
+
+static void wpay_done(struct tcp_ctx *c, struct tconn *t)
+{
+	if (!t->cur_status)
+		xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+	slot_put(c, t->cur_slot);
+	t->cur_slot = -1;
+	tq_push(t, t->cur_status, t->cur_seq, NULL, 0, -1);
+	t->state = TC_HDR;
+}
+
+static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
+{
+	int work = 0;
+	uint32_t budget = TCP_CONN_BUDGET;
+	for (;;) {
+		if (t->state == TC_WPAY && t->wr) {
+			int rc = wdev_step(c, t, &budget);
+			if (rc <= 0)
+				return rc < 0 ? rc : work;
+			work++;
+			continue;
+		}
+		if (t->state == TC_WPAY) {
+			uint32_t avail = t->rx_end - t->rx_start;
+			if (avail) {
+				uint32_t n = avail < t->pay_left ? avail : t->pay_left;
+				if (t->dst) {
+					memcpy(t->dst, t->rx + t->rx_start, n);
+					t->dst += n;
+				}
+				t->rx_start += n;
+				t->pay_left -= n;
+			}
+			if (!t->pay_left) {
+				wpay_done(c, t);
+				work++;
+				continue;
+			}
+			if (t->dst && t->pay_left >= TCP_DIRECT) {
+				if (!budget)
+					return work;
+				uint32_t want = t->pay_left < budget ? t->pay_left : budget;
+				ssize_t n = recv(t->fd, t->dst, want, MSG_DONTWAIT);
+				if (n > 0) {
+					t->dst += n;
+					t->pay_left -= (uint32_t)n;
+					budget -= (uint32_t)n;
+					continue;
+				}
+				if (n == 0)
+					return -ECONNRESET;
+				if (errno == EAGAIN || errno == EWOULDBLOCK)
+					return work;
+				if (errno == EINTR)
+					continue;
+				return -ECONNRESET;
+			}
+		} else {
+			if (t->tq_head - t->tq_sent >= TCP_TQ)
+				return work; /* responses back up: stop reading requests */
+			if (t->rx_end - t->rx_start >= TCP_REQ) {
+				int rc = tconn_req(c, t, t->rx + t->rx_start);
+				if (rc == -EAGAIN)
+					return work; /* staging is full: retried after tpump() */
+				if (rc)
+					return rc;
+				t->rx_start += TCP_REQ;
+				work++;
+				continue;
+			}
+		}
+		if (t->rx_start == t->rx_end) {
+			t->rx_start = t->rx_end = 0;
+		} else if (t->rx_start) {
+			memmove(t->rx, t->rx + t->rx_start, t->rx_end - t->rx_start);
+			t->rx_end -= t->rx_start;
+			t->rx_start = 0;
+		}
+		if (!budget)
+			return work;
+		ssize_t n = recv(t->fd, t->rx + t->rx_end, TCP_RXBUF - t->rx_end, MSG_DONTWAIT);
+		if (n > 0) {
+			t->rx_end += (uint32_t)n;
+			budget = (uint32_t)n < budget ? budget - (uint32_t)n : 0;
+			continue;
+		}
+		if (n == 0)
+			return -ECONNRESET;
+		if (errno == EAGAIN || errno == EWOULDBLOCK)
+			return work;
+		if (errno == EINTR)
+			continue;
+		return -ECONNRESET;
+	}
+}
+
+static void tconn_close(struct tcp_ctx *c, struct tconn *t)
+{
+	struct tdev *d = ctx_tdev(c);
+	if (t->closed)
+		return;
+	t->closed = true;
+	if (t->fd >= 0)
+		close(t->fd);
+	t->fd = -1;
+	if (t->state == TC_WPAY)
+		slot_put(c, t->cur_slot);
+	t->cur_slot = -1;
+	if (t->wb_have)
+		(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
+	t->wb_have = false;
+	if (t->wr)
+		t->wr->wdone = true; /* its last retired copy gives back the region */
+	t->wr = NULL;
+	for (uint32_t i = t->tq_sent; i != t->tq_head; i++) {
+		struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
+		/* Entries whose copy is still running keep their region until tpump() sees it. */
+		if (!r->ready && (r->rpiece || r->pend))
+			continue;
+		if (r->held)
+			resp_unhold(d, r);
+		slot_put(c, r->slot);
+		r->slot = -1;
+	}
+	t->tq_head = t->tq_sent = t->tq_off = 0;
+	t->rx_start = t->rx_end = 0;
+	t->state = TC_HDR;
+}
+
+static void pick_pending(struct tcp_ctx *c)
+{
+	/* P2: pairs with P1 in tcp_ep_accept(). */
+	if (!atomic_load_explicit(&c->has_pending, memory_order_acquire))
+		return;
+	pthread_mutex_lock(&c->lock);
+	while (c->pending) {
+		struct tcp_ep *e = c->pending;
+		c->pending = e->pnext;
+		e->pnext = c->served;
+		c->served = e;
+	}
+	atomic_store_explicit(&c->has_pending, 0, memory_order_relaxed);
+	pthread_mutex_unlock(&c->lock);
+}
+
+static void hello_close(struct tcp_ctx *c, struct hello_slot *h)
+{
+	c->n_hello--;
+	close(h->fd);
+	h->fd = -1;
+	h->got = 0;
+}
+
+static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
+{
+	ssize_t n = recv(h->fd, h->buf + h->got, TCP_HELLO - h->got, MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return 0;
+	if (n <= 0) {
+		hello_close(c, h);
+		return 1;
+	}
+	h->got += (uint32_t)n;
+	if (h->got < TCP_HELLO)
+		return 1;
+	uint64_t token = xport_get_u64(h->buf + 8);
+	uint16_t ch = xport_get_u16(h->buf + 16);
+	struct tcp_ep *e = NULL;
+	if (!memcmp(h->buf, "KXTH\x01\0\0\0", 8))
+		for (e = c->served; e && e->token != token; e = e->pnext)
+			;
+	if (!e || atomic_load_explicit(&e->closing, memory_order_acquire) || ch >= e->nch ||
+	    e->conns[ch].fd >= 0 || e->conns[ch].closed || xport_get_u16(h->buf + 18) != e->nch) {
+		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+		hello_close(c, h);
+		return 1;
+	}
+	/* Same fd, now also waiting for writability (READ responses to a slow reader). */
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET};
+	(void)epoll_ctl(c->epfd, EPOLL_CTL_MOD, h->fd, &ev);
+	e->conns[ch].fd = h->fd;
+	c->n_hello--;
+	h->fd = -1;
+	h->got = 0;
+	return 1;
+}
+
+int tcp_progress(struct kvx_xport_ctx *ctx)
+{
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	struct tdev *d = ctx_tdev(c);
+	int work = d && d->copies ? tpump(c, d) : 0;
+	pick_pending(c);
+	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
+		if (c->hello[i].fd >= 0)
+			work += hello_step(c, &c->hello[i]);
+	}
+	/* Data connections are rare (one per channel per endpoint): look for them on every 16th
+	 * call only, which keeps accept4() off most iterations of the poll loop. */
+	bool look = (c->tick++ & 15) == 0;
+	for (int i = 0; look && i < TCP_HELLO_SLOTS; i++) {
+		if (c->hello[i].fd >= 0)
+			continue;
+		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0)
+			break;
+		tcp_set_nodelay(fd);
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+		(void)epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
+		c->hello[i].fd = fd;
+		c->hello[i].got = 0;
+		c->n_hello++;
+		work += 1 + hello_step(c, &c->hello[i]);
+	}
+	struct tcp_ep **pp = &c->served;
+	while (*pp) {
+		struct tcp_ep *e = *pp;
+		if (KVX_UNLIKELY(atomic_load_explicit(&e->closing, memory_order_acquire))) {
+			bool busy = false;
+			for (uint32_t i = 0; i < e->nch; i++) {
+				tconn_close(c, &e->conns[i]);
+				busy |= e->conns[i].copies != 0;
+			}
+			if (busy) {
+				/* Staging copies still point at its entries: free it after tpump(). */
+				pp = &e->pnext;
+				continue;
+			}
+			*pp = e->pnext;
+			if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
+				tcp_ep_free(e);
+			work++;
+			continue;
+		}
+		for (uint32_t i = 0; i < e->nch; i++) {
+			struct tconn *t = &e->conns[i];
+			if (t->fd < 0)
+				continue;
+			int rc = tconn_rx(c, t);
+			if (rc >= 0) {
+				work += rc;
+				rc = tconn_tx(c, t);
+			}
+			if (KVX_UNLIKELY(rc < 0)) {
+				if (rc == -EPROTO)
+					xport_cnt_add(&c->base.cnt, proto_errors, 1);
+				tconn_close(c, t);
+				work++;
+				continue;
+			}
+			work += rc;
+		}
+		pp = &e->pnext;
+	}
+	if (d && d->copies) {
+		work += tpump(c, d);
+		if (d->copies && !work)
+			work = 1; /* copies in flight: not idle (they finish without a socket event) */
+	}
+	return work;
+}
+
+void tcp_close(struct kvx_xport_ctx *ctx)
+{
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	pick_pending(c);
+	/* No progress thread runs now (kvx_xport_close contract): free what it owned. Buffers go
+	 * back to the staging before it finishes its copies and is destroyed. */
+	for (struct tcp_ep *e = c->served; e; e = e->pnext)
+		for (uint32_t i = 0; i < e->nch; i++)
+			tconn_close(c, &e->conns[i]);
+	tcp_tdev_destroy(ctx_tdev(c));
+	atomic_store_explicit(&c->tdev, NULL, memory_order_relaxed);
+	while (c->served) {
+		struct tcp_ep *e = c->served;
+		c->served = e->pnext;
+		if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
+			tcp_ep_free(e);
+	}
+	for (int i = 0; i < TCP_HELLO_SLOTS; i++)
+		if (c->hello[i].fd >= 0)
+			hello_close(c, &c->hello[i]);
+	while (ctx->mrs) {
+		struct kvx_xport_mr *mr = ctx->mrs;
+		xport_mr_unlink(mr);
+		free(mr);
+	}
+	if (c->lfd >= 0)
+		close(c->lfd);
+	close(c->epfd);
+	kvx_mem_close(c->dev);
+	free(c->slots);
+	free(c->gen);
+	free(c->used);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+/* Edge-triggered readiness is enough: an idle progress/poll pass has driven every socket it
+ * needs to EAGAIN, so any later change produces a new edge. */
+int tcp_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
+{
+	return ((const struct tcp_ctx *)ctx)->epfd;
+}
+
+int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
+{
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	struct tdev *d = ctx_tdev(c);
+	if (d && d->copies)
+		return 1; /* staging copies finish without an fd event */
+	return tcp_epoll_block(c->epfd, timeout_ms);
+}
