@@ -5,9 +5,6 @@
  * The control lcore's private objects and the functions its files share (ctl.c lifecycle,
  * loop.c loop and ROUTER receive helpers, inbox.c inboxes, handshake.c handshakes, notify.c
  * notifications, smap.c string map). Only the control sources include this header.
- *
- * Threads: struct kvx_ctl is written by the creating thread until kvx_ctl_start(), then by the
- * control lcore only, except the fields marked otherwise (atomics, inbox_mu / watch_mu state).
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -139,6 +136,24 @@ struct watch {
 	int suspended; /* reported an error/hang-up without data: no longer polled */
 };
 
+/*
+ * Who writes what (the owning thread; "creator" = the thread that calls create/start/stop):
+ * - p, host, bind_host, proxy, http, epoch, *_port_cfg, meta/layers buffers, thread,
+ *   thread_started, stopped: the creator, before kvx_ctl_start() (set_local answers -EBUSY
+ *   after); read-only while the loop runs.
+ * - hs_port, nt_port, running, stop_req: the creator (atomics, read by any thread).
+ * - zctx and the sockets: created by the creator in start, then used by the control lcore only
+ *   (thread launch is the barrier); closed by the creator after stop joined the loop.
+ * - timers, hb_timer, terminal, dealers, live, hs_* queues, ids, nmsg, scratch_*, txbuf, rl:
+ *   the control lcore only while it runs.
+ * - inboxes[]: published by kvx_ctl_inbox_open() (any thread, under inbox_mu, release), read
+ *   by the control lcore (acquire), cleared under inbox_mu by whoever frees the inbox.
+ * - watch[], nwatch, watch_applied, loop_live: under watch_mu; watch_gen: atomic.
+ * - c (counters): atomics, mostly the control lcore; inbox_full by producers (slot_get).
+ * - peers[], npeers: the control lcore (ctl_peer_of()); readers load npeers with acquire.
+ * struct kvx_ctl_inbox: ring ends as documented there (to_ctl: producer -> control, free:
+ * control -> producer); closed is set by the producer's thread, read by the control lcore.
+ */
 struct kvx_ctl {
 	struct kvx_ctl_params p;
 	char host[KVX_CTL_HOST_MAX + 1];
