@@ -382,6 +382,61 @@ static void radix_sort_hi(uint64_t *keys, uint64_t *tmp, size_t n, const struct 
 		memcpy(keys, src, n * sizeof(*keys));
 }
 
+/* The same radix passes over 32-bit keys (local id << ibits | pair index), digits from bit
+ * ibits up. */
+static void radix_sort32(uint32_t *keys, uint32_t *tmp, size_t n, const struct radix_plan *rp, unsigned ibits,
+			 uint32_t count[][1u << 11])
+{
+	uint32_t *src = keys, *dst = tmp;
+	const uint32_t m = (uint32_t)rp->mask;
+	for (unsigned p = 0; p < rp->passes; p++) {
+		uint32_t sum = 0;
+		for (size_t b = 0; b <= rp->mask; b++) {
+			uint32_t c = count[p][b];
+			count[p][b] = sum;
+			sum += c;
+		}
+		const unsigned shift = ibits + p * rp->width;
+		uint32_t *cp = count[p];
+		for (size_t i = 0; i < n; i++) {
+			uint32_t k = src[i];
+			dst[cp[(k >> shift) & m]++] = k;
+		}
+		uint32_t *t = src;
+		src = dst;
+		dst = t;
+	}
+	if (src != keys)
+		memcpy(keys, src, n * sizeof(*keys));
+}
+
+/* emit_plane() for 32-bit keys: the remote id is looked up by the pair index. */
+static size_t emit_plane32(const uint32_t *keys, size_t n, unsigned ibits, const uint32_t *remote_ids, uint64_t lbase,
+			   uint64_t rbase, uint64_t step, uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size,
+			   size_t out)
+{
+	uint64_t cl = 0, cr = 0, cs = 0; /* current run, valid when out > 0 */
+	const uint32_t im = (uint32_t)((1ull << ibits) - 1);
+	if (out) {
+		cl = loc[out - 1];
+		cr = rem[out - 1];
+		cs = size[out - 1];
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint64_t l = lbase + (uint64_t)(keys[i] >> ibits) * step, r = rbase + remote_ids[keys[i] & im] * step;
+		if (cs && l == cl + cs && r == cr + cs) { /* cs is 0 only before the first run */
+			cs += len;
+			size[out - 1] = cs;
+			continue;
+		}
+		loc[out] = cl = l;
+		rem[out] = cr = r;
+		size[out] = cs = len;
+		out++;
+	}
+	return out;
+}
+
 /* Emit the triples of one plane for pairs already ordered by local id, merging on the fly
  * (§4.4's rule against the current run). Returns the new output count. */
 static size_t emit_plane(const uint64_t *keys, size_t n, uint64_t lbase, uint64_t rbase, uint64_t step,
@@ -395,19 +450,16 @@ static size_t emit_plane(const uint64_t *keys, size_t n, uint64_t lbase, uint64_
 	}
 	for (size_t i = 0; i < n; i++) {
 		uint64_t l = lbase + (keys[i] >> 32) * step, r = rbase + (keys[i] & 0xffffffffu) * step;
-		if (out && cs && l == cl + cs && r == cr + cs) {
+		if (cs && l == cl + cs && r == cr + cs) { /* cs is 0 only before the first run */
 			cs += len;
+			size[out - 1] = cs;
 			continue;
 		}
-		if (out)
-			size[out - 1] = cs;
 		loc[out] = cl = l;
 		rem[out] = cr = r;
 		size[out] = cs = len;
 		out++;
 	}
-	if (out)
-		size[out - 1] = cs;
 	return out;
 }
 
@@ -430,10 +482,39 @@ KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *loca
 	uint64_t *keys = scratch;
 	const uint64_t nb = g->num_blocks;
 	/* Digits sized by num_blocks, so the histograms are counted while the keys are built. */
-	const struct radix_plan rp = radix_plan(nb > 1 ? 64u - (unsigned)__builtin_clzll(nb - 1) : 1u);
+	const unsigned lbits = nb > 1 ? 64u - (unsigned)__builtin_clzll(nb - 1) : 1u;
+	const struct radix_plan rp = radix_plan(lbits);
 	uint32_t count[3][1u << 11];
 	for (unsigned p = 0; p < 3; p++)
 		memset(count[p], 0, (rp.mask + 1) * sizeof(uint32_t));
+	const unsigned ibits = n > 1 ? 64u - (unsigned)__builtin_clzll(n - 1) : 1u;
+	if (lbits + ibits <= 32 && rp.passes < 3) {
+		/* Half-size keys (local id, pair index): the index keeps the sort stable and finds the
+		 * remote id when the triples are emitted. */
+		uint32_t *k32 = (uint32_t *)scratch, prev = 0, bad = 0;
+		bool sorted = true;
+		uint32_t *c0 = count[0], *c1 = count[1];
+		const unsigned w = rp.width;
+		const uint32_t m = (uint32_t)rp.mask;
+		for (size_t i = 0; i < n; i++) {
+			uint32_t lb = local_ids[i];
+			bad |= lb >= nb;
+			sorted &= lb >= prev;
+			prev = lb;
+			k32[i] = lb << ibits | (uint32_t)i;
+			c0[lb & m]++;
+			c1[(lb >> w) & m]++;
+		}
+		if (KVX_UNLIKELY(bad))
+			return -EINVAL;
+		if (!sorted)
+			radix_sort32(k32, k32 + n, n, &rp, ibits, count);
+		size_t out = emit_plane32(k32, n, ibits, remote_ids, 0, 0, step, g->block_len, loc, rem, size, 0);
+		if (tpb == 2)
+			out = emit_plane32(k32, n, ibits, remote_ids, es * g->local_kv_stride, es * g->remote_kv_stride,
+					   step, g->block_len, loc, rem, size, out);
+		return (int)out;
+	}
 	uint32_t prev = 0, bad = 0;
 	bool sorted = true;
 	uint32_t *c0 = count[0], *c1 = count[1], *c2 = count[2];
