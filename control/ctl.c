@@ -2006,8 +2006,13 @@ static void *ctl_loop(void *arg)
 			pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
 		int rc = poll(pfd, n, timeout);
-		if (prepared || (rc > 0 && pfd[0].revents))
+		/* Drain the eventfd only when it fired: a sleep ended by a socket or the timeout has
+		 * nothing to read (one read(2) less per received message). A wake racing with the
+		 * cancel leaves the eventfd readable, so the next poll returns at once. */
+		if (rc > 0 && pfd[0].revents)
 			kvx_waiter_finish(&ctl->waiter);
+		else if (prepared)
+			kvx_waiter_cancel(&ctl->waiter);
 		if (rc <= 0) {
 			if (spinning)
 				sched_yield(); /* a thread sharing this CPU runs first */
