@@ -77,18 +77,19 @@ def merge(loc, rem, size) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def time_way(fn, layers: int, min_ns: int) -> float:
-    """Best ns per call over repeated passes of `layers` calls, for at least min_ns in total."""
+    """Fastest single call (one layer's plan), ns, over passes of `layers` calls for at least
+    min_ns in total. Timing each call alone, as kvxfer-perf does for kvx, keeps the two figures
+    comparable on a loaded machine: a long pass is more likely to be preempted than a short one."""
     best = float("inf")
     start = time.perf_counter_ns()
     passes = 0
     while True:
-        t0 = time.perf_counter_ns()
         for _ in range(layers):
+            t0 = time.perf_counter_ns()
             fn()
-        now = time.perf_counter_ns()
-        best = min(best, (now - t0) / layers)
+            best = min(best, time.perf_counter_ns() - t0)
         passes += 1
-        if now - start >= min_ns and passes >= 3:
+        if time.perf_counter_ns() - start >= min_ns and passes >= 3:
             return best
 
 
