@@ -415,23 +415,28 @@ static size_t emit_plane32(const uint32_t *keys, size_t n, unsigned ibits, const
 			   uint64_t rbase, uint64_t step, uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size,
 			   size_t out)
 {
-	uint64_t cl = 0, cr = 0, cs = 0; /* current run, valid when out > 0 */
+	/* el, er: where the current run ends on each side; an entry starting exactly there on
+	 * both sides extends it (len > 0, so a duplicate never does). */
+	uint64_t el = 0, er = 0;
 	const uint32_t im = (uint32_t)((1ull << ibits) - 1);
+	size_t i = 0;
 	if (out) {
-		cl = loc[out - 1];
-		cr = rem[out - 1];
-		cs = size[out - 1];
+		el = loc[out - 1] + size[out - 1];
+		er = rem[out - 1] + size[out - 1];
 	}
-	for (size_t i = 0; i < n; i++) {
+	for (; i < n; i++) {
 		uint64_t l = lbase + (uint64_t)(keys[i] >> ibits) * step, r = rbase + remote_ids[keys[i] & im] * step;
-		if (cs && l == cl + cs && r == cr + cs) { /* cs is 0 only before the first run */
-			cs += len;
-			size[out - 1] = cs;
+		if (out && l == el && r == er) {
+			size[out - 1] += len;
+			el += len;
+			er += len;
 			continue;
 		}
-		loc[out] = cl = l;
-		rem[out] = cr = r;
-		size[out] = cs = len;
+		loc[out] = l;
+		rem[out] = r;
+		size[out] = len;
+		el = l + len;
+		er = r + len;
 		out++;
 	}
 	return out;
@@ -442,22 +447,27 @@ static size_t emit_plane32(const uint32_t *keys, size_t n, unsigned ibits, const
 static size_t emit_plane(const uint64_t *keys, size_t n, uint64_t lbase, uint64_t rbase, uint64_t step,
 			 uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t out)
 {
-	uint64_t cl = 0, cr = 0, cs = 0; /* current run, valid when out > 0 */
+	/* el, er: where the current run ends on each side; an entry starting exactly there on
+	 * both sides extends it (len > 0, so a duplicate never does). */
+	uint64_t el = 0, er = 0;
+	size_t i = 0;
 	if (out) {
-		cl = loc[out - 1];
-		cr = rem[out - 1];
-		cs = size[out - 1];
+		el = loc[out - 1] + size[out - 1];
+		er = rem[out - 1] + size[out - 1];
 	}
-	for (size_t i = 0; i < n; i++) {
+	for (; i < n; i++) {
 		uint64_t l = lbase + (keys[i] >> 32) * step, r = rbase + (keys[i] & 0xffffffffu) * step;
-		if (cs && l == cl + cs && r == cr + cs) { /* cs is 0 only before the first run */
-			cs += len;
-			size[out - 1] = cs;
+		if (out && l == el && r == er) {
+			size[out - 1] += len;
+			el += len;
+			er += len;
 			continue;
 		}
-		loc[out] = cl = l;
-		rem[out] = cr = r;
-		size[out] = cs = len;
+		loc[out] = l;
+		rem[out] = r;
+		size[out] = len;
+		el = l + len;
+		er = r + len;
 		out++;
 	}
 	return out;
@@ -475,7 +485,7 @@ KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *loca
 	/* Fast path: every plane's offsets grow with the local id and the planes do not interleave
 	 * (one plane, or split planes with V above all of K). Otherwise: offsets, then merge. */
 	bool fast = tpb == 1 || (g->kind == KVX_LAYOUT_KIND_SPLIT && g->local_kv_stride >= g->num_blocks * bsl);
-	if (!fast || !scratch || step == 0) {
+	if (!fast || !scratch || step == 0 || g->block_len == 0) {
 		int k = kvx_plan_offsets(g, local_ids, n, remote_ids, n, loc, rem, size, cap);
 		return k < 0 ? k : kvx_plan_merge(loc, rem, size, (size_t)k, (uint32_t *)scratch);
 	}
