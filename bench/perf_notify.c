@@ -7,8 +7,12 @@
  *  - throughput: the same echo with a window of in-flight notifications, messages/s.
  *  - handshake time (get_meta_msg, metadata + region map, connection setup with a 64-byte
  *    blob each way) against listeners with 1 and 64 layers.
- * Peer measured in the same run: a plain TCP echo (TCP_NODELAY, same frame size) between the
- * same two processes, for RTT and windowed throughput; ratios are reported.
+ * Peers measured in the same run between the same two processes:
+ *  - a plain ZMQ DEALER/ROUTER echo (the parent's thread sends the encoded write_done on a
+ *    DEALER, a thread of the child echoes it from a ROUTER), the RTT reference of issue 16;
+ *    kvxfer and this echo alternate in 3 rounds, and the ratio is the median of the rounds' p50
+ *    ratios;
+ *  - a plain TCP echo (TCP_NODELAY, same frame size), for RTT and windowed throughput.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -25,11 +29,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include "kvxfer/control.h"
 #include "perf.h"
 #include "perf_util.h"
 
 #define FRAME_BYTES 40 /* ~ an encoded write_done with a "tx-<n>" id */
+#define RTT_ROUNDS 3   /* alternating kvxfer / ZMQ echo rounds */
 
 struct nopts {
 	uint64_t iters;    /* RTT samples */
@@ -122,6 +129,46 @@ static void *tcp_echo_thread(void *arg)
 	return NULL;
 }
 
+/* Child side of the ZMQ peer: a ROUTER that sends every message back to its sender, until
+ * the context is shut down. */
+struct zecho {
+	void *ctx, *router;
+	uint16_t port;
+};
+
+static int zecho_open(struct zecho *z)
+{
+	char ep[64];
+	size_t len = sizeof(ep);
+	int zero = 0;
+	z->ctx = zmq_ctx_new();
+	z->router = z->ctx ? zmq_socket(z->ctx, ZMQ_ROUTER) : NULL;
+	if (!z->router || zmq_setsockopt(z->router, ZMQ_LINGER, &zero, sizeof(zero)) ||
+	    zmq_bind(z->router, "tcp://127.0.0.1:*") || zmq_getsockopt(z->router, ZMQ_LAST_ENDPOINT, ep, &len))
+		return -1;
+	const char *colon = strrchr(ep, ':');
+	z->port = colon ? (uint16_t)atoi(colon + 1) : 0;
+	return z->port ? 0 : -1;
+}
+
+static void *zecho_thread(void *arg)
+{
+	struct zecho *z = arg;
+	uint8_t id[256], buf[512];
+	for (;;) {
+		int il = zmq_recv(z->router, id, sizeof(id), 0);
+		if (il < 0)
+			break;
+		int bl = zmq_recv(z->router, buf, sizeof(buf), 0);
+		if (bl < 0 || il > (int)sizeof(id) || bl > (int)sizeof(buf))
+			break;
+		if (zmq_send(z->router, id, (size_t)il, ZMQ_SNDMORE) < 0 || zmq_send(z->router, buf, (size_t)bl, 0) < 0)
+			break;
+	}
+	zmq_close(z->router);
+	return NULL;
+}
+
 static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg,
 				     uint32_t busy_poll_us)
 {
@@ -194,12 +241,17 @@ static int child_main(int up, int down, uint32_t busy_poll_us)
 	int ls = tcp_listen(&tport);
 	if (!e.ctl || !l64 || ls < 0 || kvx_ctl_inbox_open(e.ctl, &e.ib))
 		return 1;
-	pthread_t t;
+	struct zecho z = {0};
+	if (zecho_open(&z))
+		return 1;
+	pthread_t t, zt;
 	pthread_create(&t, NULL, tcp_echo_thread, (void *)(intptr_t)ls);
-	uint16_t ports[4];
+	pthread_create(&zt, NULL, zecho_thread, &z);
+	uint16_t ports[5];
 	kvx_ctl_bound_ports(e.ctl, &ports[0], &ports[1]);
 	kvx_ctl_bound_ports(l64, &ports[2], NULL);
 	ports[3] = tport;
+	ports[4] = z.port;
 	uint16_t pp;
 	if (full_io(up, ports, sizeof(ports), 1) || full_io(down, &pp, sizeof(pp), 0))
 		return 1;
@@ -213,6 +265,9 @@ static int child_main(int up, int down, uint32_t busy_poll_us)
 	kvx_ctl_destroy(l64);
 	close(ls);
 	pthread_join(t, NULL);
+	zmq_ctx_shutdown(z.ctx); /* the echo's blocking receive returns ETERM */
+	pthread_join(zt, NULL);
+	zmq_ctx_term(z.ctx);
 	return 0;
 }
 
@@ -397,7 +452,7 @@ int kvx_perf_notify_main(int argc, char **argv)
 	close(up[1]);
 	close(down[0]);
 	int ret = 1;
-	uint16_t ports[4];
+	uint16_t ports[5];
 	if (full_io(up[0], ports, sizeof(ports), 0)) {
 		fprintf(stderr, "kvxfer-perf notify: echo process failed to start\n");
 		goto out_child;
@@ -425,9 +480,11 @@ int kvx_perf_notify_main(int argc, char **argv)
 
 	uint64_t *rtt = calloc(o.iters, sizeof(uint64_t));
 	uint64_t *trtt = calloc(o.iters, sizeof(uint64_t));
+	uint64_t *zrtt = calloc(o.iters, sizeof(uint64_t)), *rtt_tmp = calloc(o.iters, sizeof(uint64_t));
+	void *zctx = NULL, *zd = NULL;
 	uint64_t *hs1 = calloc(o.hs_iters, sizeof(uint64_t));
 	uint64_t *hs64 = calloc(o.hs_iters, sizeof(uint64_t));
-	if (!rtt || !trtt || !hs1 || !hs64)
+	if (!rtt || !trtt || !zrtt || !rtt_tmp || !hs1 || !hs64)
 		goto out_mem;
 	struct kvx_msg_notify m;
 	memset(&m, 0, sizeof(m));
@@ -441,16 +498,65 @@ int kvx_perf_notify_main(int argc, char **argv)
 			sched_yield();
 		wait_rx(++sent);
 	}
-	uint64_t cpu0 = proc_cpu_ns();
-	for (uint64_t i = 0; i < o.iters; i++) {
-		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-%llu", (unsigned long long)i);
-		uint64_t t0 = kvx_now_ns();
-		while (kvx_ctl_send_notify(ib, "127.0.0.1", ports[1], &m) == -ENOBUFS)
-			sched_yield();
-		wait_rx(++sent);
-		rtt[i] = kvx_now_ns() - t0;
+	/* ZMQ echo peer: a DEALER of this thread to the child's ROUTER, the same encoded bytes
+	 * as kvxfer's write_done (the id changes per message the same way). */
+	zctx = zmq_ctx_new();
+	zd = zctx ? zmq_socket(zctx, ZMQ_DEALER) : NULL;
+	char zep[64];
+	int zero = 0;
+	snprintf(zep, sizeof(zep), "tcp://127.0.0.1:%u", ports[4]);
+	if (!zd || zmq_setsockopt(zd, ZMQ_LINGER, &zero, sizeof(zero)) || zmq_connect(zd, zep)) {
+		fprintf(stderr, "kvxfer-perf notify: ZMQ echo peer: %s\n", zmq_strerror(zmq_errno()));
+		goto out_zmq;
 	}
-	double cpu_rtt = (double)(proc_cpu_ns() - cpu0) / (double)o.iters;
+	uint8_t zbuf[512], zrb[512];
+	int zlen = 0;
+	for (int i = 0; i < 100; i++) { /* warm-up, as for kvxfer */
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-warm-%d", i);
+		zlen = kvx_msg_notify_encode(&m, zbuf, sizeof(zbuf));
+		if (zlen <= 0 || zmq_send(zd, zbuf, (size_t)zlen, 0) != zlen || zmq_recv(zd, zrb, sizeof(zrb), 0) != zlen)
+			goto out_zmq;
+	}
+	uint64_t cpu_kvx = 0, cpu_zmq = 0;
+	double round_ratio[RTT_ROUNDS];
+	uint64_t per = o.iters / RTT_ROUNDS ? o.iters / RTT_ROUNDS : 1, done = 0;
+	for (int rd = 0; rd < RTT_ROUNDS; rd++) {
+		uint64_t lo = done, hi = rd == RTT_ROUNDS - 1 ? o.iters : done + per;
+		if (hi > o.iters)
+			hi = o.iters;
+		uint64_t c0 = proc_cpu_ns();
+		for (uint64_t i = lo; i < hi; i++) {
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-%llu", (unsigned long long)i);
+			uint64_t t0 = kvx_now_ns();
+			while (kvx_ctl_send_notify(ib, "127.0.0.1", ports[1], &m) == -ENOBUFS)
+				sched_yield();
+			wait_rx(++sent);
+			rtt[i] = kvx_now_ns() - t0;
+		}
+		uint64_t c1 = proc_cpu_ns();
+		cpu_kvx += c1 - c0;
+		for (uint64_t i = lo; i < hi; i++) {
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-%llu", (unsigned long long)i);
+			uint64_t t0 = kvx_now_ns();
+			zlen = kvx_msg_notify_encode(&m, zbuf, sizeof(zbuf));
+			if (zlen <= 0 || zmq_send(zd, zbuf, (size_t)zlen, 0) != zlen ||
+			    zmq_recv(zd, zrb, sizeof(zrb), 0) != zlen)
+				goto out_zmq;
+			zrtt[i] = kvx_now_ns() - t0;
+		}
+		cpu_zmq += proc_cpu_ns() - c1;
+		/* This round's p50 ratio (copies: perf_stats_u64 sorts). */
+		struct perf_stats a, b;
+		memcpy(rtt_tmp, rtt + lo, (hi - lo) * sizeof(uint64_t));
+		perf_stats_u64(rtt_tmp, hi - lo, &a);
+		memcpy(rtt_tmp, zrtt + lo, (hi - lo) * sizeof(uint64_t));
+		perf_stats_u64(rtt_tmp, hi - lo, &b);
+		round_ratio[rd] = (double)a.p50 / (double)b.p50;
+		done = hi;
+	}
+	double cpu_rtt = (double)cpu_kvx / (double)o.iters;
+	double zmq_cpu_rtt = (double)cpu_zmq / (double)o.iters;
+	double zmq_ratio_p50 = perf_median_double(round_ratio, RTT_ROUNDS);
 	uint64_t t0 = kvx_now_ns();
 	uint64_t base = sent;
 	for (uint64_t i = 0; i < o.msgs; i++) {
@@ -471,11 +577,11 @@ int kvx_perf_notify_main(int argc, char **argv)
 				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	int one = 1;
 	if (ts < 0 || connect(ts, (struct sockaddr *)&a, sizeof(a)))
-		goto out_mem;
+		goto out_zmq;
 	setsockopt(ts, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	uint8_t fr[FRAME_BYTES], rb[FRAME_BYTES];
 	memset(fr, 'x', sizeof(fr));
-	cpu0 = proc_cpu_ns();
+	uint64_t cpu0 = proc_cpu_ns();
 	for (uint64_t i = 0; i < o.iters; i++) {
 		uint64_t s0 = kvx_now_ns();
 		if (full_io(ts, fr, sizeof(fr), 1) || full_io(ts, rb, sizeof(rb), 0))
@@ -501,8 +607,9 @@ int kvx_perf_notify_main(int argc, char **argv)
 	    run_handshakes(ib, ports[2], o.hs_iters, hs64))
 		goto out_tcp;
 
-	struct perf_stats s_rtt, s_trtt, s_hs1, s_hs64;
+	struct perf_stats s_rtt, s_trtt, s_zrtt, s_hs1, s_hs64;
 	perf_stats_u64(rtt, o.iters, &s_rtt);
+	perf_stats_u64(zrtt, o.iters, &s_zrtt);
 	perf_stats_u64(trtt, o.iters, &s_trtt);
 	perf_stats_u64(hs1, o.hs_iters, &s_hs1);
 	perf_stats_u64(hs64, o.hs_iters, &s_hs64);
@@ -513,6 +620,13 @@ int kvx_perf_notify_main(int argc, char **argv)
 	printf("notification round trip (write_done -> release, inbox -> DEALER -> ROUTER -> "
 	       "callback, both ways):\n");
 	print_stats("kvxfer notify RTT", &s_rtt);
+	print_stats("peer: ZMQ DEALER/ROUTER echo", &s_zrtt);
+	printf("  ratio kvxfer/ZMQ echo: p50 %.2f (median of %d alternating rounds' p50 ratios), "
+	       "all samples p50 %.2f  p99 %.2f; %d B messages\n",
+	       zmq_ratio_p50, RTT_ROUNDS, (double)s_rtt.p50 / (double)s_zrtt.p50,
+	       (double)s_rtt.p99 / (double)s_zrtt.p99, zlen);
+	printf("  measuring process CPU per round trip: kvxfer %.1f us, ZMQ echo %.1f us, ratio %.2f\n",
+	       cpu_rtt / 1e3, zmq_cpu_rtt / 1e3, cpu_rtt / zmq_cpu_rtt);
 	print_stats("peer: TCP echo RTT (40 B)", &s_trtt);
 	printf("  ratio kvxfer/TCP: p50 %.2f  p99 %.2f  p99.9 %.2f\n",
 	       (double)s_rtt.p50 / (double)s_trtt.p50, (double)s_rtt.p99 / (double)s_trtt.p99,
@@ -541,6 +655,12 @@ int kvx_perf_notify_main(int argc, char **argv)
 			perf_json_u64(&j, "online_cpus", (uint64_t)sysconf(_SC_NPROCESSORS_ONLN));
 			perf_json_str(&j, "pinning", "none");
 			json_us(&j, "notify_rtt", &s_rtt);
+			json_us(&j, "zmq_echo_rtt", &s_zrtt);
+			perf_json_u64(&j, "zmq_echo_msg_bytes", (uint64_t)zlen);
+			perf_json_u64(&j, "rtt_rounds", RTT_ROUNDS);
+			perf_json_double(&j, "zmq_rtt_ratio_p50", zmq_ratio_p50);
+			perf_json_double(&j, "zmq_rtt_ratio_p99", (double)s_rtt.p99 / (double)s_zrtt.p99);
+			perf_json_double(&j, "zmq_echo_cpu_per_rtt_us", zmq_cpu_rtt / 1e3);
 			json_us(&j, "tcp_echo_rtt", &s_trtt);
 			perf_json_double(&j, "rtt_ratio_p50", (double)s_rtt.p50 / (double)s_trtt.p50);
 			perf_json_double(&j, "rtt_ratio_p99", (double)s_rtt.p99 / (double)s_trtt.p99);
@@ -561,9 +681,16 @@ int kvx_perf_notify_main(int argc, char **argv)
 	}
 out_tcp:
 	close(ts);
+out_zmq:
+	if (zd)
+		zmq_close(zd);
+	if (zctx)
+		zmq_ctx_term(zctx);
 out_mem:
 	free(rtt);
 	free(trtt);
+	free(zrtt);
+	free(rtt_tmp);
 	free(hs1);
 	free(hs64);
 out_ctl:

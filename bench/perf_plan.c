@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvxfer-perf plan: time to plan a transfer (offsets per PROTOCOL.md §4.3 + merge per §4.4) for
  * a real model's KV layout, in ns per block-layer, for random and contiguous block ids.
- * Three ways are measured in the same run on the same inputs:
- *   - kvx (per layer): kvx_plan_offsets + kvx_plan_merge for every layer (no cache);
- *   - kvx (cached):    kvx_plan_cache_get per layer (planned once per geometry, T15);
- *   - peer (qsort):    the same offsets, then libc qsort of the triples and a linear merge,
- *                      which is what a straightforward re-implementation does.
- * The ratio peer/kvx is the figure to compare across machines. */
+ * Measured in the same run on the same geometry and block ids, in alternating rounds:
+ *   - kvx:      kvx_plan_build for every layer (no cache), the fastest single call;
+ *   - cached:   kvx_plan_cache_get per layer (planned once per geometry, T15), informative;
+ *   - peer:     the seed's algorithm (MoRIIO's per-pair offsets loop + numpy merge), run by
+ *               bench/plan_numpy_ref.py under /usr/bin/python3; its fully vectorised numpy
+ *               variant is reported too, also as the fastest single call (a layer's plan).
+ *               The peer's merged plan must equal kvx's, entry for
+ *               entry, or the command fails.
+ * The ratio peer/kvx (median of the per-round ratios) is the figure to compare across machines. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,11 @@
 #include "kvxfer/layout.h"
 #include "models.h"
 #include "perf.h"
+
+#define PLAN_ROUNDS 3
+#define PLAN_XSTR(x) #x
+#define PLAN_STR(x) PLAN_XSTR(x)
+#define PLAN_PEER_PY "/usr/bin/python3"
 
 struct plan_cfg {
 	const char *models;
@@ -34,7 +43,10 @@ struct plan_result {
 	const char *pattern;
 	uint32_t layers, blocks;
 	size_t entries, merged;
-	double ns_kvx, ns_cached, ns_peer; /* ns per block-layer */
+	double ns_kvx, ns_cached, ns_seed, ns_vec; /* ns per block-layer, medians over the rounds */
+	double ratio_seed, ratio_vec;              /* medians of the per-round peer/kvx ratios */
+	bool peer_ok;                              /* the peer ran and its plan equals kvx's */
+	char peer_note[160];                       /* why there is no peer figure */
 };
 
 static uint64_t rnd(uint64_t *s)
@@ -66,34 +78,68 @@ static int random_ids(uint32_t *out, uint32_t n, uint64_t pool, uint64_t *seed)
 	return 0;
 }
 
-struct triple {
-	uint64_t l, r, s;
-};
-
-static int cmp_triple(const void *a, const void *b)
+static int cmp_double(const void *a, const void *b)
 {
-	const struct triple *x = a, *y = b;
-	return x->l < y->l ? -1 : x->l > y->l;
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
 }
 
-/* Peer: sort the triples with qsort, then merge contiguous neighbours. */
-static size_t peer_plan(const struct kvx_layout_geom *g, const uint32_t *lid, const uint32_t *rid, size_t n,
-			uint64_t *l, uint64_t *r, uint64_t *s, struct triple *tr)
+static double median(double *v, int n)
 {
-	int k = kvx_plan_offsets(g, lid, n, rid, n, l, r, s, 2 * n);
-	if (k <= 0)
-		return 0;
-	for (int i = 0; i < k; i++)
-		tr[i] = (struct triple){l[i], r[i], s[i]};
-	qsort(tr, (size_t)k, sizeof(*tr), cmp_triple);
-	size_t out = 0;
-	for (int i = 1; i < k; i++) {
-		if (tr[i].l == tr[out].l + tr[out].s && tr[i].r == tr[out].r + tr[out].s)
-			tr[out].s += tr[i].s;
-		else
-			tr[++out] = tr[i];
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct peer_io {
+	char dir[64], ids[96], out[96];
+};
+
+/* Run the numpy peer once; on success fill seed/vec ns and compare its plan with kvx's. */
+static int run_peer(const struct plan_cfg *c, const struct kvx_layout_geom *g, uint32_t layers, uint32_t n,
+		    const struct peer_io *io, const uint64_t *l, const uint64_t *r, const uint64_t *s, size_t merged,
+		    double *seed_ns, double *vec_ns, char *note, size_t notelen)
+{
+	char cmd[768];
+	snprintf(cmd, sizeof(cmd),
+		 PLAN_PEER_PY " '" KVX_BENCH_SRC_DIR "/plan_numpy_ref.py' '%s' '%s' %u %llu %llu %u %llu %llu %u %llu",
+		 io->ids, io->out, g->elem_size, (unsigned long long)g->block_stride, (unsigned long long)g->block_len,
+		 g->transfers_per_block == 2 ? 2u : 1u, (unsigned long long)g->local_kv_stride,
+		 (unsigned long long)g->remote_kv_stride, layers, (unsigned long long)(c->min_ns / 1000000));
+	(void)n;
+	FILE *p = popen(cmd, "r");
+	if (!p) {
+		snprintf(note, notelen, "cannot start %s: %s", PLAN_PEER_PY, strerror(errno));
+		return -ENOENT;
 	}
-	return out + 1;
+	char line[256] = "";
+	size_t ranges = 0;
+	bool got = fgets(line, sizeof(line), p) &&
+		   sscanf(line, "seed_ns_per_block_layer=%lf vec_ns_per_block_layer=%lf ranges=%zu", seed_ns, vec_ns,
+			  &ranges) == 3;
+	int st = pclose(p);
+	if (!got || st != 0) {
+		snprintf(note, notelen, "numpy peer failed (exit status %d; needs %s with python3-numpy)", st,
+			 PLAN_PEER_PY);
+		return -ENOENT;
+	}
+	if (ranges != merged) {
+		snprintf(note, notelen, "peer merged %zu ranges, kvx %zu: plans differ", ranges, merged);
+		return -EPROTO;
+	}
+	FILE *f = fopen(io->out, "rb");
+	uint64_t t[3];
+	size_t i = 0;
+	for (; f && i < merged && fread(t, sizeof(t), 1, f) == 1; i++) {
+		if (t[0] != l[i] || t[1] != r[i] || t[2] != s[i])
+			break;
+	}
+	if (f)
+		fclose(f);
+	if (i != merged) {
+		snprintf(note, notelen, "peer and kvx plans differ at range %zu of %zu", i, merged);
+		return -EPROTO;
+	}
+	return 0;
 }
 
 static int run_pattern(const struct plan_cfg *c, const struct perf_model *m, bool contiguous,
@@ -103,10 +149,13 @@ static int run_pattern(const struct plan_cfg *c, const struct perf_model *m, boo
 	uint32_t n = c->blocks;
 	uint32_t *lid = malloc(n * sizeof(*lid)), *rid = malloc(n * sizeof(*rid));
 	uint64_t *l = malloc(2 * n * sizeof(*l)), *r = malloc(2 * n * sizeof(*r)), *s = malloc(2 * n * sizeof(*s));
-	uint32_t *scratch = malloc(4 * n * sizeof(*scratch));
-	struct triple *tr = malloc(2 * n * sizeof(*tr));
+	uint64_t *l2 = malloc(2 * n * sizeof(*l)), *r2 = malloc(2 * n * sizeof(*r)), *s2 = malloc(2 * n * sizeof(*s));
+	uint64_t *scratch = malloc(2 * n * sizeof(*scratch));
 	struct kvx_plan_cache *cache = NULL;
-	if (!lid || !rid || !l || !r || !s || !scratch || !tr || kvx_plan_cache_create(n, &cache))
+	struct peer_io io = {.dir = "/tmp/kvxfer-perf-plan.XXXXXX"};
+	bool have_dir = false;
+	*res = (struct plan_result){.pattern = contiguous ? "contiguous" : "random"};
+	if (!lid || !rid || !l || !r || !s || !l2 || !r2 || !s2 || !scratch || kvx_plan_cache_create(n, &cache))
 		goto out;
 	uint64_t seed = c->seed;
 	if (contiguous) {
@@ -147,61 +196,113 @@ static int run_pattern(const struct plan_cfg *c, const struct perf_model *m, boo
 	}
 	const uint32_t layers = m->num_layers;
 	volatile size_t sink = 0;
-	size_t merged = 0, entries = (size_t)n * g.transfers_per_block;
+	size_t entries = (size_t)n * g.transfers_per_block;
 
-	/* Reference result for the cross-check: kvx and the peer must agree. */
-	int k = kvx_plan_offsets(&g, lid, n, rid, n, l, r, s, 2 * (size_t)n);
-	int km = k < 0 ? k : kvx_plan_merge(l, r, s, (size_t)k, scratch);
-	size_t kp = peer_plan(&g, lid, rid, n, l + 0, r + 0, s + 0, tr);
-	if (km < 0 || (size_t)km != kp) {
-		fprintf(stderr, "kvxfer-perf plan: kvx merged %d ranges, peer %zu: results differ\n", km, kp);
+	/* Cross-check inside kvx: the one-pass planner equals offsets + merge. */
+	int km = kvx_plan_build(&g, lid, rid, n, l, r, s, 2 * (size_t)n, scratch);
+	int k2 = kvx_plan_offsets(&g, lid, n, rid, n, l2, r2, s2, 2 * (size_t)n);
+	k2 = k2 < 0 ? k2 : kvx_plan_merge(l2, r2, s2, (size_t)k2, (uint32_t *)scratch);
+	if (km < 0 || km != k2 || memcmp(l, l2, (size_t)km * 8) || memcmp(r, r2, (size_t)km * 8) ||
+	    memcmp(s, s2, (size_t)km * 8)) {
+		fprintf(stderr, "kvxfer-perf plan: kvx_plan_build and offsets+merge disagree (%d vs %d ranges)\n", km, k2);
 		rc = -EPROTO;
 		goto out;
 	}
-	merged = (size_t)km;
+	res->merged = (size_t)km;
 
-	double best[3] = {1e300, 1e300, 1e300};
-	for (int way = 0; way < 3; way++) {
-		uint64_t start = kvx_now_ns(), iters = 0, now;
-		do {
-			uint64_t t0 = kvx_now_ns();
-			for (uint32_t li = 0; li < layers; li++) {
-				if (way == 0) {
-					int kk = kvx_plan_offsets(&g, lid, n, rid, n, l, r, s, 2 * (size_t)n);
-					sink += (size_t)kvx_plan_merge(l, r, s, (size_t)kk, scratch);
-				} else if (way == 1) {
-					struct kvx_plan p;
-					if (li == 0)
-						kvx_plan_cache_reset(cache);
-					if (kvx_plan_cache_get(cache, &g, lid, rid, n, &p) < 0) {
-						rc = -EIO;
-						goto out;
+	/* The peer reads the same ids from a file. */
+	have_dir = mkdtemp(io.dir) != NULL;
+	snprintf(io.ids, sizeof(io.ids), "%s/ids", io.dir);
+	snprintf(io.out, sizeof(io.out), "%s/plan", io.dir);
+	FILE *f = have_dir ? fopen(io.ids, "wb") : NULL;
+	bool ids_ok = f && fwrite(lid, sizeof(*lid), n, f) == n && fwrite(rid, sizeof(*rid), n, f) == n;
+	if (f && fclose(f))
+		ids_ok = false;
+	if (!ids_ok)
+		snprintf(res->peer_note, sizeof(res->peer_note), "cannot write the peer's ids under /tmp");
+
+	double kvx[PLAN_ROUNDS], cached[PLAN_ROUNDS], pseed[PLAN_ROUNDS], pvec[PLAN_ROUNDS];
+	double rseed[PLAN_ROUNDS], rvec[PLAN_ROUNDS];
+	bool peer = ids_ok;
+	for (int round = 0; round < PLAN_ROUNDS; round++) {
+		double best[2] = {1e300, 1e300};
+		for (int way = 0; way < 2; way++) {
+			uint64_t start = kvx_now_ns(), iters = 0, now;
+			do {
+				uint64_t t0 = kvx_now_ns();
+				for (uint32_t li = 0; li < layers; li++) {
+					if (way == 0) {
+						/* Each layer's plan timed alone, as the peer times its calls. */
+						uint64_t c0 = kvx_now_ns();
+						sink += (size_t)kvx_plan_build(&g, lid, rid, n, l2, r2, s2, 2 * (size_t)n,
+									       scratch);
+						double one = (double)(kvx_now_ns() - c0) / n;
+						if (one < best[0])
+							best[0] = one;
+					} else {
+						struct kvx_plan p;
+						if (li == 0)
+							kvx_plan_cache_reset(cache);
+						if (kvx_plan_cache_get(cache, &g, lid, rid, n, &p) < 0) {
+							rc = -EIO;
+							goto out;
+						}
+						sink += p.n;
 					}
-					sink += p.n;
-				} else {
-					sink += peer_plan(&g, lid, rid, n, l, r, s, tr);
 				}
+				now = kvx_now_ns();
+				double per = (double)(now - t0) / ((double)layers * n);
+				if (way == 1 && per < best[way]) /* cached: per pass (one miss, then hits) */
+					best[way] = per;
+				iters++;
+			} while (now - start < c->min_ns || iters < 3);
+		}
+		kvx[round] = best[0];
+		cached[round] = best[1];
+		if (peer) {
+			rc = run_peer(c, &g, layers, n, &io, l, r, s, res->merged, &pseed[round], &pvec[round],
+				      res->peer_note, sizeof(res->peer_note));
+			if (rc == -EPROTO) {
+				fprintf(stderr, "kvxfer-perf plan: %s\n", res->peer_note);
+				goto out;
 			}
-			now = kvx_now_ns();
-			double per = (double)(now - t0) / ((double)layers * n);
-			if (per < best[way])
-				best[way] = per;
-			iters++;
-		} while (now - start < c->min_ns || iters < 3);
+			peer = rc == 0;
+			rseed[round] = pseed[round] / kvx[round];
+			rvec[round] = pvec[round] / kvx[round];
+		}
 	}
 	(void)sink;
-	*res = (struct plan_result){contiguous ? "contiguous" : "random", layers, n, entries, merged,
-				    best[0], best[1], best[2]};
+	res->layers = layers;
+	res->blocks = n;
+	res->entries = entries;
+	res->ns_kvx = median(kvx, PLAN_ROUNDS);
+	res->ns_cached = median(cached, PLAN_ROUNDS);
+	res->peer_ok = peer;
+	if (peer) {
+		res->ns_seed = median(pseed, PLAN_ROUNDS);
+		res->ns_vec = median(pvec, PLAN_ROUNDS);
+		res->ratio_seed = median(rseed, PLAN_ROUNDS);
+		res->ratio_vec = median(rvec, PLAN_ROUNDS);
+	} else {
+		res->ns_seed = res->ns_vec = res->ratio_seed = res->ratio_vec = NAN;
+	}
 	rc = 0;
 out:
+	if (have_dir) {
+		unlink(io.ids);
+		unlink(io.out);
+		rmdir(io.dir);
+	}
 	kvx_plan_cache_destroy(cache);
 	free(lid);
 	free(rid);
 	free(l);
 	free(r);
 	free(s);
+	free(l2);
+	free(r2);
+	free(s2);
 	free(scratch);
-	free(tr);
 	return rc;
 }
 
@@ -210,7 +311,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: kvxfer-perf plan --model NAME [--models FILE] [--blocks N] [--block-tokens N]\n"
 		   "                        [--pool N] [--remote-pool N] [--min-ms MS] [--seed S] [--json FILE]\n"
 		   "Time to plan one transfer (offsets + merge) for every layer of a model, in ns per\n"
-		   "block-layer, for random and contiguous block ids, against a qsort-based peer.\n"
+		   "block-layer, for random and contiguous block ids, against the seed's numpy algorithm\n"
+		   "(bench/plan_numpy_ref.py under " PLAN_PEER_PY "), in " PLAN_STR(PLAN_ROUNDS) " alternating rounds.\n"
 		   "  --models FILE      models.csv (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
 		   "  --blocks N         blocks in the transfer (default 4096)\n"
 		   "  --block-tokens N   tokens per block (default 16)\n"
@@ -311,15 +413,21 @@ int kvx_perf_plan_main(int argc, char **argv)
 		}
 	}
 	printf("# kvxfer-perf plan: model %s (%s), %u layers, %u blocks of %u tokens, local num_blocks %llu, "
-	       "peer num_blocks %llu, best of >= %llu ms per way\n",
+	       "peer num_blocks %llu, fastest single-layer plan over >= %llu ms per way (cached: per pass), median of %d alternating rounds\n",
 	       m.name, m.mla ? "MLA 3-D" : "split K/V 5-D", m.num_layers, c.blocks, c.block_tokens,
 	       (unsigned long long)c.pool_blocks, (unsigned long long)c.remote_pool_blocks,
-	       (unsigned long long)(c.min_ns / 1000000));
-	printf("%-11s %9s %9s %14s %14s %14s %11s\n", "pattern", "entries", "ranges", "kvx ns/blk-ly",
-	       "cached ns/b-l", "qsort ns/b-l", "qsort/kvx");
-	for (int i = 0; i < 2; i++)
-		printf("%-11s %9zu %9zu %14.2f %14.3f %14.2f %11.2f\n", res[i].pattern, res[i].entries, res[i].merged,
-		       res[i].ns_kvx, res[i].ns_cached, res[i].ns_peer, res[i].ns_peer / res[i].ns_kvx);
+	       (unsigned long long)(c.min_ns / 1000000), PLAN_ROUNDS);
+	printf("# peer: the seed's algorithm (per-pair offsets loop + numpy merge) in " PLAN_PEER_PY
+	       "; numpy-vec: the same with vectorised offsets; plans checked identical\n");
+	printf("%-11s %8s %8s %12s %13s %12s %12s %9s %10s\n", "pattern", "entries", "ranges", "kvx ns/b-l",
+	       "cached ns/b-l", "seed ns/b-l", "vec ns/b-l", "seed/kvx", "vec/kvx");
+	for (int i = 0; i < 2; i++) {
+		printf("%-11s %8zu %8zu %12.2f %13.3f %12.1f %12.1f %9.1f %10.1f\n", res[i].pattern, res[i].entries,
+		       res[i].merged, res[i].ns_kvx, res[i].ns_cached, res[i].ns_seed, res[i].ns_vec, res[i].ratio_seed,
+		       res[i].ratio_vec);
+		if (!res[i].peer_ok)
+			printf("# %s: no peer figure: %s\n", res[i].pattern, res[i].peer_note);
+	}
 	if (c.json) {
 		FILE *f = fopen(c.json, "w");
 		if (!f) {
@@ -327,15 +435,24 @@ int kvx_perf_plan_main(int argc, char **argv)
 			return 1;
 		}
 		fprintf(f, "{\"command\":\"plan\",\"model\":\"%s\",\"layout\":\"%s\",\"layers\":%u,\"blocks\":%u,"
-			   "\"block_tokens\":%u,\"local_num_blocks\":%llu,\"remote_num_blocks\":%llu,\"results\":[",
+			   "\"block_tokens\":%u,\"local_num_blocks\":%llu,\"remote_num_blocks\":%llu,\"rounds\":%d,"
+			   "\"peer\":\"seed numpy (bench/plan_numpy_ref.py)\",\"results\":[",
 			m.name, m.mla ? "mla" : "split", m.num_layers, c.blocks, c.block_tokens,
-			(unsigned long long)c.pool_blocks, (unsigned long long)c.remote_pool_blocks);
-		for (int i = 0; i < 2; i++)
+			(unsigned long long)c.pool_blocks, (unsigned long long)c.remote_pool_blocks, PLAN_ROUNDS);
+		for (int i = 0; i < 2; i++) {
+			const struct plan_result *x = &res[i];
 			fprintf(f, "%s{\"pattern\":\"%s\",\"entries\":%zu,\"ranges\":%zu,\"kvx_ns_per_block_layer\":%.4f,"
-				   "\"cached_ns_per_block_layer\":%.4f,\"qsort_ns_per_block_layer\":%.4f,"
-				   "\"ratio_qsort_over_kvx\":%.4f}",
-				i ? "," : "", res[i].pattern, res[i].entries, res[i].merged, res[i].ns_kvx, res[i].ns_cached,
-				res[i].ns_peer, res[i].ns_peer / res[i].ns_kvx);
+				   "\"cached_ns_per_block_layer\":%.4f,\"plans_identical\":%s",
+				i ? "," : "", x->pattern, x->entries, x->merged, x->ns_kvx, x->ns_cached,
+				x->peer_ok ? "true" : "null");
+			if (x->peer_ok)
+				fprintf(f, ",\"seed_ns_per_block_layer\":%.4f,\"numpy_vec_ns_per_block_layer\":%.4f,"
+					   "\"ratio_seed_over_kvx\":%.4f,\"ratio_numpy_vec_over_kvx\":%.4f}",
+					x->ns_seed, x->ns_vec, x->ratio_seed, x->ratio_vec);
+			else
+				fprintf(f, ",\"seed_ns_per_block_layer\":null,\"ratio_seed_over_kvx\":null,"
+					   "\"peer_note\":\"%s\"}", x->peer_note);
+		}
 		fprintf(f, "]}\n");
 		if (fclose(f)) {
 			fprintf(stderr, "kvxfer-perf plan: write %s failed\n", c.json);

@@ -64,7 +64,9 @@ static void usage(FILE *f)
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
-"  --verify, --no-verify  check every transferred byte (default on with --local)\n"
+"  --verify, --no-verify  check the per-page stamps of every transferred block: a stale,\n"
+"                       foreign or misplaced page is caught (default on with --local)\n"
+"  --verify-bytes       fill and check every transferred byte instead (slower)\n"
 "  --pool-blocks N      KV blocks per side, made resident at start (default: the largest\n"
 "                       request + 25%%, at most a quarter of the available memory)\n"
 "  --layer-us N         WRITE: simulated compute per layer on the producer, us (default 0)\n"
@@ -80,7 +82,7 @@ static void usage(FILE *f)
 enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
-	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
+	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM,
 };
 
@@ -168,6 +170,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"prefix-cache", no_argument, 0, OPT_PREFIX},
 		{"verify", no_argument, 0, OPT_VERIFY},
 		{"no-verify", no_argument, 0, OPT_NO_VERIFY},
+		{"verify-bytes", no_argument, 0, OPT_VERIFY_BYTES},
 		{"json", required_argument, 0, OPT_JSON},
 		{"csv", required_argument, 0, OPT_CSV},
 		{"plot", required_argument, 0, OPT_PLOT},
@@ -289,6 +292,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		case OPT_PREFIX: o->prefix_cache = true; break;
 		case OPT_VERIFY: o->verify = 1; break;
 		case OPT_NO_VERIFY: o->verify = 0; break;
+		case OPT_VERIFY_BYTES: o->verify = 2; break;
 		case OPT_JSON: o->json = optarg; break;
 		case OPT_CSV: o->csv = optarg; break;
 		case OPT_PLOT: o->plot = optarg; break;
@@ -530,7 +534,7 @@ static int spawn_role(struct driver *D, int idx, char **argv, int argc, const ch
 	av[k++] = pool;
 	av[k++] = "--max-blocks";
 	av[k++] = maxb;
-	av[k++] = D->o->verify ? "--verify" : "--no-verify";
+	av[k++] = D->o->verify == 2 ? "--verify-bytes" : D->o->verify ? "--verify" : "--no-verify";
 	if (lcores) {
 		av[k++] = "--lcores";
 		av[k++] = lcores;
@@ -1003,7 +1007,8 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 
 	struct perf_trace_summary sum;
 	perf_trace_summarize(D.rec, D.n, &sum);
-	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .verify_enabled = o->verify};
+	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .verify_enabled = o->verify != 0,
+				       .verify_bytes = o->verify == 2};
 	bool have_ctl = true;
 	for (int s = 0; s < 2; s++) {
 		const struct trace_msg_stats *st = &D.s[s].stats;

@@ -88,3 +88,47 @@ bool perf_pattern_check(const void *buf, size_t len, const struct perf_pattern_k
 	}
 	return true;
 }
+
+/* Whole words of a block; the stamps sit at word 0, every STRIDE/8 words, and the last. */
+static inline size_t stamp_words(size_t len)
+{
+	return len / 8;
+}
+
+void perf_pattern_stamp(void *buf, size_t len, const struct perf_pattern_key *k)
+{
+	if (len < 16) {
+		perf_pattern_fill(buf, len, k);
+		return;
+	}
+	uint64_t seed = perf_pattern_seed(k);
+	unsigned char *p = buf;
+	const size_t words = stamp_words(len), step = PERF_PATTERN_STAMP_STRIDE / 8;
+	for (size_t w = 0; w < words; w += step)
+		put_le64(p + 8 * w, word_at(seed, w), 8);
+	put_le64(p + 8 * (words - 1), word_at(seed, words - 1), 8);
+}
+
+bool perf_pattern_check_stamps(const void *buf, size_t len, const struct perf_pattern_key *k, size_t *first_bad)
+{
+	if (len < 16)
+		return perf_pattern_check(buf, len, k, first_bad);
+	uint64_t seed = perf_pattern_seed(k);
+	const unsigned char *p = buf;
+	const size_t words = stamp_words(len), step = PERF_PATTERN_STAMP_STRIDE / 8;
+	for (size_t w = 0;; w += step) {
+		if (w >= words)
+			w = words - 1; /* the last whole word closes the block */
+		unsigned char want[8];
+		put_le64(want, word_at(seed, w), 8);
+		for (size_t i = 0; i < 8; i++) {
+			if (p[8 * w + i] != want[i]) {
+				if (first_bad)
+					*first_bad = 8 * w + i;
+				return false;
+			}
+		}
+		if (w == words - 1)
+			return true;
+	}
+}

@@ -50,4 +50,35 @@ void perf_pattern_fill(void *buf, size_t len, const struct perf_pattern_key *k);
 bool perf_pattern_check(const void *buf, size_t len, const struct perf_pattern_key *k,
 			size_t *first_bad);
 
+/** Bytes between two stamps of perf_pattern_stamp() (one per 4 KiB page). */
+#define PERF_PATTERN_STAMP_STRIDE 4096u
+
+/**
+ * Write only the stamps of @p k's pattern: the pattern's 8-byte word at every
+ * PERF_PATTERN_STAMP_STRIDE bytes from the start of the block and its last whole word. Every
+ * 4 KiB window of the block, so every memory page it touches, holds a stamp, and a stamp is the
+ * very word perf_pattern_fill() writes there: a stamped block carries the identity (request,
+ * layer, plane, block) and the offset of each of its pages. Blocks shorter than 16 bytes are
+ * filled whole.
+ *
+ * @param buf  Array[len] bytes; any alignment.
+ * @param len  Bytes.
+ * @param k    Block identity; not NULL.
+ */
+void perf_pattern_stamp(void *buf, size_t len, const struct perf_pattern_key *k);
+
+/**
+ * Check the stamps written by perf_pattern_stamp() (or a full perf_pattern_fill(), whose
+ * stamps are the same words). Catches a page of another request (stale), layer, plane or block
+ * (foreign or misplaced) and a copy shifted by a whole number of words within the block; a
+ * change between stamps goes unseen (perf_pattern_check() sees every byte).
+ *
+ * @param buf             Array[len] bytes to read.
+ * @param len             Bytes.
+ * @param k               Expected block identity; not NULL.
+ * @param[out] first_bad  If non-NULL and the check fails, offset of the first bad stamp byte.
+ * @return                true when every stamp matches.
+ */
+bool perf_pattern_check_stamps(const void *buf, size_t len, const struct perf_pattern_key *k, size_t *first_bad);
+
 #endif /* KVX_BENCH_TRACE_PATTERN_H */

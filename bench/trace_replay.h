@@ -55,7 +55,8 @@ struct trace_opts {
 	uint32_t control_lcore;   /**< --control-lcore N (UINT32_MAX = any). */
 	bool idle_busy;           /**< --idle busy (true) / adaptive (false). */
 	bool prefix_cache;        /**< --prefix-cache. */
-	int verify;               /**< --verify / --no-verify; -1 = default (on). */
+	int verify;               /**< 1 --verify: per-page stamps; 2 --verify-bytes: every byte; 0 --no-verify;
+	                               -1 = default (stamps with --local). */
 	const char *json;         /**< --json FILE. */
 	const char *csv;          /**< --csv FILE. */
 	const char *plot;         /**< --plot FILE.png. */

@@ -159,7 +159,9 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 	if (!c->verify_enabled)
 		fprintf(f, "  %-22s off\n", "verification");
 	else if (c->verify_bad == 0 && s->failures == 0)
-		fprintf(f, "  %-22s OK (every transferred byte checked)\n", "verification");
+		fprintf(f, "  %-22s OK (%s)\n", "verification",
+			c->verify_bytes ? "every transferred byte checked"
+					: "per-page stamps of every transferred block checked");
 	else if (c->verify_bad)
 		fprintf(f, "  %-22s FAILED (%" PRIu64 " corrupt block planes)\n", "verification",
 			c->verify_bad);
@@ -213,7 +215,7 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 	json_t *root = json_pack(
 		"{s:{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:f, s:b}, "
 		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, "
-		"s:[f,f], s:o, s:s, s:I}, s:o}",
+		"s:[f,f], s:o, s:s, s:s, s:I}, s:o}",
 		"run", "model", info->model, "layout", info->layout, "trace", info->trace, "mode",
 		info->mode, "transport", info->transport, "block_tokens", (int)info->block_tokens,
 		"block_bytes", (json_int_t)info->block_bytes, "pool_blocks",
@@ -228,6 +230,7 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		"first_layer_ms", lat_json(&s->ttfl), "lcore_util", c->lcore_util[0], c->lcore_util[1],
 		"control_messages", ctl_json(c), "verification",
 		!c->verify_enabled ? "off" : (c->verify_bad == 0 && s->failures == 0 ? "OK" : "FAILED"),
+		"verify_mode", !c->verify_enabled ? "off" : c->verify_bytes ? "bytes" : "stamps",
 		"verify_bad_planes", (json_int_t)c->verify_bad,
 		"requests", reqs);
 	if (!root)

@@ -42,7 +42,8 @@ struct perf_trace_counters {
 	uint64_t ctl_recv;       /**< Control messages received (both sides). */
 	uint64_t ctl_dropped;    /**< Control messages dropped as malformed/late (both sides). */
 	uint64_t verify_bad;     /**< Block planes that failed byte verification. */
-	bool verify_enabled;     /**< --verify was on. */
+	bool verify_enabled;     /**< --verify or --verify-bytes was on. */
+	bool verify_bytes;       /**< --verify-bytes: every byte was checked, not only per-page stamps. */
 };
 
 /** Run description printed in the summary header. */

@@ -95,7 +95,10 @@ static void fill_layer(struct role *R, const struct rx *x, uint32_t layer)
 		for (uint32_t p = 0; p < R->m.planes; p++) {
 			struct perf_pattern_key k = {.request = x->idx, .layer = layer, .plane = p, .block = pos};
 			unsigned char *b = block_ptr(R, layer, p, x->ids[pos]);
-			perf_pattern_fill(R->dev ? R->scratch : b, R->block_len, &k);
+			if (R->o->verify == 2)
+				perf_pattern_fill(R->dev ? R->scratch : b, R->block_len, &k);
+			else /* per-page stamps: what the default check reads */
+				perf_pattern_stamp(R->dev ? R->scratch : b, R->block_len, &k);
 			if (R->dev && kvx_mem_copy_sync(R->dev, b, R->scratch, R->block_len, KVX_MEM_H2D))
 				fatal(R, "%s: filling layer %u on the device failed", x->tid, layer);
 		}
@@ -123,7 +126,9 @@ static uint64_t verify_rx(struct role *R, const struct rx *x, char *detail, size
 							     .block = x->hit + i};
 				size_t off = 0;
 				const unsigned char *b = block_read(R, l, p, x->ids[i]);
-				if (b && perf_pattern_check(b, R->block_len, &k, &off))
+				bool ok = b && (R->o->verify == 2 ? perf_pattern_check(b, R->block_len, &k, &off)
+								    : perf_pattern_check_stamps(b, R->block_len, &k, &off));
+				if (ok)
 					continue;
 				if (bad++ == 0)
 					snprintf(detail, dlen,
@@ -132,6 +137,22 @@ static uint64_t verify_rx(struct role *R, const struct rx *x, char *detail, size
 						 x->ids[i], off);
 			}
 	return bad;
+}
+
+/* Progress of making the KV pool resident, on stderr (not with --quiet): one line rewritten
+ * in place on a terminal, else a line at every tenth of the layers. */
+static void resident_progress(const struct role *R, uint32_t done)
+{
+	const uint32_t n = R->m.num_layers;
+	if (R->o->quiet || n == 0)
+		return;
+	bool tty = isatty(2);
+	if (!tty && done != n && done * 10 / n == (done - 1) * 10 / n)
+		return;
+	const double gib = (double)(1ull << 30);
+	fprintf(stderr, "%s%s: making the KV pool resident: %u/%u layers, %.2f of %.2f GiB%s", tty ? "\r" : "",
+		R->r == TRACE_ROLE_PRODUCER ? "producer" : "consumer", done, n, (double)R->layer_bytes * done / gib,
+		(double)R->layer_bytes * n / gib, !tty || done == n ? "\n" : "");
 }
 
 static struct rx *rx_get(struct role *R, uint64_t idx)
@@ -601,6 +622,7 @@ int trace_role_main(const struct trace_opts *o, int fd)
 			goto out;
 		}
 		R.layer[l] = m;
+		resident_progress(&R, l + 1);
 	}
 	for (uint32_t l = 0; !R.dev && l < R.m.num_layers; l++) {
 		void *m = mmap(NULL, R.layer_bytes, PROT_READ | PROT_WRITE,
@@ -616,6 +638,7 @@ int trace_role_main(const struct trace_opts *o, int fd)
 		long pg = sysconf(_SC_PAGESIZE);
 		for (uint64_t off = 0; off < R.layer_bytes; off += (uint64_t)(pg > 0 ? pg : 4096))
 			((volatile unsigned char *)m)[off] = 0;
+		resident_progress(&R, l + 1);
 	}
 	uint32_t prefault_ms = (uint32_t)((kvx_now_ns() - t_pre) / 1000000u);
 	if (setup_engine(&R))

@@ -510,7 +510,10 @@ int kvx_lcore_poll_loop(void *arg)
 		now = kvx_now_ns();
 		st_add(&lc->st_idle_ns, now - t_prev);
 		t_prev = now;
-		empty = 0;
+		/* Woken by a producer: work is coming, spin and back off again before the next sleep.
+		 * Timed out (a timer or the sleep cap): poll once, and if that finds nothing sleep
+		 * again at once; re-spinning after every timed wake is what kept an idle engine busy. */
+		empty = r == 1 ? 0 : spin + backoff;
 	}
 	kvx_rcu_unregister();
 	return 0;

@@ -340,6 +340,237 @@ KVX_API int kvx_plan_merge(uint64_t *loc, uint64_t *rem, uint64_t *size, size_t 
 	return (int)(out + 1);
 }
 
+/* Radix digits for local ids below 2^bits: 1..3 passes of at most 11 bits. */
+struct radix_plan {
+	unsigned passes, width;
+	uint64_t mask;
+};
+
+static struct radix_plan radix_plan(unsigned bits)
+{
+	struct radix_plan rp = {.passes = (bits + 10) / 11};
+	rp.width = (bits + rp.passes - 1) / rp.passes;
+	rp.mask = (1ull << rp.width) - 1;
+	return rp;
+}
+
+/* Stable LSD radix passes over keys whose bits [32, 32+passes*width) hold the local id (the
+ * remote id rides in the low half), with the per-pass histograms already counted; tmp[0..n)
+ * is the buffer. The result ends in keys. */
+static void radix_sort_hi(uint64_t *keys, uint64_t *tmp, size_t n, const struct radix_plan *rp,
+			  uint32_t count[][1u << 11])
+{
+	uint64_t *src = keys, *dst = tmp;
+	for (unsigned p = 0; p < rp->passes; p++) {
+		uint32_t sum = 0;
+		for (size_t b = 0; b <= rp->mask; b++) {
+			uint32_t c = count[p][b];
+			count[p][b] = sum;
+			sum += c;
+		}
+		const unsigned shift = 32 + p * rp->width;
+		uint32_t *cp = count[p];
+		for (size_t i = 0; i < n; i++) {
+			uint64_t k = src[i];
+			dst[cp[(k >> shift) & rp->mask]++] = k;
+		}
+		uint64_t *t = src;
+		src = dst;
+		dst = t;
+	}
+	if (src != keys)
+		memcpy(keys, src, n * sizeof(*keys));
+}
+
+/* The same radix passes over 32-bit keys (local id << ibits | pair index), digits from bit
+ * ibits up. */
+static void radix_sort32(uint32_t *keys, uint32_t *tmp, size_t n, const struct radix_plan *rp, unsigned ibits,
+			 uint32_t count[][1u << 11])
+{
+	uint32_t *src = keys, *dst = tmp;
+	const uint32_t m = (uint32_t)rp->mask;
+	for (unsigned p = 0; p < rp->passes; p++) {
+		uint32_t sum = 0;
+		for (size_t b = 0; b <= rp->mask; b++) {
+			uint32_t c = count[p][b];
+			count[p][b] = sum;
+			sum += c;
+		}
+		const unsigned shift = ibits + p * rp->width;
+		uint32_t *cp = count[p];
+		for (size_t i = 0; i < n; i++) {
+			uint32_t k = src[i];
+			dst[cp[(k >> shift) & m]++] = k;
+		}
+		uint32_t *t = src;
+		src = dst;
+		dst = t;
+	}
+	if (src != keys)
+		memcpy(keys, src, n * sizeof(*keys));
+}
+
+/* emit_plane() for 32-bit keys: the remote id is looked up by the pair index. */
+static size_t emit_plane32(const uint32_t *keys, size_t n, unsigned ibits, const uint32_t *remote_ids, uint64_t lbase,
+			   uint64_t rbase, uint64_t step, uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size,
+			   size_t out)
+{
+	/* el, er: where the current run ends on each side; an entry starting exactly there on
+	 * both sides extends it (len > 0, so a duplicate never does). */
+	uint64_t el = 0, er = 0;
+	const uint32_t im = (uint32_t)((1ull << ibits) - 1);
+	size_t i = 0;
+	if (out) {
+		el = loc[out - 1] + size[out - 1];
+		er = rem[out - 1] + size[out - 1];
+	}
+	for (; i < n; i++) {
+		uint64_t l = lbase + (uint64_t)(keys[i] >> ibits) * step, r = rbase + remote_ids[keys[i] & im] * step;
+		if (out && l == el && r == er) {
+			size[out - 1] += len;
+			el += len;
+			er += len;
+			continue;
+		}
+		loc[out] = l;
+		rem[out] = r;
+		size[out] = len;
+		el = l + len;
+		er = r + len;
+		out++;
+	}
+	return out;
+}
+
+/* Emit the triples of one plane for pairs already ordered by local id, merging on the fly
+ * (§4.4's rule against the current run). Returns the new output count. */
+static size_t emit_plane(const uint64_t *keys, size_t n, uint64_t lbase, uint64_t rbase, uint64_t step,
+			 uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t out)
+{
+	/* el, er: where the current run ends on each side; an entry starting exactly there on
+	 * both sides extends it (len > 0, so a duplicate never does). */
+	uint64_t el = 0, er = 0;
+	size_t i = 0;
+	if (out) {
+		el = loc[out - 1] + size[out - 1];
+		er = rem[out - 1] + size[out - 1];
+	}
+	for (; i < n; i++) {
+		uint64_t l = lbase + (keys[i] >> 32) * step, r = rbase + (keys[i] & 0xffffffffu) * step;
+		if (out && l == el && r == er) {
+			size[out - 1] += len;
+			el += len;
+			er += len;
+			continue;
+		}
+		loc[out] = l;
+		rem[out] = r;
+		size[out] = len;
+		el = l + len;
+		er = r + len;
+		out++;
+	}
+	return out;
+}
+
+KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *local_ids, const uint32_t *remote_ids,
+			   size_t n, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t cap, uint64_t *scratch)
+{
+	const size_t tpb = g->transfers_per_block == 2 ? 2 : 1;
+	if (n > cap / tpb || n > INT32_MAX / 2)
+		return n > cap / tpb ? -ENOBUFS : -EINVAL;
+	if (n == 0)
+		return 0;
+	const uint64_t es = g->elem_size, bsl = g->block_stride, step = es * bsl;
+	/* Fast path: every plane's offsets grow with the local id and the planes do not interleave
+	 * (one plane, or split planes with V above all of K). Otherwise: offsets, then merge. */
+	bool fast = tpb == 1 || (g->kind == KVX_LAYOUT_KIND_SPLIT && g->local_kv_stride >= g->num_blocks * bsl);
+	if (!fast || !scratch || step == 0 || g->block_len == 0) {
+		int k = kvx_plan_offsets(g, local_ids, n, remote_ids, n, loc, rem, size, cap);
+		return k < 0 ? k : kvx_plan_merge(loc, rem, size, (size_t)k, (uint32_t *)scratch);
+	}
+	uint64_t *keys = scratch;
+	const uint64_t nb = g->num_blocks;
+	/* Digits sized by num_blocks, so the histograms are counted while the keys are built. */
+	const unsigned lbits = nb > 1 ? 64u - (unsigned)__builtin_clzll(nb - 1) : 1u;
+	const struct radix_plan rp = radix_plan(lbits);
+	uint32_t count[3][1u << 11];
+	for (unsigned p = 0; p < 3; p++)
+		memset(count[p], 0, (rp.mask + 1) * sizeof(uint32_t));
+	const unsigned ibits = n > 1 ? 64u - (unsigned)__builtin_clzll(n - 1) : 1u;
+	if (lbits + ibits <= 32 && rp.passes < 3) {
+		/* Half-size keys (local id, pair index): the index keeps the sort stable and finds the
+		 * remote id when the triples are emitted. */
+		uint32_t *k32 = (uint32_t *)scratch, bad, unsorted = 0;
+		uint32_t *c0 = count[0], *c1 = count[1];
+		const unsigned w = rp.width;
+		const uint32_t m = (uint32_t)rp.mask;
+		/* Keys and checks first (a loop the compiler vectorises), then the histograms, which
+		 * ordered ids skip. */
+		bad = local_ids[0] >= nb;
+		k32[0] = local_ids[0] << ibits;
+		for (size_t i = 1; i < n; i++) {
+			uint32_t lb = local_ids[i];
+			bad |= lb >= nb;
+			unsorted |= lb < local_ids[i - 1];
+			k32[i] = lb << ibits | (uint32_t)i;
+		}
+		if (KVX_UNLIKELY(bad))
+			return -EINVAL;
+		if (unsorted) {
+			for (size_t i = 0; i < n; i++) {
+				uint32_t lb = local_ids[i];
+				c0[lb & m]++;
+				c1[(lb >> w) & m]++;
+			}
+			radix_sort32(k32, k32 + n, n, &rp, ibits, count);
+		}
+		size_t out = emit_plane32(k32, n, ibits, remote_ids, 0, 0, step, g->block_len, loc, rem, size, 0);
+		if (tpb == 2)
+			out = emit_plane32(k32, n, ibits, remote_ids, es * g->local_kv_stride, es * g->remote_kv_stride,
+					   step, g->block_len, loc, rem, size, out);
+		return (int)out;
+	}
+	uint32_t prev = 0, bad = 0;
+	bool sorted = true;
+	uint32_t *c0 = count[0], *c1 = count[1], *c2 = count[2];
+	const unsigned w = rp.width;
+	const uint32_t m = (uint32_t)rp.mask;
+	/* One pass counts into c1 too (its digit is always 0 there, unused); three passes are
+	 * for ids of more than 22 bits. */
+	if (rp.passes < 3) {
+		for (size_t i = 0; i < n; i++) {
+			uint32_t lb = local_ids[i];
+			bad |= lb >= nb;
+			sorted &= lb >= prev;
+			prev = lb;
+			keys[i] = (uint64_t)lb << 32 | remote_ids[i];
+			c0[lb & m]++;
+			c1[(lb >> w) & m]++;
+		}
+	} else {
+		for (size_t i = 0; i < n; i++) {
+			uint32_t lb = local_ids[i];
+			bad |= lb >= nb;
+			sorted &= lb >= prev;
+			prev = lb;
+			keys[i] = (uint64_t)lb << 32 | remote_ids[i];
+			c0[lb & m]++;
+			c1[(lb >> w) & m]++;
+			c2[(lb >> 2 * w) & m]++;
+		}
+	}
+	if (KVX_UNLIKELY(bad))
+		return -EINVAL;
+	if (!sorted)
+		radix_sort_hi(keys, scratch + n, n, &rp, count);
+	size_t out = emit_plane(keys, n, 0, 0, step, g->block_len, loc, rem, size, 0);
+	if (tpb == 2)
+		out = emit_plane(keys, n, es * g->local_kv_stride, es * g->remote_kv_stride, step, g->block_len, loc,
+				 rem, size, out);
+	return (int)out;
+}
+
 KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t cached_blocks,
 					 size_t *remote_start)
 {
@@ -362,7 +593,7 @@ struct kvx_plan_cache {
 	size_t max_blocks;
 	size_t used;
 	uint64_t misses;
-	uint32_t *scratch; /* Array[2 * 2 * max_blocks] */
+	uint64_t *scratch; /* Array[2 * max_blocks]: kvx_plan_build()'s scratch */
 	struct plan_slot slot[KVX_PLAN_CACHE_MAX];
 };
 
@@ -375,7 +606,7 @@ KVX_API int kvx_plan_cache_create(size_t max_blocks, struct kvx_plan_cache **out
 		return -ENOMEM;
 	c->max_blocks = max_blocks;
 	size_t n = 2 * max_blocks;
-	c->scratch = malloc(2 * n * sizeof(uint32_t));
+	c->scratch = malloc(n * sizeof(uint64_t));
 	bool ok = c->scratch != NULL;
 	for (size_t i = 0; ok && i < KVX_PLAN_CACHE_MAX; i++) {
 		c->slot[i].loc = malloc(n * sizeof(uint64_t));
@@ -431,15 +662,12 @@ KVX_API int kvx_plan_cache_get(struct kvx_plan_cache *c, const struct kvx_layout
 	if (n > c->max_blocks || c->used == KVX_PLAN_CACHE_MAX)
 		return -ENOBUFS;
 	struct plan_slot *s = &c->slot[c->used];
-	int k = kvx_plan_offsets(g, local_ids, n, remote_ids, n, s->loc, s->rem, s->size, 2 * c->max_blocks);
+	int k = kvx_plan_build(g, local_ids, remote_ids, n, s->loc, s->rem, s->size, 2 * c->max_blocks, c->scratch);
 	if (k < 0)
 		return k;
 	uint64_t bytes = 0;
 	for (int i = 0; i < k; i++)
 		bytes += s->size[i];
-	k = kvx_plan_merge(s->loc, s->rem, s->size, (size_t)k, c->scratch);
-	if (k < 0)
-		return k;
 	s->key = *g;
 	s->n = (size_t)k;
 	s->bytes = bytes;

@@ -10,7 +10,7 @@ pkgs=(
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils perftest
   liburcu-dev libmsgpack-dev libzmq3-dev libcriterion-dev libnuma-dev libjansson-dev
   libamdhip64-dev
-  gnuplot-nox iperf3 ucx-utils python3
+  gnuplot-nox iperf3 ucx-utils python3 python3-numpy
 )
 if [ "${1:-}" = "--vm" ]; then
   pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static kmod)

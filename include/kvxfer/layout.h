@@ -184,6 +184,36 @@ KVX_API int kvx_plan_offsets(const struct kvx_layout_geom *g, const uint32_t *lo
 KVX_API int kvx_plan_merge(uint64_t *loc, uint64_t *rem, uint64_t *size, size_t n, uint32_t *scratch);
 
 /**
+ * Plan one layer: the merged triples of kvx_plan_offsets() + kvx_plan_merge(), in one pass
+ * (PROTOCOL.md §4.3-§4.4). The result is identical to those two calls, entry for entry.
+ *
+ * For one-plane layouts (MLA, kernel-block interleaved) and split layouts whose V plane lies
+ * above the whole K plane, the triples are never materialised unmerged: the (local, remote)
+ * pairs are ordered by local id (skipped when the ids are already non-decreasing, else a stable
+ * LSD radix sort on the bits the largest local id uses) and the offsets of each plane are emitted
+ * in that order, merged as they are produced. Other geometries (plain interleaved K/V) take the
+ * offsets-then-merge route.
+ *
+ * @param g          Geometry (with the peer's num_blocks set); not NULL.
+ * @param local_ids  Array[n] of local block ids (< g->num_blocks); NULL only if n is 0.
+ * @param remote_ids Array[n] of remote block ids; NULL only if n is 0.
+ * @param n          Number of block pairs.
+ * @param[out] loc   Array[cap] merged local offsets, bytes.
+ * @param[out] rem   Array[cap] merged remote offsets, bytes.
+ * @param[out] size  Array[cap] merged sizes, bytes.
+ * @param cap        Capacity of the three output arrays, entries (>= n*transfers_per_block).
+ * @param scratch    Array[2*n] of uint64_t scratch (8-byte aligned); not NULL when n > 1.
+ * @return           Number of merged triples, 1..n*transfers_per_block (0 when n is 0).
+ * @retval -EINVAL   A local id >= num_blocks, n too large for an int result, or unsorted
+ *                   input on the offsets-then-merge route with no scratch.
+ * @retval -ENOBUFS  @p cap too small.
+ * @par Thread safety  Reentrant. @par Context Hot path: no allocation, no syscall.
+ * @par Source         PROTOCOL.md §4.3, §4.4; used by kvx_plan_cache_get().
+ */
+KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *local_ids, const uint32_t *remote_ids,
+			   size_t n, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t cap, uint64_t *scratch);
+
+/**
  * Pair consumer blocks with producer blocks by token position (PROTOCOL.md §6 item 8).
  *
  * With @p cached_blocks prefix-cached blocks on the consumer, consumer block i (of the newly

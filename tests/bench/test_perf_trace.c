@@ -112,7 +112,7 @@ static void expect_ok(const char *model, const char *mode, const char *transport
 			      /* one at a time: prefix hits then do not depend on completion order */
 			      "--concurrency", prefix ? "1" : "2",
 			      "--pool-blocks", "256", "--timeout-ms", "60000", "--quiet",
-			      prefix ? "--prefix-cache" : "--verify", NULL};
+			      prefix ? "--prefix-cache" : "--verify-bytes", NULL};
 	run_trace(&r, args);
 	cr_assert_eq(r.status, 0, "exit %d\n%s", r.status, r.out);
 	cr_assert(strstr(r.out, "requests               5 (5 completed)"), "%s", r.out);

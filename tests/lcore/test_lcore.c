@@ -325,6 +325,89 @@ Test(lcore, adaptive_sleeper_is_woken_by_ring_producer)
 	kvx_ring_destroy(rp.r);
 }
 
+/* A ring poller that also counts its calls (one per poll of the loop). */
+struct counting_poller {
+	struct ring_poller rp;
+	_Atomic uint64_t calls;
+};
+
+static int counting_poll(void *arg)
+{
+	struct counting_poller *cp = arg;
+	atomic_fetch_add(&cp->calls, 1);
+	return ring_poll(&cp->rp);
+}
+
+static uint64_t lcore_sleeps(struct kvx_lcore *lc)
+{
+	struct kvx_lcore_stats st;
+	kvx_lcore_stats_get(lc, &st);
+	return st.sleeps;
+}
+
+Test(lcore, adaptive_timed_out_sleep_sleeps_again_after_one_poll)
+{
+	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	struct counting_poller cp = {.rp = {.r = ring_for(lc)}};
+	/* 1 ms sleeps that always time out (nothing is enqueued): after each one the loop polls
+	 * once, finds nothing, re-checks under the waiter protocol and sleeps again, without the
+	 * 100 spins and 10 yields it does before its first sleep. */
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 100, .backoff_polls = 10,
+					   .max_sleep_ns = 1000000ull};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_poller_register(lc, counting_poll, &cp, "inbox", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	cr_assert(WAIT_UNTIL(lcore_sleeps(lc) >= 3, 20000), "never slept three times");
+	uint64_t s0 = lcore_sleeps(lc), c0 = atomic_load(&cp.calls);
+	cr_assert(WAIT_UNTIL(lcore_sleeps(lc) >= s0 + 20, 60000), "timed sleeps stopped");
+	uint64_t c1 = atomic_load(&cp.calls), s1 = lcore_sleeps(lc);
+	/* Two polls per timed sleep (the poll after waking and the re-check before sleeping); the
+	 * +4 covers the counters being read a cycle apart. */
+	cr_assert_leq(c1 - c0, 2 * (s1 - s0) + 4, "%lu polls for %lu timed sleeps", (unsigned long)(c1 - c0),
+		      (unsigned long)(s1 - s0));
+	struct kvx_lcore_stats st;
+	kvx_lcore_stats_get(lc, &st);
+	cr_assert_eq(st.wakeups, 0, "no producer woke it: every sleep timed out");
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	kvx_lcore_set_destroy(set);
+	kvx_ring_destroy(cp.rp.r);
+}
+
+Test(lcore, adaptive_wake_by_producer_spins_again_before_the_next_sleep)
+{
+	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	struct counting_poller cp = {.rp = {.r = ring_for(lc)}};
+	/* 60 s sleeps: only the producer's eventfd write ends one. */
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 100, .backoff_polls = 10,
+					   .max_sleep_ns = 60000000000ull};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_poller_register(lc, counting_poll, &cp, "inbox", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	for (uintptr_t round = 1; round <= 3; round++) {
+		cr_assert(WAIT_UNTIL(atomic_load(&kvx_lcore_waiter(lc)->sleeping) == 1, 20000));
+		uint64_t s0 = lcore_sleeps(lc), c0 = atomic_load(&cp.calls);
+		cr_assert_eq(kvx_ring_enqueue_sp(cp.rp.r, (void *)round), 0);
+		cr_assert(WAIT_UNTIL(atomic_load(&cp.rp.got) == round, 10000), "round %lu: not woken",
+			  (unsigned long)round);
+		/* Asleep again: sleeping is 1 and the sleep that the wake ended has been counted. */
+		cr_assert(WAIT_UNTIL(lcore_sleeps(lc) > s0 && atomic_load(&kvx_lcore_waiter(lc)->sleeping) == 1,
+				     20000));
+		uint64_t c1 = atomic_load(&cp.calls);
+		cr_assert_geq(c1 - c0, 1 + 100 + 10, "round %lu: only %lu polls between the wake and the next sleep",
+			      (unsigned long)round, (unsigned long)(c1 - c0));
+	}
+	struct kvx_lcore_stats st;
+	kvx_lcore_stats_get(lc, &st);
+	cr_assert_eq(st.wakeups, 3, "each round's sleep was ended by the producer's eventfd write");
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	kvx_lcore_set_destroy(set);
+	kvx_ring_destroy(cp.rp.r);
+}
+
 static uint64_t thread_cpu_ns(pthread_t t)
 {
 	clockid_t cid;

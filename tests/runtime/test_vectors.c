@@ -5,6 +5,7 @@
  * blocks [1,3], remote [4,5], remote num_blocks 16. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kvxfer/control.h"
@@ -1138,4 +1139,117 @@ Test(runtime_layout, peer_regions_mixed_split_and_mla_layers)
 	cr_assert_eq(kvx_layout_check_peer_layer(&gs, &pl[0], err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(kvx_layout_check_peer_layer(&gm, &pl[1], err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(kvx_layout_check_peer_layer(&gm, &pl[0], err, sizeof(err)), -EPROTO, "split peer, MLA local");
+}
+
+/* kvx_plan_build (the one-pass planner the plan cache uses) against offsets + merge, entry for
+ * entry, over split (K/V planes), MLA, plain interleaved (offsets-then-merge route) and
+ * kernel-block interleaved geometries, with random, sorted, duplicated and plane-crossing ids. */
+static uint64_t xs(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static void expect_build_equals_offsets_merge(const struct kvx_layout_geom *g, const uint32_t *lid,
+					      const uint32_t *rid, size_t n, const char *what)
+{
+	enum { CAP = 2 * 600 };
+	static uint64_t l1[CAP], r1[CAP], s1[CAP], l2[CAP], r2[CAP], s2[CAP], scratch[CAP];
+	cr_assert_leq(n, 600);
+	int a = kvx_plan_build(g, lid, rid, n, l1, r1, s1, CAP, scratch);
+	int k = kvx_plan_offsets(g, lid, n, rid, n, l2, r2, s2, CAP);
+	cr_assert_geq(k, 0, "%s: offsets %d", what, k);
+	int b = kvx_plan_merge(l2, r2, s2, (size_t)k, (uint32_t *)scratch);
+	cr_assert_eq(a, b, "%s: build gave %d ranges, offsets+merge %d", what, a, b);
+	for (int i = 0; i < a; i++)
+		cr_assert(l1[i] == l2[i] && r1[i] == r2[i] && s1[i] == s2[i],
+			  "%s: range %d (%llu,%llu,%llu) != (%llu,%llu,%llu)", what, i, (unsigned long long)l1[i],
+			  (unsigned long long)r1[i], (unsigned long long)s1[i], (unsigned long long)l2[i],
+			  (unsigned long long)r2[i], (unsigned long long)s2[i]);
+}
+
+static struct kvx_layout_geom geom_of(const struct kvx_layout_spec *spec, uint32_t ndim, const uint64_t *shape,
+				      uint64_t remote_nb)
+{
+	struct kvx_layout_tensor t = tensor(ndim, shape);
+	struct kvx_layout_geom g;
+	char err[128] = "";
+	cr_assert_eq(kvx_layout_geometry(spec, &t, remote_nb, &g, err, sizeof(err)), 0, "geometry: %s", err);
+	return g;
+}
+
+Test(runtime_layout, plan_build_equals_offsets_then_merge)
+{
+	const struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
+	const struct kvx_layout_spec kb = {.block_size = 8, .num_kv_heads = 2, .head_size = 3};
+	struct {
+		const char *name;
+		struct kvx_layout_geom g;
+	} geo[] = {
+		{"split", geom_of(&g_spec, 5, (uint64_t[]){2, 700, 4, 2, 3}, 900)},
+		{"split big ids", geom_of(&g_spec, 5, (uint64_t[]){2, 5000000, 4, 2, 3}, 5000000)},
+		{"mla", geom_of(&mla, 3, (uint64_t[]){700, 4, 5}, 0)},
+		{"interleaved", geom_of(&g_spec, 5, (uint64_t[]){700, 2, 4, 2, 3}, 0)},
+		{"interleaved kernel", geom_of(&kb, 5, (uint64_t[]){1400, 2, 4, 2, 3}, 0)},
+	};
+	uint32_t lid[600], rid[600];
+	uint64_t seed = 0x1234567;
+	for (size_t gi = 0; gi < sizeof(geo) / sizeof(geo[0]); gi++) {
+		const struct kvx_layout_geom *g = &geo[gi].g;
+		uint32_t nb = (uint32_t)g->num_blocks;
+		for (int trial = 0; trial < 40; trial++) {
+			size_t n = 1 + xs(&seed) % 600;
+			for (size_t i = 0; i < n; i++) {
+				switch (trial % 4) {
+				case 0: /* random, duplicates possible */
+					lid[i] = (uint32_t)(xs(&seed) % nb);
+					rid[i] = (uint32_t)(xs(&seed) % nb);
+					break;
+				case 1: /* sorted runs, both sides contiguous in stretches */
+					lid[i] = (uint32_t)((i + trial) % nb);
+					rid[i] = (uint32_t)((i / 7 * 9 + i % 7) % nb);
+					break;
+				case 2: /* reversed contiguous: sorts into one run per plane */
+					lid[i] = (uint32_t)(n - 1 - i);
+					rid[i] = (uint32_t)(n - 1 - i + 3);
+					break;
+				default: /* few distinct ids: many duplicates */
+					lid[i] = (uint32_t)(xs(&seed) % 5);
+					rid[i] = (uint32_t)(xs(&seed) % 5);
+					break;
+				}
+			}
+			char what[64];
+			snprintf(what, sizeof(what), "%s trial %d n %zu", geo[gi].name, trial, n);
+			expect_build_equals_offsets_merge(g, lid, rid, n, what);
+		}
+	}
+}
+
+Test(runtime_layout, plan_build_merges_across_the_k_to_v_plane_boundary)
+{
+	/* Local last block pairs with the peer's last block and block 0 with block 0: the K run ends
+	 * where the V plane starts on both sides (same num_blocks), so one range covers both. */
+	struct kvx_layout_geom g = geom_of(&g_spec, 5, (uint64_t[]){2, 4, 4, 2, 3}, 4);
+	uint32_t lid[] = {0, 3}, rid[] = {0, 3};
+	uint64_t l[4], r[4], s[4], scratch[4];
+	cr_assert_eq(kvx_plan_build(&g, lid, rid, 2, l, r, s, 4, scratch), 3);
+	cr_assert(l[0] == 0 && r[0] == 0 && s[0] == g.block_len);
+	cr_assert(l[1] == 3 * g.block_len && r[1] == 3 * g.block_len && s[1] == 2 * g.block_len);
+	cr_assert(l[2] == 7 * g.block_len && s[2] == g.block_len);
+	expect_build_equals_offsets_merge(&g, lid, rid, 2, "plane boundary");
+}
+
+Test(runtime_layout, plan_build_rejects_out_of_range_ids_and_small_output)
+{
+	struct kvx_layout_geom g = geom_of(&g_spec, 5, (uint64_t[]){2, 8, 4, 2, 3}, 8);
+	uint32_t lid[] = {1, 8}, rid[] = {0, 1};
+	uint64_t l[4], r[4], s[4], scratch[4];
+	cr_assert_eq(kvx_plan_build(&g, lid, rid, 2, l, r, s, 4, scratch), -EINVAL);
+	lid[1] = 7;
+	cr_assert_eq(kvx_plan_build(&g, lid, rid, 2, l, r, s, 3, scratch), -ENOBUFS);
+	cr_assert_eq(kvx_plan_build(&g, lid, rid, 0, l, r, s, 0, scratch), 0);
+	cr_assert_eq(kvx_plan_build(&g, lid, rid, 2, l, r, s, 4, scratch), 4);
 }

@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvxfer-perf idle through the real binary: it starts a real engine, reports its idle CPU, and
+ * takes every first-post sample from a sleeping poller (so the poller slept at least once per
+ * sample and the samples are as many as asked). No speed is asserted.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#ifndef KVX_PERF_BIN
+#error KVX_PERF_BIN must name the kvxfer-perf binary
+#endif
+
+TestSuite(bench_perf_idle, .timeout = 300.0);
+
+Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_poller)
+{
+	char dir[] = "/tmp/kvx-idle-test.XXXXXX", cmd[512], json[64], log[64];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(json, sizeof(json), "%s/out.json", dir);
+	snprintf(log, sizeof(log), "%s/log", dir);
+	snprintf(cmd, sizeof(cmd), "'%s' idle --seconds 1 --samples 25 --json %s >%s 2>&1", KVX_PERF_BIN, json, log);
+	int st = system(cmd);
+	cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s exited %d (see %s)", cmd, st, log);
+	json_error_t err;
+	json_t *j = json_load_file(json, 0, &err);
+	cr_assert_not_null(j, "%s: %s", json, err.text);
+	cr_assert_str_eq(json_string_value(json_object_get(j, "command")), "idle");
+	json_t *e = json_object_get(j, "engine"), *fp = json_object_get(j, "first_post");
+	cr_assert_str_eq(json_string_value(json_object_get(e, "transport")), "tcp");
+	cr_assert(json_is_real(json_object_get(e, "cpu_pct_of_core")));
+	cr_assert_geq(json_real_value(json_object_get(e, "cpu_pct_of_core")), 0.0);
+	cr_assert_eq(json_integer_value(json_object_get(fp, "samples")), 25);
+	json_int_t sleeps = json_integer_value(json_object_get(fp, "sleeps"));
+	json_int_t wakeups = json_integer_value(json_object_get(fp, "wakeups"));
+	cr_assert_geq(sleeps, 25, "each sample starts from a sleep: %lld sleeps", (long long)sleeps);
+	cr_assert(wakeups >= 1 && wakeups <= sleeps, "%lld wakeups for %lld sleeps", (long long)wakeups,
+		  (long long)sleeps);
+	double p50 = json_real_value(json_object_get(fp, "p50_us")), p99 = json_real_value(json_object_get(fp, "p99_us"));
+	double mx = json_real_value(json_object_get(fp, "max_us"));
+	cr_assert(p50 > 0 && p50 <= p99 && p99 <= mx, "percentiles out of order: %f %f %f", p50, p99, mx);
+	json_decref(j);
+	unlink(json);
+	unlink(log);
+	rmdir(dir);
+}
