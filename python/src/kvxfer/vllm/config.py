@@ -84,9 +84,9 @@ def resolve_peer(request_id: str, params: Mapping[str, Any], want_prefill: bool,
     addr = prefill_address(request_id) if want_prefill else decode_address(request_id)
     if addr is None:
         host = params.get("remote_host")
-        hs = params.get("remote_handshake_port") or params.get("remote_port")
+        hs = params.get("remote_handshake_port") or params.get("remote_port") or DEFAULT_HANDSHAKE_PORT
         nt = params.get("remote_notify_port")
-        if not host or hs is None or nt is None:
+        if not host or nt is None:
             return None
         addr = (str(host), int(hs), int(nt))
     tp = int(params.get("remote_tp_size") or 0) or int(params.get("tp_size") or 0)
