@@ -11,6 +11,7 @@ pkgs=(
   liburcu-dev libmsgpack-dev libzmq3-dev libcriterion-dev libnuma-dev libjansson-dev
   libamdhip64-dev
   gnuplot-nox iperf3 ucx-utils python3
+  python3-dev python3-setuptools python3-wheel python3-pip python3-pytest python3-torch python3-numpy
 )
 if [ "${1:-}" = "--vm" ]; then
   pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static kmod)
