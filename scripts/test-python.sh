@@ -12,6 +12,7 @@ MIN_TESTS=40          # tests/*.py hold more than this; fewer means files were s
 TARGET="$(mktemp -d /tmp/kvxfer-py.XXXXXX)"
 trap 'rm -rf "$TARGET"' EXIT
 
+rm -rf python/build  # setuptools would reuse objects compiled with other flags (python-asan.sh)
 KVXFER_BUILD_DIR="$BUILD" "$PY" -m pip install -q --no-build-isolation --no-deps --no-cache-dir \
   --target "$TARGET" ./python
 export PYTHONPATH="$TARGET"

@@ -649,13 +649,38 @@ static PyObject *Engine_transport_name(PyObject *self, PyObject *unused)
 	return PyUnicode_FromString(kvx_engine_transport_name(s->e));
 }
 
-/* Submit helper: run fn under mu with the GIL released. */
+/* Back-off before retrying a submission the engine refused with -ENOBUFS (its SPSC ring to
+ * the owning lcore is full, or max_transfers objects are live until the pump polls their last
+ * completion): both drain on their own, so the call retries for up to ENOBUFS_RETRY_NS with
+ * the GIL released, doubling the pause from 1 us to 1 ms, then raises ENOBUFS. */
+#define ENOBUFS_RETRY_NS 5000000000ull
+
+static bool retry_nobufs(int rc, uint64_t t0, uint64_t *pause_ns)
+{
+	if (rc != -ENOBUFS || mono_ns() - t0 > ENOBUFS_RETRY_NS)
+		return false;
+	struct timespec ts = {0, (long)*pause_ns};
+	nanosleep(&ts, NULL);
+	*pause_ns = *pause_ns < 1000000 ? *pause_ns * 2 : 1000000;
+	return true;
+}
+
+/* Submit helper: run expr under mu with the GIL released, retrying -ENOBUFS (above). */
 #define LOCKED_CALL(s, rc, expr)                                                                                   \
 	do {                                                                                                       \
 		Py_BEGIN_ALLOW_THREADS                                                                             \
-		pthread_mutex_lock(&(s)->mu);                                                                      \
-		rc = (expr);                                                                                       \
-		pthread_mutex_unlock(&(s)->mu);                                                                    \
+		uint64_t t0_ = 0, pause_ = 1000;                                                                   \
+		for (;;) {                                                                                         \
+			pthread_mutex_lock(&(s)->mu);                                                              \
+			rc = (expr);                                                                               \
+			pthread_mutex_unlock(&(s)->mu);                                                            \
+			if (rc != -ENOBUFS)                                                                        \
+				break;                                                                             \
+			if (!t0_)                                                                                  \
+				t0_ = mono_ns();                                                                   \
+			if (!retry_nobufs(rc, t0_, &pause_))                                                       \
+				break;                                                                             \
+		}                                                                                                  \
 		Py_END_ALLOW_THREADS                                                                               \
 	} while (0)
 
