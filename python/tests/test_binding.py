@@ -264,3 +264,28 @@ def test_burst_larger_than_the_submission_ring():
             assert torch.equal(dst[i][k], src[i][nb - 1 - k])
     p.close()
     d.close()
+
+
+def test_asyncio_completions_on_the_eventfd():
+    """completions_async() waits in the event loop on fileno(): no polling loop in Python."""
+    import asyncio
+
+    p, d, src, dst = _pair(kvxfer.Mode.READ)
+
+    async def run() -> list[kvxfer.Completion]:
+        p.serve("tx-aio", [2, 3])
+        d.read("tx-aio", [4, 5], [2, 3], peer_of(p))
+        got = []
+        async for c in d.completions_async():
+            got.append(c)
+            if c.kind == kvxfer.CplKind.TRANSFER:
+                return got
+        return got
+
+    from conftest import HANG_S
+    got = asyncio.run(asyncio.wait_for(run(), HANG_S))
+    assert [(c.transfer_id, c.status) for c in got] == [("tx-aio", kvxfer.CplStatus.DONE)]
+    _expect(src, dst, [(4, 2), (5, 3)])
+    Tracker(p).released("tx-aio")
+    p.close()
+    d.close()

@@ -312,7 +312,8 @@ class StandInInstance:
 def _cond(inst: StandInInstance, cond: str, rid: str) -> bool:
     return {"freed": lambda: rid in inst.freed, "loaded": lambda: rid in inst.loaded,
             "finished": lambda: rid in inst.finish_params,
-            "settled": lambda: inst.worker.connector_worker.settled(), "load_error": lambda: bool(inst.load_errors),
+            # white-box: no load of this worker still waits for its terminal completion
+            "settled": lambda: not inst.worker.connector_worker.recv_blocks and not inst.worker.connector_worker.failed, "load_error": lambda: bool(inst.load_errors),
             "waiting_remote": lambda: inst.requests[rid].status == StandInStatus.WAITING_FOR_REMOTE_KVS}[cond]()
 
 

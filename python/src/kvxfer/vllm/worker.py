@@ -263,10 +263,6 @@ class KvxferWorker:
         out, self.load_errors = self.load_errors, set()
         return out
 
-    def settled(self) -> bool:
-        """No load of this worker is still waiting for its terminal completion."""
-        return not self.recv_blocks and not self.failed
-
     def stats(self) -> dict[str, Any]:
         """This worker's totals over DONE transfers (transfers_done, bytes, duration_ns),
         transfers_failed (failed or timed out), and the engine's counters as engine_*."""
