@@ -12,6 +12,7 @@ pkgs=(
   libamdhip64-dev
   gnuplot-nox iperf3 ucx-utils python3
   python3-dev python3-setuptools python3-wheel python3-pip python3-pytest python3-torch python3-numpy
+  python3-zmq python3-msgpack
 )
 if [ "${1:-}" = "--vm" ]; then
   pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static kmod)
