@@ -569,9 +569,11 @@ static PyObject *Engine_register_layer(PyObject *self, PyObject *args)
 	int rc = kvx_layout_geometry(&l.spec, &l.tensor, 0, &g, err, sizeof(err));
 	if (rc)
 		return raise_kvx(rc, "layout", err);
+	Py_BEGIN_ALLOW_THREADS
 	pthread_mutex_lock(&s->mu);
 	rc = kvx_engine_register_layer(s->e, &l);
 	pthread_mutex_unlock(&s->mu);
+	Py_END_ALLOW_THREADS
 	if (rc < 0)
 		return raise_kvx(rc, "kvx_engine_register_layer", NULL);
 	if (PyList_Append(s->owners, owner))

@@ -137,6 +137,7 @@ def replay_python(model: dict[str, int], reqs: list[int], pool: int, block: int,
     proc = ctx.Process(target=_producer, args=(child, model, pool, block, mode, transport, conc, fill),
                        daemon=True)
     proc.start()
+    child.close()  # the producer's death then reads as EOF here
     layers, spec = make_layers(model, pool, block, fill=False)
     d = engine_for(Role.CONSUMER, mode, transport, pool, conc)
     for i, t in enumerate(layers):
@@ -168,7 +169,10 @@ def replay_python(model: dict[str, int], reqs: list[int], pool: int, block: int,
                 conn.send(("write", tid, pb))
             else:  # READ: D reads once P served (after its prefill wrote the blocks)
                 conn.send(("serve", tid, pb))
-        for key, _ in sel.select(300):
+        events = sel.select(300)
+        if not events and not proc.is_alive():
+            raise SystemExit(f"producer exited ({proc.exitcode})")
+        for key, _ in events:
             if key.data == "p":
                 msg = conn.recv()
                 if msg[0] == "released":
