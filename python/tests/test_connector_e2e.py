@@ -120,9 +120,12 @@ def test_abort_before_allocation_releases_producer(mode):
         p.close()
 
 
-def test_abort_after_allocation_write():
+@pytest.mark.parametrize("abort_reaches_engine_first", [True, False], ids=["abort-first", "load-first"])
+def test_abort_after_allocation_write(abort_reaches_engine_first):
     """D aborts while waiting for P's writes: its blocks stay held (delay_free) until the
-    engine releases them, the request never loads, and P's blocks come back."""
+    engine says nothing can land any more (abort-first: P answers the release; load-first:
+    the abort reaches the engine after every byte landed), the request never loads, and P's
+    blocks come back."""
     p = InstanceProc("kv_producer", False, "split")
     d = InstanceProc("kv_consumer", False, "split")
     try:
@@ -130,6 +133,8 @@ def test_abort_after_allocation_write():
         d.call("add", dict(request_id=rid, prompt_len=PROMPT, params=d_params(tid)))
         d.call("step_until", ("waiting_remote", rid))
         d.call("abort", rid)
+        if abort_reaches_engine_first:
+            d.call("step")  # the worker aborts the load: D's engine sends `release` to P
         ds = d.call("state", rid)
         assert not ds["freed"] and ds["free"] == NB - 6  # held while writes could land
         p.call("add", dict(request_id=rid, prompt_len=PROMPT, params=p_params(tid)))

@@ -87,6 +87,12 @@ class KvxferWorker:
             except KvxError as x:
                 if x.errno != errno.ENOENT:
                     raise
+                # Already terminal and polled. Loaded: nothing touches its blocks any more.
+                # Failed: its BLOCKS_RELEASED is still to come (then reported as freed).
+                if tid not in self.failed:
+                    self.aborted.discard(tid)
+                    self.recv_blocks.pop(tid, None)
+                    self.unmatched.append((tid, False))
         for r in meta.releases:
             self.release_only.add(r.transfer_id)
             self._submit_recv(r, release=True)
@@ -160,10 +166,23 @@ class KvxferWorker:
             layers = self._begin(s)
             if layers is None or idx in layers:
                 continue
-            e.layer_ready(s.transfer_id, idx, ev_handle)
-            layers.add(idx)
-            if ev_handle:
-                self.events.setdefault(s.transfer_id, []).append(ev)
+            if not self._ended(lambda: e.layer_ready(s.transfer_id, idx, ev_handle), s.transfer_id):
+                layers.add(idx)
+                if ev_handle:
+                    self.events.setdefault(s.transfer_id, []).append(ev)
+
+    def _ended(self, call: Any, tid: str) -> bool:
+        """Run a per-transfer call; True if the transfer already ended (-ENOENT: D released or
+        aborted it before P finished, e.g. an abort before allocation): nothing more to send."""
+        try:
+            call()
+            return False
+        except KvxError as x:
+            if x.errno != errno.ENOENT:
+                raise
+            self.begun[tid] = set(range(len(self.layer_idx)))  # no further layer_ready / seal
+            self.begun[tid].add(-1)
+            return True
 
     def _begin(self, s: Any) -> Optional[set[int]]:
         if s.transfer_id in self.begun:
@@ -181,13 +200,15 @@ class KvxferWorker:
         e = self._engine()
         for s in self.step_saves:
             layers = self._begin(s)
-            if layers is None:
+            if layers is None or -1 in layers:
                 continue
+            tid = s.transfer_id
             for idx in range(len(self.layer_idx)):
-                if idx not in layers:
-                    e.layer_ready(s.transfer_id, idx)
-                    layers.add(idx)
-            e.seal(s.transfer_id, len(self.layer_idx))
+                if idx not in layers and self._ended(lambda: e.layer_ready(tid, idx), tid):
+                    break
+                layers.add(idx)
+            else:
+                self._ended(lambda: e.seal(tid, len(self.layer_idx)), tid)
         self.step_saves = []
 
     def get_finished(self) -> tuple[Optional[set[str]], Optional[set[str]]]:
@@ -225,7 +246,12 @@ class KvxferWorker:
                 return
             if c.status == CplStatus.DONE:
                 self.recv_blocks.pop(tid, None)
-                if self.cfg.mode == Mode.WRITE:
+                if tid in self.aborted:
+                    # Loaded before the abort reached the engine: no release follows, and every
+                    # byte has landed, so the aborted request's blocks are free now.
+                    self.aborted.discard(tid)
+                    self._report(tid, False, sending, recving)
+                elif self.cfg.mode == Mode.WRITE:
                     self._report(tid, True, sending, recving)
             elif tid not in self.aborted:
                 if self.cfg.mode == Mode.READ and tid not in self.failed:
@@ -234,13 +260,15 @@ class KvxferWorker:
             return
         # BLOCKS_RELEASED
         if self.cfg.role == Role.PRODUCER:
+            self.aborted.discard(tid)
             self._report(tid, False, sending, recving)
             return
         if tid in self.release_only:
             self.release_only.discard(tid)
             return
-        if tid in self.aborted:
+        if tid in self.aborted:  # the aborted request's blocks are free now
             self.aborted.discard(tid)
+            self.failed.pop(tid, None)
             self.recv_blocks.pop(tid, None)
             self._report(tid, False, sending, recving)
             return
