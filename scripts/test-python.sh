@@ -33,7 +33,7 @@ set +e
 rc=$?
 set -e
 case "$rc" in
-  0) echo "test-python: $n tests passed" ;;
+  0) echo "test-python: pytest passed ($n tests collected)" ;;
   5) echo "test-python: pytest collected no tests (exit 5)" >&2; exit 1 ;;
   *) echo "test-python: pytest failed (exit $rc)" >&2; exit "$rc" ;;
 esac
