@@ -289,3 +289,24 @@ def test_asyncio_completions_on_the_eventfd():
     Tracker(p).released("tx-aio")
     p.close()
     d.close()
+
+
+def test_tensor_device_maps_to_memory_type():
+    """cpu -> host memory; a GPU tensor ('cuda' is also ROCm torch's device type) -> HIP
+    device memory on its index; anything else is refused naming tensor.device."""
+    class Dev:
+        def __init__(self, type_: str, index):
+            self.type, self.index = type_, index
+
+        def __str__(self) -> str:
+            return f"{self.type}:{self.index}"
+
+    class T:
+        def __init__(self, dev):
+            self.device = dev
+
+    assert kvxfer.tensor_mem(torch.zeros(1)) == (kvxfer.Mem.HOST, 0)
+    assert kvxfer.tensor_mem(T(Dev("cuda", 3))) == (kvxfer.Mem.HIP, 3)
+    assert kvxfer.tensor_mem(T(Dev("cuda", None))) == (kvxfer.Mem.HIP, 0)
+    with pytest.raises(ValueError, match="tensor.device"):
+        kvxfer.tensor_mem(T(Dev("meta", None)))
