@@ -1114,30 +1114,55 @@ static PyObject *mod_geometry(PyObject *mod, PyObject *args)
 			     g.kernel_blocks_per_block, "split_kv_regions", g.split_kv_regions ? Py_True : Py_False);
 }
 
+#define ERRS " Raises KvxError(errno) from the engine (EBUSY not started / wrong role or mode, EEXIST duplicate" \
+	" id, EINVAL bad block ids, ENOBUFS still full after 5 s of retries), ValueError/TypeError naming a bad" \
+	" argument. Any thread; non-blocking apart from the engine mutex (GIL released)."
 static PyMethodDef Engine_methods[] = {
 	{"register_layer", Engine_register_layer, METH_VARARGS,
 	 "register_layer(name, base, shape, stride, elem_size, block_size, num_kv_heads, head_size, is_mla, mem, "
-	 "device_id, owner) -> int: register one KV layer (before start); owner is kept alive."},
-	{"start", Engine_start, METH_NOARGS, "start(): start lcores, listeners and the completion pump (blocks)."},
-	{"stop", Engine_stop, METH_NOARGS, "stop(): live transfers end ABORTED; blocks until lcores joined."},
-	{"close", Engine_close, METH_NOARGS, "close(): stop and destroy the engine; idempotent."},
-	{"ports", Engine_ports, METH_NOARGS, "ports() -> (handshake_port, notify_port) bound."},
-	{"transport_name", Engine_transport_name, METH_NOARGS, "transport_name() -> str."},
-	{"read", Engine_read, METH_VARARGS, "read(transfer_id, local_blocks, remote_blocks, peer): D READ."},
-	{"announce", Engine_announce, METH_VARARGS, "announce(transfer_id, local_blocks, peer): D WRITE."},
-	{"write_begin", Engine_write_begin, METH_VARARGS, "write_begin(transfer_id, local_blocks, peer): P WRITE."},
-	{"serve", Engine_serve, METH_VARARGS, "serve(transfer_id, local_blocks, consumer_tp_size=0): P READ."},
+	 "device_id, owner) -> int: register one KV layer before start(); shape/stride in elements, elem_size and "
+	 "base in bytes, mem 0 host / 1 HIP / 2 hostdev; owner (the tensor) is kept alive. Returns the layer "
+	 "index. Raises KvxError(EINVAL) with the layout module's message for an unsupported geometry, EBUSY "
+	 "after start, ENOBUFS past 512 layers."},
+	{"start", Engine_start, METH_NOARGS,
+	 "start(): start the lcores, bind the listeners (blocks until bound), start the completion pump. Raises "
+	 "KvxError (EINVAL no layer, EADDRINUSE, EBUSY already started)."},
+	{"stop", Engine_stop, METH_NOARGS,
+	 "stop(): live transfers end ABORTED (their completions stay pollable); blocks until the lcores joined."},
+	{"close", Engine_close, METH_NOARGS, "close(): stop the pump, stop and destroy the engine; idempotent."},
+	{"ports", Engine_ports, METH_NOARGS, "ports() -> (handshake_port, notify_port): the bound base ports."},
+	{"transport_name", Engine_transport_name, METH_NOARGS,
+	 "transport_name() -> str: requested provider before start, then the one in use."},
+	{"read", Engine_read, METH_VARARGS,
+	 "read(transfer_id, local_blocks, remote_blocks, peer): D READ; block lists pair by index (equal "
+	 "lengths; empty = release P only); peer is a kvxfer.Peer." ERRS},
+	{"announce", Engine_announce, METH_VARARGS,
+	 "announce(transfer_id, local_blocks, peer): D WRITE; sends remote_blocks (empty: release)." ERRS},
+	{"write_begin", Engine_write_begin, METH_VARARGS,
+	 "write_begin(transfer_id, local_blocks, peer): P WRITE; local_blocks = the whole prompt." ERRS},
+	{"serve", Engine_serve, METH_VARARGS,
+	 "serve(transfer_id, local_blocks, consumer_tp_size=0): P READ; until D's release or defer timeout." ERRS},
 	{"layer_ready", Engine_layer_ready, METH_VARARGS,
-	 "layer_ready(transfer_id, layer, hip_event=0): P WRITE layer computed (0: now; else a hipEvent_t)."},
-	{"seal", Engine_seal, METH_VARARGS, "seal(transfer_id, n_layers): P WRITE write count."},
-	{"abort", Engine_abort, METH_VARARGS, "abort(transfer_id)."},
-	{"layer_poll", Engine_layer_poll, METH_VARARGS, "layer_poll(transfer_id, layer) -> bool."},
-	{"layer_wait", Engine_layer_wait, METH_VARARGS, "layer_wait(transfer_id, layer, timeout_ms)."},
+	 "layer_ready(transfer_id, layer, hip_event=0): P WRITE layer computed; 0 = now, else a hipEvent_t "
+	 "handle queried by the lcore. KvxError(ENOENT) if the transfer already ended." ERRS},
+	{"seal", Engine_seal, METH_VARARGS,
+	 "seal(transfer_id, n_layers): P WRITE: the transfer completes once n_layers layers are written." ERRS},
+	{"abort", Engine_abort, METH_VARARGS,
+	 "abort(transfer_id): either role; KvxError(ENOENT) if unknown or terminal and polled." ERRS},
+	{"layer_poll", Engine_layer_poll, METH_VARARGS,
+	 "layer_poll(transfer_id, layer) -> bool: D READ layer landed; KvxError if the transfer failed."},
+	{"layer_wait", Engine_layer_wait, METH_VARARGS,
+	 "layer_wait(transfer_id, layer, timeout_ms): D READ per-layer barrier; blocks with the GIL released; "
+	 "KvxError(ETIMEDOUT) on timeout, or the transfer's errno if it failed."},
 	{"poll", Engine_poll, METH_VARARGS,
-	 "poll(max=64) -> [(transfer_id, kind, status, error, bytes, duration_ns)]; non-blocking."},
-	{"wait", Engine_wait, METH_VARARGS, "wait(timeout_s) -> bool: until poll() has something (GIL released)."},
-	{"fileno", Engine_fileno, METH_NOARGS, "fileno() -> eventfd readable while completions are queued."},
-	{"stats", Engine_stats, METH_NOARGS, "stats() -> dict."},
+	 "poll(max=64) -> [(transfer_id, kind, status, error, bytes, duration_ns)]: queued completions, at most "
+	 "64; non-blocking; error is 0 or a negative errno, duration in ns."},
+	{"wait", Engine_wait, METH_VARARGS,
+	 "wait(timeout_s) -> bool: block (GIL released) until poll() has something; negative = no timeout."},
+	{"fileno", Engine_fileno, METH_NOARGS,
+	 "fileno() -> int: an eventfd readable while completions are queued (selectors/asyncio)."},
+	{"stats", Engine_stats, METH_NOARGS,
+	 "stats() -> dict: engine totals, 'lcores' (per polling lcore) and 'peers' (per peer) lists."},
 	{NULL, NULL, 0, NULL},
 };
 
