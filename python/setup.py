@@ -55,11 +55,14 @@ def locate() -> tuple[list[str], list[str], list[str]]:
 incs, objs, libs = locate()
 ext = Extension(
     "kvxfer._kvxfer",
-    sources=["src/kvxfer/_kvxfer.c"],
+    sources=["src/kvxfer/_kvxfer.c", "src/kvxfer/ext_args.c", "src/kvxfer/ext_pump.c"],
+    depends=["src/kvxfer/ext.h"],
     include_dirs=incs,
     extra_objects=objs,
-    extra_link_args=libs + shlex.split(os.environ.get("KVXFER_EXT_LDFLAGS", "")),
-    extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers"]
+    # the static libkvxfer stays private to the extension (exports only PyInit__kvxfer)
+    extra_link_args=libs + ["-Wl,--exclude-libs,ALL"] + shlex.split(os.environ.get("KVXFER_EXT_LDFLAGS", "")),
+    extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+                        "-Wmissing-prototypes", "-fvisibility=hidden"]
     + shlex.split(os.environ.get("KVXFER_EXT_CFLAGS", "")),
     define_macros=[("Py_LIMITED_API", hex(LIMITED))],
     py_limited_api=True,
