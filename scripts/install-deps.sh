@@ -10,7 +10,9 @@ pkgs=(
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils perftest
   liburcu-dev libmsgpack-dev libzmq3-dev libcriterion-dev libnuma-dev libjansson-dev
   libamdhip64-dev
-  gnuplot-nox iperf3 ucx-utils python3 python3-numpy
+  gnuplot-nox iperf3 ucx-utils python3
+  python3-dev python3-setuptools python3-wheel python3-pip python3-pytest python3-torch python3-numpy
+  python3-zmq python3-msgpack
 )
 if [ "${1:-}" = "--vm" ]; then
   pkgs+=(qemu-system-x86 linux-image-amd64 busybox-static kmod)

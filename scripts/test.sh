@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command (2): install dependencies, build, and run every test.
-#   1. release build + all Criterion tests through ctest
+#   1. release build + all Criterion tests through ctest, then the Python package (kvxfer and its
+#      vLLM connector) installed with pip against that build + its pytest suite (scripts/test-python.sh)
 #   2. ASan+UBSan build + all tests
 #   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan")
 #   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
@@ -22,6 +23,9 @@ build() { # build DIR [cmake args...]
 stage "release build + tests"
 build build
 (cd build && ctest --output-on-failure)
+
+stage "Python package (kvxfer, vLLM connector) + pytest"
+bash scripts/test-python.sh build
 
 if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
   stage "ASan+UBSan build + tests"
