@@ -76,6 +76,16 @@ struct kvx_xfer {
 
 struct kvx_xfer_table;
 
+/* FNV-1a of a transfer id: the one hash of ids in the runtime (transfer tables, the polling
+ * lcore that owns a transfer). */
+static inline uint32_t kvx_xfer_tid_hash(const char *s)
+{
+	uint32_t h = 2166136261u;
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 16777619u;
+	return h;
+}
+
 /* Table of transfers keyed by transfer id, fixed capacity, terminal ids kept in a FIFO LRU of
  * lru_cap entries so late or duplicate notifications for finished transfers are ignored. */
 int kvx_xfer_table_create(size_t capacity, size_t lru_cap, struct kvx_xfer_table **out);

@@ -19,14 +19,6 @@ struct kvx_xfer_table {
 	uint32_t lru_head, lru_tail, lru_count, lru_cap;
 };
 
-static uint32_t hash_tid(const char *s)
-{
-	uint32_t h = 2166136261u; /* FNV-1a */
-	for (; *s; s++)
-		h = (h ^ (uint8_t)*s) * 16777619u;
-	return h;
-}
-
 int kvx_xfer_table_create(size_t capacity, size_t lru_cap, struct kvx_xfer_table **out)
 {
 	if (!out || capacity == 0 || capacity > (1u << 24) || lru_cap >= capacity)
@@ -66,7 +58,7 @@ void kvx_xfer_table_destroy(struct kvx_xfer_table *t)
 
 struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid)
 {
-	uint32_t h = hash_tid(tid);
+	uint32_t h = kvx_xfer_tid_hash(tid);
 	for (uint32_t i = t->bucket[h & (t->nbucket - 1)]; i; i = t->e[i - 1].next) {
 		struct kvx_xfer *x = &t->e[i - 1];
 		if (x->hash == h && !strcmp(x->tid, tid))
@@ -119,7 +111,7 @@ int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **o
 	t->free_head = x->next;
 	memset(x, 0, sizeof(*x));
 	memcpy(x->tid, tid, len + 1);
-	x->hash = hash_tid(tid);
+	x->hash = kvx_xfer_tid_hash(tid);
 	x->state = KVX_XFER_S_LIVE;
 	x->decode_dp_rank = -1;
 	uint32_t *b = &t->bucket[x->hash & (t->nbucket - 1)];
