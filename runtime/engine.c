@@ -25,12 +25,13 @@
  * new connection that replaces the old entry; the old one is destroyed only after a grace
  * period AND once its last reference is dropped (eng_conn_put()). */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvxfer/control.h"
 #include "kvxfer/engine.h"
@@ -150,8 +151,9 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		return rc;
 	}
 	atomic_init(&e->test_hold_layers, UINT32_MAX);
-	rc = -pthread_mutex_init(&e->acc_lock, NULL);
-	if (rc) {
+	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (e->ctl_efd < 0) {
+		rc = -errno;
 		kvx_xfer_table_destroy(e->reg);
 		free(e);
 		return rc;
@@ -384,6 +386,9 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	};
 	if ((rc = kvx_ctl_create(&cp, &e->ctl)))
 		return rc;
+	/* Control-path transport work the pollers hand over (dead connections, reader fences). */
+	if ((rc = kvx_ctl_watch_fd(e->ctl, e->ctl_efd, eng_on_ctl_work, e)))
+		return rc;
 	/* Device async events (verbs: QP/CQ/port errors) are drained on the control lcore. */
 	for (uint32_t k = 0; k < e->n_xctx; k++) {
 		int fd = kvx_xport_ctx_event_fd(e->xctx[k]);
@@ -518,14 +523,14 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 			struct conn *cn = x->conn;
 			x->conn = NULL;
 			eng_remove_live(po, x);
-			eng_conn_put(NULL, cn);
+			eng_conn_put_stopped(cn);
 			eng_push_cpl(po, c, n);
 		}
 		while (po->plist) {
 			struct conn *cn = po->plist;
 			po->plist = cn->link[k].next;
 			cn->link[k].listed = false;
-			eng_conn_put(NULL, cn);
+			eng_conn_put_stopped(cn);
 		}
 	}
 }
@@ -547,14 +552,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	kvx_ctl_destroy(e->ctl);
 	/* Connections: the table's references go after a grace period (no reader is left). */
 	kvx_rcu_table_destroy(e->conns);
-	for (uint32_t k = 0; k < e->n_po; k++) {
-		struct poller *po = e->po[k];
-		while (po->dead) {
-			struct conn *c = po->dead;
-			po->dead = c->next_dead;
-			eng_conn_destroy(c);
-		}
-	}
+	eng_conn_reap_stopped(e);
 	for (uint32_t i = 0; i < e->n_peers; i++)
 		eng_hs_eps_destroy(&e->peers[i]);
 	for (uint32_t i = 0; i < e->n_accepted; i++)
@@ -579,7 +577,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 		free(po);
 	}
 	kvx_xfer_table_destroy(e->reg);
-	pthread_mutex_destroy(&e->acc_lock);
+	close(e->ctl_efd);
 	if (e->app_w_init)
 		kvx_waiter_fini(&e->app_w);
 	if (e->arena)

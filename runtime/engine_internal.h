@@ -6,7 +6,6 @@
  * functions one of those files calls in another. Which thread writes which field is said at
  * each struct; the threads are described at the top of engine.c.
  */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -133,7 +132,7 @@ struct conn {
 	struct kvx_layout_geom *geom; /* Array[n_layers] */
 	_Atomic uint32_t refs;        /* 1 for the table + transfers + poll lists */
 	atomic_bool stale;            /* an endpoint entered error state: no new transfer binds */
-	struct conn *next_dead;       /* a poller's list of conns to destroy (acc_lock busy) */
+	struct conn *next_dead;       /* link in the engine's `dead` stack (pushed once refs hit 0) */
 	struct clink link[];
 };
 
@@ -195,7 +194,6 @@ struct poller {
 	struct kvx_plan_cache *pc;
 	struct kvx_xport_op *ops;
 	struct conn *plist; /* connections with ops outstanding on link k */
-	struct conn *dead;  /* unreferenced connections waiting for acc_lock */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
@@ -244,11 +242,23 @@ struct kvx_engine {
 	uint32_t *lb_pool;        /* Array[max_transfers * n_layers] */
 	struct lgate *gate_pool;  /* Array[max_transfers * n_layers] */
 	uint32_t cpl_rr;
-	/* control thread; poller 0 destroys them to fence readers (acc_lock, trylock only) */
-	pthread_mutex_t acc_lock;
+	/* Control-path transport work runs on the control lcore only (transport.h: endpoint
+	 * create/accept/connect/destroy one thread at a time), so no lock guards it:
+	 *  - accepted[]: target endpoints; written by the control thread only.
+	 *  - dead: unreferenced connections to destroy; a lock-free stack (push: any thread that
+	 *    drops the last reference, a poller or the RCU callback thread; take-all: the control
+	 *    thread in eng_on_ctl_work(), the app thread once the control lcore is stopped).
+	 *  - fences (P READ defer timeout): fence_req is raised by any poller; the control thread
+	 *    destroys accepted[] and stores fence_cut; poller 0 stores fence_done = fence_cut after
+	 *    its next kvx_xport_progress() call (a call that began before the cut may still have
+	 *    been serving a reader); pollers release fenced blocks once fence_done covers them.
+	 *  - ctl_efd: eventfd doorbell, written by whoever queued work; watched by the control
+	 *    lcore (eng_on_ctl_work()). */
 	struct kvx_xport_ep **accepted;
 	uint32_t n_accepted, cap_accepted;
-	_Atomic uint64_t fence_req, fence_done; /* fences asked by any poller / done by poller 0 */
+	_Atomic(struct conn *) dead;
+	_Atomic uint64_t fence_req, fence_cut, fence_done;
+	int ctl_efd;
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
 	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
@@ -277,8 +287,16 @@ void eng_on_xport_events(void *arg);
 void eng_conn_table_free(void *value, void *ctx);
 void eng_hs_eps_destroy(struct peer *pr);
 void eng_conn_destroy(struct conn *c);
-void eng_conn_put(struct poller *po, struct conn *c);
-void eng_conn_reap(struct poller *po);
+/* Drop a reference (any thread); the last one hands the connection to the control lcore. */
+void eng_conn_put(struct conn *c);
+/* Ask the control lcore for a reader fence (any poller); returns its ticket. */
+uint64_t eng_fence_request(struct kvx_engine *e);
+/* Control thread (watch callback of ctl_efd): destroy dead connections, cut fences. */
+void eng_on_ctl_work(void *arg);
+/* App thread, control lcore stopped: destroy what is left on the dead stack. */
+void eng_conn_reap_stopped(struct kvx_engine *e);
+/* App thread, control lcore stopped: drop a reference, destroying at once on the last. */
+void eng_conn_put_stopped(struct conn *c);
 /* peer.c: handshake orchestration (any thread that owns an inbox: app or poller). */
 int eng_hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from);
 void eng_epoch_check_start(struct poller *po, struct peer *pr);

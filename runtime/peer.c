@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine_internal.h"
 
@@ -61,19 +62,14 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 	cin_push(e, eng_tid_poller(e, m.tid), &m);
 }
 
-static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
+static int connect_accept(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
 			  size_t *len_b);
 
-/* Every control-thread transport call runs under acc_lock: poller 0's fence destroys target
- * endpoints and pollers destroy unreferenced connections on the same contexts (transport.h:
- * control-path calls one thread at a time). */
+/* Control thread: an initiator's connection request (every control-path transport call of the
+ * engine runs on this thread: transport.h allows one thread at a time per context). */
 int eng_on_connect(void *arg, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b, size_t *len_b)
 {
-	struct kvx_engine *e = arg;
-	pthread_mutex_lock(&e->acc_lock);
-	int rc = connect_locked(e, blob_a, len_a, blob_b, len_b);
-	pthread_mutex_unlock(&e->acc_lock);
-	return rc;
+	return connect_accept(arg, blob_a, len_a, blob_b, len_b);
 }
 
 /* Provider codes in the engine's connection blobs (stable wire values). */
@@ -103,7 +99,7 @@ static int xctx_index(const struct kvx_engine *e, uint8_t code)
  * (shm checks same host and CMA there), so a wrong same-host guess degrades to the next
  * candidate (tcp) instead of failing the handshake:
  *   B = [u8 code][u8 n_links] n_links x ([u32 len][xport blob B]) [u32 n_regions][n x RDESC][u64 num_blocks]. */
-static int connect_locked(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
+static int connect_accept(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
 			  size_t *len_b)
 {
 	size_t cap = *len_b;
@@ -221,7 +217,6 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
 	/* New endpoints for a new connection: the published one (if any) stays untouched until
 	 * it is replaced and unreferenced. */
 	struct kvx_engine *e = pr->e;
-	pthread_mutex_lock(&e->acc_lock);
 	eng_hs_eps_destroy(pr);
 	size_t pos = 2;
 	int rc = 0;
@@ -256,11 +251,11 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
 		blob_a[1] = (uint8_t)e->n_po;
 		*len_a = pos;
 	}
-	pthread_mutex_unlock(&e->acc_lock);
 	return rc;
 }
 
-/* Destroy a connection's endpoints and imported regions (acc_lock held). */
+/* Destroy a connection's endpoints and imported regions: the control thread, or the app thread
+ * once the control lcore is stopped. */
 void eng_conn_destroy(struct conn *c)
 {
 	for (uint32_t l = 0; l < c->n_links; l++) {
@@ -271,42 +266,79 @@ void eng_conn_destroy(struct conn *c)
 	free(c);
 }
 
-/* Drop a reference. The last one destroys the connection: at once where blocking on acc_lock
- * is fine (po NULL: the RCU callback thread, the app thread at stop), else on the poller's
- * dead list until acc_lock is free (pollers never block). */
-void eng_conn_put(struct poller *po, struct conn *c)
+static void ctl_kick(struct kvx_engine *e)
+{
+	uint64_t one = 1;
+	ssize_t w = write(e->ctl_efd, &one, sizeof(one));
+	(void)w; /* EAGAIN: the counter is saturated, a wake-up is pending anyway */
+}
+
+/* The last reference pushes the connection on the dead stack (lock-free, never full) and wakes
+ * the control lcore, which destroys it (eng_on_ctl_work()). Pollers never block here. */
+void eng_conn_put(struct conn *c)
 {
 	if (!c || atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	if (!po) {
-		struct kvx_engine *e = c->e;
-		pthread_mutex_lock(&e->acc_lock);
-		eng_conn_destroy(c);
-		pthread_mutex_unlock(&e->acc_lock);
-		return;
-	}
-	c->next_dead = po->dead;
-	po->dead = c;
-	eng_conn_reap(po);
+	struct kvx_engine *e = c->e;
+	struct conn *head = atomic_load_explicit(&e->dead, memory_order_relaxed);
+	do
+		c->next_dead = head;
+	while (!atomic_compare_exchange_weak_explicit(&e->dead, &head, c, memory_order_release,
+						       memory_order_relaxed));
+	ctl_kick(e);
 }
 
-void eng_conn_reap(struct poller *po)
+uint64_t eng_fence_request(struct kvx_engine *e)
 {
-	if (!po->dead || pthread_mutex_trylock(&po->e->acc_lock))
-		return;
-	while (po->dead) {
-		struct conn *c = po->dead;
-		po->dead = c->next_dead;
+	uint64_t t = atomic_fetch_add_explicit(&e->fence_req, 1, memory_order_acq_rel) + 1;
+	ctl_kick(e);
+	return t;
+}
+
+static void reap_dead(struct kvx_engine *e)
+{
+	struct conn *c = atomic_exchange_explicit(&e->dead, NULL, memory_order_acquire);
+	while (c) {
+		struct conn *next = c->next_dead;
 		eng_conn_destroy(c);
+		c = next;
 	}
-	pthread_mutex_unlock(&po->e->acc_lock);
+}
+
+void eng_on_ctl_work(void *arg)
+{
+	struct kvx_engine *e = arg;
+	uint64_t v;
+	ssize_t r = read(e->ctl_efd, &v, sizeof(v)); /* clear the doorbell before looking */
+	(void)r;
+	reap_dead(e);
+	uint64_t req = atomic_load_explicit(&e->fence_req, memory_order_acquire);
+	if (req != atomic_load_explicit(&e->fence_cut, memory_order_relaxed)) {
+		/* P READ defer timeout: revoke every reader at the wire (see poller.c fences). */
+		for (uint32_t i = 0; i < e->n_accepted; i++)
+			kvx_xport_ep_destroy(e->accepted[i]);
+		e->n_accepted = 0;
+		atomic_fetch_add_explicit(&e->st_fences, 1, memory_order_relaxed);
+		atomic_store_explicit(&e->fence_cut, req, memory_order_release);
+	}
+}
+
+void eng_conn_reap_stopped(struct kvx_engine *e)
+{
+	reap_dead(e);
+}
+
+void eng_conn_put_stopped(struct conn *c)
+{
+	if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+		eng_conn_destroy(c);
 }
 
 /* RCU table free_fn: runs after a grace period for a replaced or deleted connection. */
 void eng_conn_table_free(void *value, void *ctx)
 {
 	(void)ctx;
-	eng_conn_put(NULL, value);
+	eng_conn_put(value);
 }
 
 /* The peer's advertised regions (metadata (a) + region map (b), PROTOCOL.md §3.1, §4.1) must be
@@ -405,7 +437,6 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 	atomic_init(&c->refs, 1);
 	c->geom = calloc(e->n_layers, sizeof(*c->geom));
 	int rc = c->geom ? 0 : -ENOMEM;
-	pthread_mutex_lock(&e->acc_lock);
 	for (uint32_t l = 0; l < e->n_po; l++) {
 		/* The connection owns the chosen endpoints from here on. */
 		c->link[l].ep = pr->hs_ep[l][xi];
@@ -421,10 +452,8 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 	}
 	if (rc) {
 		eng_conn_destroy(c);
-		pthread_mutex_unlock(&e->acc_lock);
 		return rc;
 	}
-	pthread_mutex_unlock(&e->acc_lock);
 	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[xi]));
 	for (uint32_t i = 0; i < nreg; i++) {
 		c->geom[i] = e->layers[i].geom;
@@ -434,15 +463,13 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 	return 0;
 }
 
-/* Control thread: the context's device async-event fd is readable. Under acc_lock like every
- * control-path transport call; endpoints it moves to error state are then met by their
+/* Control thread: the context's device async-event fd is readable (a control-path transport
+ * call, on the thread of all of them); endpoints it moves to error state are then met by their
  * pollers (completion errors -> stale connection -> re-handshake). */
 void eng_on_xport_events(void *arg)
 {
 	struct evwatch *w = arg;
-	pthread_mutex_lock(&w->e->acc_lock);
 	int n = kvx_xport_ctx_handle_events(w->e->xctx[w->k]);
-	pthread_mutex_unlock(&w->e->acc_lock);
 	if (n < 0)
 		kvx_log(KVX_LOG_WARN, "engine: %s async events: %s", kvx_xport_name(w->e->xctx[w->k]), kvx_strerror(n));
 }
@@ -498,9 +525,7 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	if (rc == -EBUSY) {
 		/* Another job (an epoch check) dials the same host:port: not a failure; the
 		 * waiting transfers start the handshake again (xf_conn()). */
-		pthread_mutex_lock(&e->acc_lock);
 		eng_hs_eps_destroy(pr);
-		pthread_mutex_unlock(&e->acc_lock);
 		atomic_store_explicit(&pr->hs_state, pr->gen ? HS_READY : HS_IDLE, memory_order_release);
 		struct emsg m = {.type = M_PEER_CHECKED, .ptr = pr};
 		for (uint32_t k = 0; k < e->n_po; k++)
@@ -527,15 +552,11 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 		int pr_rc = kvx_rcu_table_replace_u64(e->conns, pr->id, c);
 		kvx_rcu_unregister();
 		if (pr_rc < 0) {
-			pthread_mutex_lock(&e->acc_lock);
 			eng_conn_destroy(c);
-			pthread_mutex_unlock(&e->acc_lock);
 			rc = pr_rc;
 		}
 	} else {
-		pthread_mutex_lock(&e->acc_lock);
 		eng_hs_eps_destroy(pr);
-		pthread_mutex_unlock(&e->acc_lock);
 	}
 	if (rc)
 		kvx_log(KVX_LOG_WARN, "engine: handshake with %s:%u dp %u failed: %s%s%s", pr->host, pr->hs_port,

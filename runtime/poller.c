@@ -123,7 +123,7 @@ void eng_remove_live(struct poller *po, struct xf *x)
 	po->live[i] = po->live[--po->n_live];
 	po->live[i]->live_idx = i;
 	x->live = false;
-	eng_conn_put(po, x->conn); /* retiring: no op of x is outstanding */
+	eng_conn_put(x->conn); /* retiring: no op of x is outstanding */
 	x->conn = NULL;
 }
 
@@ -231,7 +231,7 @@ static int xf_conn(struct poller *po, struct xf *x)
 		return -ECONNRESET;
 	if (x->kind == XK_WRITE && x->alloc_epoch && n->epoch != x->alloc_epoch)
 		return -ECONNRESET; /* the allocation belongs to a consumer incarnation that is gone */
-	eng_conn_put(po, c);
+	eng_conn_put(c);
 	conn_bind(x, n);
 	return 1;
 }
@@ -361,7 +361,7 @@ static void rehs_decide(struct poller *po, struct xf *x, struct conn *n)
 		x->next_layer = 0;
 		x->done_posting = false;
 		memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
-		eng_conn_put(po, x->conn);
+		eng_conn_put(x->conn);
 		conn_bind(x, n);
 		x->peer_epoch = n->epoch;
 		return;
@@ -783,24 +783,16 @@ static void handle_cin(struct poller *po, struct emsg *m)
 
 /* P READ defer timeout (PROTOCOL.md §5.4 with §6 item 11): the producer cannot see one-sided
  * reads, so it revokes them: destroying the target endpoints makes every consumer's further
- * access impossible (verbs: the QPs are gone; tcp: the next kvx_xport_progress(), on this
- * thread, closes their connections before serving anything else), and only then are the
- * blocks reported reusable. shm cannot be revoked by the target (see engine.h). Runs on
- * poller 0 (the thread of kvx_xport_progress()) for the fences any poller asked for. */
-static void fence_readers(struct poller *po)
+ * access impossible (verbs: the QPs are gone; tcp: the context's progress stops serving them at
+ * its next call), and only then are the blocks reported reusable. shm cannot be revoked by the
+ * target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
+ * endpoints (eng_on_ctl_work(): fence_cut); poller 0, the thread of kvx_xport_progress(),
+ * confirms once a progress call that began after the cut has returned (fence_done). */
+static void fence_confirm(struct poller *po, uint64_t cut)
 {
 	struct kvx_engine *e = po->e;
-	uint64_t req = atomic_load_explicit(&e->fence_req, memory_order_acquire);
-	if (req == atomic_load_explicit(&e->fence_done, memory_order_relaxed))
-		return;
-	if (pthread_mutex_trylock(&e->acc_lock))
-		return; /* the control thread is inside a transport call: retry at the next scan */
-	for (uint32_t i = 0; i < e->n_accepted; i++)
-		kvx_xport_ep_destroy(e->accepted[i]);
-	e->n_accepted = 0;
-	pthread_mutex_unlock(&e->acc_lock);
-	atomic_fetch_add_explicit(&e->st_fences, 1, memory_order_relaxed);
-	atomic_store_explicit(&e->fence_done, req, memory_order_release);
+	if (cut != atomic_load_explicit(&e->fence_done, memory_order_relaxed))
+		atomic_store_explicit(&e->fence_done, cut, memory_order_release);
 }
 
 /* Serve transfers whose fence is done: their blocks are reusable now. */
@@ -854,7 +846,7 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 					 * held until poller 0 revoked every reader at the wire. */
 					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
 					x->fence_pending = true;
-					x->fence_ticket = atomic_fetch_add_explicit(&e->fence_req, 1, memory_order_acq_rel) + 1;
+					x->fence_ticket = eng_fence_request(e);
 					po->n_fence_pending++;
 				} else {
 					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
@@ -867,11 +859,8 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 		if (po->n_live == before)
 			i++;
 	}
-	if (po->k == 0)
-		fence_readers(po);
 	if (po->n_fence_pending)
 		fence_release(po);
-	eng_conn_reap(po);
 }
 
 /* A stale connection whose re-handshake could not be queued (inbox full): retry. */
@@ -921,7 +910,7 @@ int eng_poll_fn(void *arg)
 		}
 		*pp = l->next;
 		l->listed = false;
-		eng_conn_put(po, cn);
+		eng_conn_put(cn);
 	}
 	/* Transfers waiting on the send queue, a connection or a layer's readiness event. */
 	for (uint32_t i = 0; i < po->n_live;) {
@@ -932,10 +921,14 @@ int eng_poll_fn(void *arg)
 		if (po->n_live == before)
 			i++;
 	}
-	if (po->k == 0)
+	if (po->k == 0) {
+		/* Loaded before the progress calls: the cut's endpoints are out of any call below. */
+		uint64_t cut = atomic_load_explicit(&e->fence_cut, memory_order_acquire);
 		for (uint32_t i = 0; i < e->n_xctx; i++)
 			if (e->caps[i].needs_progress)
 				busy |= kvx_xport_progress(e->xctx[i]) > 0;
+		fence_confirm(po, cut);
+	}
 	uint64_t now = kvx_now_ns();
 	if (now >= po->next_scan_ns) {
 		po->next_scan_ns = now + 1000000ull;
