@@ -62,8 +62,9 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 	struct xf *x = &e->xpool[slot];
 	uint32_t *lb = x->lblocks, *rb = x->rblocks, *lbat = x->layer_batches;
 	struct lgate *gate = x->gate;
-	uint32_t next_free = x->next_free;
+	uint32_t next_free = x->next_free, gen = x->gen + 1 ? x->gen + 1 : 1;
 	memset(x, 0, sizeof(*x));
+	x->gen = gen;
 	memset(lbat, 0, e->n_layers * sizeof(*lbat));
 	memset(gate, 0, e->n_layers * sizeof(*gate));
 	x->lblocks = lb;
@@ -82,7 +83,7 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 	if (n && rids)
 		memcpy(x->rblocks, rids, n * sizeof(uint32_t));
 	x->po = e->po[eng_tid_poller(e, tid)];
-	struct emsg m = {.type = M_SUBMIT, .ptr = x};
+	struct smsg m = {.type = M_SUBMIT, .ptr = x};
 	if (!kvx_ring_enqueue_elem_burst_sp(x->po->sub, &m, 1, NULL)) {
 		x->next_free = next_free;
 		kvx_xfer_make_terminal(e->reg, r);
@@ -140,14 +141,15 @@ static int push_tid_msg(struct kvx_engine *e, uint32_t type, const char *tid, ui
 		return -EINVAL;
 	if (!e->started || e->stopped)
 		return -EBUSY;
+	/* The id is resolved here, once: the poller gets the transfer's handle. */
 	struct kvx_xfer *r = kvx_xfer_find(e->reg, tid);
-	if (!r || r->state != KVX_XFER_S_LIVE)
+	if (!r || r->state != KVX_XFER_S_LIVE || !r->user)
 		return -ENOENT;
-	struct emsg m = {.type = type, .u32 = u32, .ptr = (void *)ptr};
+	const struct xf *x = r->user;
+	struct smsg m = {.type = type, .u32 = u32, .slot = x->slot, .gen = x->gen, .ptr = ptr};
 	if (ev)
 		m.ev = *ev;
-	strcpy(m.tid, tid);
-	return kvx_ring_enqueue_elem_burst_sp(e->po[eng_tid_poller(e, tid)]->sub, &m, 1, NULL) ? 0 : -ENOBUFS;
+	return kvx_ring_enqueue_elem_burst_sp(x->po->sub, &m, 1, NULL) ? 0 : -ENOBUFS;
 }
 KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
 				 const atomic_uint *ready)

@@ -338,15 +338,17 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		char name[32];
 		po->ops = calloc(2 * (size_t)e->p.max_blocks, sizeof(*po->ops));
 		po->live = calloc(mt, sizeof(*po->live));
-		if (!po->ops || !po->live)
+		po->owned = calloc(mt, sizeof(*po->owned));
+		if (!po->ops || !po->live || !po->owned)
 			return -ENOMEM;
 		if ((rc = kvx_plan_cache_create(e->p.max_blocks, &po->pc)) ||
 		    (rc = kvx_xfer_table_create(2 * mt + KVX_XFER_TERMINAL_LRU + 64, KVX_XFER_TERMINAL_LRU, &po->tab)))
 			return rc;
-		struct kvx_ring_params rp = {.name = name, .count = cnt, .elem_size = sizeof(struct emsg)};
+		struct kvx_ring_params rp = {.name = name, .count = cnt, .elem_size = sizeof(struct smsg)};
 		snprintf(name, sizeof(name), "eng-sub%u", k);
 		if ((rc = kvx_ring_create(&rp, &po->sub)))
 			return rc;
+		rp.elem_size = sizeof(struct emsg);
 		snprintf(name, sizeof(name), "eng-cin%u", k);
 		if ((rc = kvx_ring_create(&rp, &po->cin)))
 			return rc;
@@ -501,11 +503,11 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 	 * live transfers end as aborted (their blocks are reusable: no op can run any more). */
 	for (uint32_t k = 0; k < e->n_po; k++) {
 		struct poller *po = e->po[k];
-		struct emsg m;
+		struct smsg m;
 		while (kvx_ring_dequeue_elem_burst_sc(po->sub, &m, 1, NULL)) {
 			if (m.type != M_SUBMIT)
 				continue;
-			struct xf *x = m.ptr;
+			struct xf *x = (struct xf *)m.ptr;
 			x->live_idx = po->n_live;
 			po->live[po->n_live++] = x;
 			x->live = true;
@@ -574,6 +576,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 		kvx_xfer_table_destroy(po->tab);
 		free(po->ops);
 		free(po->live);
+		free(po->owned);
 		free(po);
 	}
 	kvx_xfer_table_destroy(e->reg);

@@ -28,16 +28,28 @@ enum msg_type {
 	M_PEER_CHECKED = 8, /* a metadata-only epoch check of the peer finished */
 };
 
+/* app -> poller k (`sub` ring): a submission hands over the transfer object; every later
+ * message names it by handle (pool slot + generation), never by id. */
+struct smsg {
+	uint32_t type;  /* M_SUBMIT, M_LAYER_READY, M_SEAL, M_ABORT */
+	uint32_t u32;   /* layer / n_layers */
+	uint32_t slot;  /* handle: pool slot ... */
+	uint32_t gen;   /* ... and generation (stale handles are ignored) */
+	const void *ptr; /* M_SUBMIT: the struct xf; M_LAYER_READY: legacy ready flag */
+	struct kvx_mem_event ev; /* M_LAYER_READY: the layer's readiness event (by value) */
+};
+
+/* control -> poller k (`cin` ring): inbound notifications (by transfer id: the control lcore
+ * is the edge where ids are resolved, on the owning poller's table) and peer events. */
 struct emsg {
 	uint32_t type;
-	uint32_t u32;   /* layer / n_layers / notify type */
+	uint32_t u32;   /* notify type */
 	int32_t status; /* error / decode rank */
 	uint32_t n;     /* block count */
-	void *ptr;      /* xf*, peer*, legacy ready flag, malloc'ed block ids */
+	void *ptr;      /* peer*, malloc'ed block ids */
 	uint64_t u64;   /* consumer_tp_size */
-	struct kvx_mem_event ev; /* M_LAYER_READY: the layer's readiness event (by value) */
 	char tid[KVX_ENGINE_ID_MAX];
-	uint8_t pad[256 - 32 - sizeof(struct kvx_mem_event) - KVX_ENGINE_ID_MAX];
+	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
@@ -157,7 +169,9 @@ struct xf {
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
 	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */
 	atomic_int final_error;
+	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
 	/* Poller-owned. */
+	struct kvx_xfer *t; /* its entry in the poller's table (NULL for a consumer READ) */
 	uint32_t live_idx;
 	uint32_t slot; /* index in the engine's pool; used in completion cookies */
 	bool live;
@@ -191,6 +205,7 @@ struct poller {
 	struct kvx_xfer_table *tab;
 	struct xf **live;
 	uint32_t n_live;
+	uint32_t *owned; /* Array[max_transfers]: gen of the live transfer in that pool slot, 0 */
 	struct kvx_plan_cache *pc;
 	struct kvx_xport_op *ops;
 	struct conn *plist; /* connections with ops outstanding on link k */

@@ -123,8 +123,27 @@ void eng_remove_live(struct poller *po, struct xf *x)
 	po->live[i] = po->live[--po->n_live];
 	po->live[i]->live_idx = i;
 	x->live = false;
+	po->owned[x->slot] = 0;
+	if (x->t && x->t->user == x)
+		x->t->user = NULL;
+	x->t = NULL;
 	eng_conn_put(x->conn); /* retiring: no op of x is outstanding */
 	x->conn = NULL;
+}
+
+/* The transfer's entry in the poller's table while it still belongs to it (an entry made
+ * terminal stays until the LRU evicts it; evicted or reused, it no longer names x). */
+static struct kvx_xfer *xf_entry(struct xf *x)
+{
+	return x->t && x->t->user == x ? x->t : NULL;
+}
+
+/* The live transfer a handle names on this poller, or NULL (retired, reused). */
+static struct xf *handle_xf(struct poller *po, uint32_t slot, uint32_t gen)
+{
+	if (slot >= po->e->p.max_transfers || po->owned[slot] != gen)
+		return NULL;
+	return &po->e->xpool[slot];
 }
 
 static void count_terminal(struct poller *po, struct xf *x, enum kvx_cpl_status st)
@@ -176,16 +195,6 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 		eng_remove_live(po, x);
 	}
 	eng_push_cpl(po, c, n);
-}
-
-static struct kvx_xfer *tab_open(struct poller *po, const char *tid)
-{
-	struct kvx_xfer *t = kvx_xfer_find(po->tab, tid);
-	if (t)
-		return t;
-	if (kvx_xfer_open(po->tab, tid, &t))
-		return NULL;
-	return t;
 }
 
 /* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
@@ -433,13 +442,15 @@ static void write_fail(struct poller *po, struct xf *x, int err)
 	memset(x->want_post, 0, sizeof(x->want_post));
 	x->failed = true;
 	x->error = err;
-	kvx_xfer_mark_write_done(po->tab, x->tid, false);
+	struct kvx_xfer *t = xf_entry(x);
+	if (t)
+		kvx_xfer_mark_write_done(po->tab, t, false);
 	report(po, x, KVX_CPL_FAILED, err, x->batches_out == 0);
 }
 
 static void write_progress(struct poller *po, struct xf *x)
 {
-	struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
+	struct kvx_xfer *t = xf_entry(x);
 	if (x->reported || !t || t->state != KVX_XFER_S_LIVE) {
 		if (x->batches_out == 0) {
 			if (x->aborted && !x->release_sent) {
@@ -485,7 +496,7 @@ static void write_progress(struct poller *po, struct xf *x)
 			x->want_post[w] &= ~(1ull << (layer % 64));
 			if (x->layer_batches[layer] == 0 && !x->failed) {
 				/* Nothing to move for this layer (empty plan): it is done. */
-				kvx_xfer_mark_write_done(po->tab, x->tid, true);
+				kvx_xfer_mark_write_done(po->tab, t, true);
 			}
 		}
 	}
@@ -519,11 +530,34 @@ static void progress(struct poller *po, struct xf *x)
 	}
 }
 
+/* The poller's entry for a transfer id: found, or opened (a notification that arrives before
+ * its transfer is submitted is parked there). NULL if the table is full. */
+static struct kvx_xfer *tab_get(struct poller *po, const char *tid)
+{
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, tid);
+	if (!t && kvx_xfer_open(po->tab, tid, &t))
+		return NULL;
+	return t;
+}
+
+/* Attach x to its entry (announce, write, serve: the kinds that receive notifications). */
+static struct kvx_xfer *attach(struct poller *po, struct xf *x)
+{
+	struct kvx_xfer *t = tab_get(po, x->tid);
+	if (t) {
+		t->user = x;
+		x->t = t;
+	}
+	return t;
+}
+
 static void handle_submit(struct poller *po, struct xf *x)
 {
 	x->live_idx = po->n_live;
 	po->live[po->n_live++] = x;
 	x->live = true;
+	x->t = NULL;
+	po->owned[x->slot] = x->gen;
 	struct kvx_xfer *t;
 	switch (x->kind) {
 	case XK_READ:
@@ -541,7 +575,7 @@ static void handle_submit(struct poller *po, struct xf *x)
 			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
 		}
-		t = tab_open(po, x->tid);
+		t = attach(po, x);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
 			/* write_done arrived before the announcement was processed (parked). */
 			report(po, x, KVX_CPL_DONE, 0, true);
@@ -551,7 +585,7 @@ static void handle_submit(struct poller *po, struct xf *x)
 		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
 		return;
 	case XK_WRITE:
-		t = tab_open(po, x->tid);
+		t = attach(po, x);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
 			/* D released (aborted) before we began: nothing was written; say so, so that D's
 			 * quarantined blocks are freed without waiting for its defer timeout. */
@@ -562,7 +596,7 @@ static void handle_submit(struct poller *po, struct xf *x)
 		}
 		return;
 	case XK_SERVE:
-		t = tab_open(po, x->tid);
+		t = attach(po, x);
 		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
 			report(po, x, KVX_CPL_DONE, 0, true);
 			return;
@@ -571,21 +605,20 @@ static void handle_submit(struct poller *po, struct xf *x)
 	}
 }
 
-static struct xf *live_find(struct poller *po, const char *tid)
-{
-	for (uint32_t i = 0; i < po->n_live; i++)
-		if (!strcmp(po->live[i]->tid, tid))
-			return po->live[i];
-	return NULL;
-}
-
+/* Inbound notification for a transfer id: the one place on a poller where an id is resolved
+ * (its table: the live transfer attached to the entry, or a parked entry). */
 static void handle_notify(struct poller *po, struct emsg *m)
 {
 	struct kvx_engine *e = po->e;
-	struct xf *x = live_find(po, m->tid);
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
+	struct xf *x = t ? t->user : NULL;
 	switch (m->u32) {
 	case KVX_MSG_REMOTE_BLOCKS: {
-		int rc = kvx_xfer_remote_blocks_take(po->tab, m->tid, m->ptr, m->n, m->status);
+		if (!t)
+			t = tab_get(po, m->tid);
+		int rc = t ? kvx_xfer_remote_blocks_take(t, m->ptr, m->n, m->status) : -ENOBUFS;
+		if (!t)
+			free(m->ptr);
 		if (rc <= 0)
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		if (x)
@@ -599,17 +632,16 @@ static void handle_notify(struct poller *po, struct emsg *m)
 				x->aborted = true;
 				x->error = -ECANCELED;
 				memset(x->want_post, 0, sizeof(x->want_post));
-				struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
-				if (t && t->state == KVX_XFER_S_LIVE)
+				if (t->state == KVX_XFER_S_LIVE)
 					kvx_xfer_make_terminal(po->tab, t);
 				report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
 			}
 			write_progress(po, x);
 			return;
 		}
-		if (!x && !kvx_xfer_find(po->tab, m->tid))
-			tab_open(po, m->tid); /* early release: parked until the transfer is submitted */
-		int rc = kvx_xfer_resolve_ack(po->tab, m->tid, (uint32_t)m->u64, e->p.tp_size);
+		if (!t)
+			t = tab_get(po, m->tid); /* early release: parked until the transfer is submitted */
+		int rc = t ? kvx_xfer_resolve_ack(po->tab, t, (uint32_t)m->u64, e->p.tp_size) : 0;
 		if (rc == 1 && x && x->kind == XK_SERVE)
 			report(po, x, KVX_CPL_DONE, 0, true);
 		else if (rc < 0)
@@ -617,10 +649,10 @@ static void handle_notify(struct poller *po, struct emsg *m)
 		return;
 	}
 	case KVX_MSG_WRITE_DONE: {
-		if (!x && !kvx_xfer_find(po->tab, m->tid))
-			tab_open(po, m->tid); /* parked until announce (fault b) */
+		if (!t)
+			t = tab_get(po, m->tid); /* parked until announce (fault b) */
 		uint32_t ptp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
-		int rc = kvx_xfer_resolve_ack(po->tab, m->tid, ptp, e->p.tp_size);
+		int rc = t ? kvx_xfer_resolve_ack(po->tab, t, ptp, e->p.tp_size) : 0;
 		if (rc == 1 && x && x->kind == XK_ANNOUNCE) {
 			/* Done, or (after abort/timeout) P's writes are terminal: blocks leave quarantine. */
 			report(po, x, KVX_CPL_DONE, 0, true);
@@ -651,9 +683,10 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 	struct kvx_engine *e = po->e;
 	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
 	cn->link[po->k].outstanding--;
-	struct xf *x = slot < e->p.max_transfers ? &e->xpool[slot] : NULL;
-	if (!x || !x->live || x->po != po || layer >= e->n_layers)
+	/* The cookie's slot names a transfer of this poller only while it is live here. */
+	if (slot >= e->p.max_transfers || !po->owned[slot] || layer >= e->n_layers)
 		return;
+	struct xf *x = &e->xpool[slot];
 	x->batches_out--;
 	x->layer_batches[layer]--;
 	x->bytes += c->bytes;
@@ -681,35 +714,36 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
 			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
 		} else if (x->kind == XK_WRITE && !x->reported) {
-			int32_t dp = -1;
-			struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
-			if (t)
-				dp = t->decode_dp_rank;
-			if (kvx_xfer_mark_write_done(po->tab, x->tid, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE) {
+			struct kvx_xfer *t = xf_entry(x);
+			int32_t dp = t ? t->decode_dp_rank : -1;
+			if (t && kvx_xfer_mark_write_done(po->tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE) {
 				finish_write_ok(po, x, dp);
 				return;
 			}
 		}
 	}
 	if (x->failed && x->kind == XK_WRITE && !x->reported) {
-		kvx_xfer_mark_write_done(po->tab, x->tid, false);
+		struct kvx_xfer *t = xf_entry(x);
+		if (t)
+			kvx_xfer_mark_write_done(po->tab, t, false);
 		report(po, x, KVX_CPL_FAILED, x->error, false);
 	}
 	progress(po, x);
 }
 
-static void handle_sub(struct poller *po, struct emsg *m)
+static void handle_sub(struct poller *po, struct smsg *m)
 {
-	struct xf *x;
-	switch (m->type) {
-	case M_SUBMIT:
-		handle_submit(po, m->ptr);
+	if (m->type == M_SUBMIT) {
+		handle_submit(po, (struct xf *)m->ptr);
 		return;
+	}
+	struct xf *x = handle_xf(po, m->slot, m->gen);
+	if (!x || x->reported)
+		return;
+	struct kvx_xfer *t = xf_entry(x);
+	switch (m->type) {
 	case M_LAYER_READY:
-		x = live_find(po, m->tid);
-		if (!x || x->kind != XK_WRITE || x->reported)
-			return;
-		if (!kvx_xfer_schedule_write(po->tab, x->tid, m->u32))
+		if (x->kind != XK_WRITE || !t || !kvx_xfer_schedule_write(t, m->u32))
 			return; /* duplicate (transfer, layer): no-op */
 		x->gate[m->u32].flag = m->ptr;
 		x->gate[m->u32].ev = m->ev;
@@ -717,22 +751,15 @@ static void handle_sub(struct poller *po, struct emsg *m)
 		write_progress(po, x);
 		return;
 	case M_SEAL: {
-		x = live_find(po, m->tid);
-		if (!x || x->kind != XK_WRITE || x->reported)
+		if (x->kind != XK_WRITE || !t)
 			return;
 		enum kvx_xfer_action act;
-		int32_t dp = -1;
-		struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
-		if (t)
-			dp = t->decode_dp_rank;
-		if (kvx_xfer_seal_count(po->tab, x->tid, m->u32, &act) >= 0 && act == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
+		int32_t dp = t->decode_dp_rank;
+		if (kvx_xfer_seal_count(po->tab, t, m->u32, &act) >= 0 && act == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
 			finish_write_ok(po, x, dp);
 		return;
 	}
 	case M_ABORT:
-		x = live_find(po, m->tid);
-		if (!x || x->reported)
-			return;
 		x->aborted = true;
 		x->error = -ECANCELED;
 		if (x->kind == XK_ANNOUNCE) {
@@ -743,7 +770,6 @@ static void handle_sub(struct poller *po, struct emsg *m)
 		}
 		if (x->kind == XK_WRITE) {
 			memset(x->want_post, 0, sizeof(x->want_post));
-			struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
 			if (t && t->state == KVX_XFER_S_LIVE)
 				kvx_xfer_make_terminal(po->tab, t);
 		}
@@ -821,7 +847,7 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 		uint32_t before = po->n_live;
 		uint64_t age = now - x->start_ns;
 		if (!x->reported) {
-			struct kvx_xfer *tw = x->kind == XK_WRITE ? kvx_xfer_find(po->tab, x->tid) : NULL;
+			struct kvx_xfer *tw = x->kind == XK_WRITE ? xf_entry(x) : NULL;
 			bool serve_like = x->kind == XK_SERVE || (x->kind == XK_WRITE && !(tw && tw->has_alloc));
 			uint64_t limit = serve_like ? dfr : tmo;
 			if (age > limit) {
@@ -839,7 +865,7 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 						kvx_xfer_make_terminal(po->tab, tw);
 					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, x->batches_out == 0);
 				} else if (x->kind == XK_SERVE) {
-					struct kvx_xfer *t = kvx_xfer_find(po->tab, x->tid);
+					struct kvx_xfer *t = xf_entry(x);
 					if (t && t->state == KVX_XFER_S_LIVE)
 						kvx_xfer_make_terminal(po->tab, t);
 					/* A consumer's one-sided READ may still be in flight: the blocks stay
@@ -878,11 +904,12 @@ int eng_poll_fn(void *arg)
 	struct poller *po = arg;
 	struct kvx_engine *e = po->e;
 	int busy = 0;
-	struct emsg m[8];
-	unsigned n = kvx_ring_dequeue_elem_burst_sc(po->sub, m, 8, NULL);
+	struct smsg sm[16];
+	unsigned n = kvx_ring_dequeue_elem_burst_sc(po->sub, sm, 16, NULL);
 	for (unsigned i = 0; i < n; i++)
-		handle_sub(po, &m[i]);
+		handle_sub(po, &sm[i]);
 	busy |= n != 0;
+	struct emsg m[8];
 	n = kvx_ring_dequeue_elem_burst_sc(po->cin, m, 8, NULL);
 	for (unsigned i = 0; i < n; i++)
 		handle_cin(po, &m[i]);

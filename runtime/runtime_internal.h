@@ -25,20 +25,10 @@ enum kvx_xfer_state {
 	KVX_XFER_S_TERMINAL = 2,
 };
 
-/* Outcome of a READ batch (PROTOCOL.md §6 item 9, L3 TransferBatchState). */
-enum kvx_xfer_batch {
-	KVX_XFER_BATCH_PENDING = 0,
-	KVX_XFER_BATCH_DONE = 1,
-	KVX_XFER_BATCH_FAILED = 2,
-	KVX_XFER_BATCH_TIMED_OUT = 3,
-};
-
 /* What the caller must do after a state change. */
 enum kvx_xfer_action {
 	KVX_XFER_ACT_NONE = 0,
 	KVX_XFER_ACT_NOTIFY_WRITE_DONE = 1, /* P WRITE: all sealed writes terminal, send write_done once */
-	KVX_XFER_ACT_RELEASE = 2,           /* D READ: send release{transfer_id, consumer_tp_size} */
-	KVX_XFER_ACT_FAIL_NO_RELEASE = 3,   /* D READ timed out: report failure, quarantine, no release */
 };
 
 struct kvx_xfer {
@@ -59,16 +49,13 @@ struct kvx_xfer {
 	uint32_t *remote_blocks;   /* Array[n_remote_blocks], owned (control path allocation) */
 	uint32_t n_remote_blocks;
 	int32_t decode_dp_rank;
-	/* READ consumer batch (PROTOCOL.md §1.4 steps 8–10). */
-	uint32_t ops_posted;
-	uint32_t ops_done;
-	uint32_t ops_failed;
-	uint64_t start_ns;
 	/* ACK fan-in on the producer (PROTOCOL.md §5.6). */
 	uint32_t ack_count;
 	bool ack_completed;
-	/* Owner's attachment (the engine's transfer object) and final outcome, kept while the id
-	 * sits in the terminal LRU. */
+	/* Owner's attachment: the engine's transfer object while it is live (poller tables: set at
+	 * submission, cleared when the object retires; the app registry: until the last
+	 * completion is polled), and the final outcome kept while the id sits in the terminal LRU
+	 * (app registry only). */
 	void *user;
 	int32_t final_error;
 	uint8_t final_status;
@@ -95,56 +82,31 @@ struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid);
 /* Create a live entry. -EEXIST if tid is live or terminal (one-shot), -EINVAL for an empty or
  * too long id, -ENOBUFS if full. */
 int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **out);
-/* Find or create a live entry; NULL if terminal or no space. */
-struct kvx_xfer *kvx_xfer_get_live(struct kvx_xfer_table *t, const char *tid);
-bool kvx_xfer_is_terminal(struct kvx_xfer_table *t, const char *tid);
 /* Mark terminal: frees per-transfer storage, keeps the id in the LRU. */
 void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x);
 size_t kvx_xfer_live_count(const struct kvx_xfer_table *t);
 
-/* WRITE producer state machine (vectors T16–T20). */
-/* true if (tid, layer) is newly scheduled; false for a duplicate, a terminal transfer or a
- * layer index >= KVX_XFER_MAX_LAYERS. */
-bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer);
-/* Seal writes_expected = distinct layers scheduled. Returns the count, -ENOENT if unknown or
- * terminal. The action out-param says whether write_done is due now. */
-int kvx_xfer_seal_scheduled(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act);
-/* Seal with an explicit final layer count (engine API: the application states it). */
-int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_layers, enum kvx_xfer_action *act);
-/* One layer's writes are terminal on the wire (ok = every op succeeded). */
-enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok);
-/* Store D's allocation (remote_blocks). 1 stored, 0 ignored (terminal), -EEXIST duplicate,
- * -EPROTO empty list, -ENOMEM. */
-int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
-			   int32_t decode_dp_rank);
+/* Per-transfer state changes. They take the entry (found or opened once per event by the
+ * owner: kvx_xfer_find() / kvx_xfer_open()), never the id string again. */
 
-/* As kvx_xfer_remote_blocks() but takes ownership of a malloc'ed id array (freed on every
- * path). */
-int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
-				int32_t decode_dp_rank);
+/* WRITE producer (vectors T16–T20). true if @p layer is newly scheduled; false for a duplicate,
+ * a terminal transfer or a layer index >= KVX_XFER_MAX_LAYERS. */
+bool kvx_xfer_schedule_write(struct kvx_xfer *x, uint32_t layer);
+/* Seal with the final layer count (engine API: the application states it). Returns the count,
+ * -ENOENT if @p x is terminal. The action out-param says whether write_done is due now (the
+ * transfer is then terminal). */
+int kvx_xfer_seal_count(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t n_layers, enum kvx_xfer_action *act);
+/* One layer's writes are terminal on the wire (ok = every op succeeded). A failure makes the
+ * transfer terminal (the producer frees its blocks, PROTOCOL.md §5.5). */
+enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct kvx_xfer *x, bool ok);
+/* Store D's allocation (remote_blocks), taking ownership of the malloc'ed @p ids (freed on
+ * every path). 1 stored, 0 ignored (terminal), -EEXIST duplicate, -EPROTO empty list. */
+int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank);
 
-/* READ consumer batch state (vectors T28, T30, T31): strict '>' timeout boundary. */
-enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns);
-enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b);
-
-/* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when tid completes now, 0 if more
- * ACKs are needed or the ACK is ignored (unknown, not live, duplicate), negative errno for a
- * bad tp combination. A completed transfer becomes terminal. */
-int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp);
-
-/* Routing helpers (remote_tp_rank, expected_acks, port offsets, fold, pod) are the control
- * plane's public ones: include/kvxfer/control.h (kvx_ctl_*). */
-
-/* FIFO of requests waiting for a peer handshake, drained whole (PROTOCOL.md §6 item 2, T47). */
-struct kvx_xfer_readyq {
-	uint32_t head, tail, cap;
-	char (*ids)[KVX_XFER_ID_MAX];
-};
-int kvx_xfer_readyq_init(struct kvx_xfer_readyq *q, uint32_t cap);
-void kvx_xfer_readyq_fini(struct kvx_xfer_readyq *q);
-int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid);
-/* Pop everything queued, in order, into out (Array[cap]); returns the count. */
-size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap);
+/* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
+ * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp
+ * combination. A completed transfer becomes terminal. */
+int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp);
 
 /* Test hook (tests/runtime only): while on, a consumer engine posts the READ ops of at most
  * n_layers layers (0 = none) of each transfer, so a test can keep a read provably in flight;

@@ -122,20 +122,6 @@ int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **o
 	return 0;
 }
 
-struct kvx_xfer *kvx_xfer_get_live(struct kvx_xfer_table *t, const char *tid)
-{
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (x)
-		return x->state == KVX_XFER_S_LIVE ? x : NULL;
-	return kvx_xfer_open(t, tid, &x) == 0 ? x : NULL;
-}
-
-bool kvx_xfer_is_terminal(struct kvx_xfer_table *t, const char *tid)
-{
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	return x && x->state == KVX_XFER_S_TERMINAL;
-}
-
 void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x)
 {
 	if (x->state != KVX_XFER_S_LIVE)
@@ -169,12 +155,9 @@ size_t kvx_xfer_live_count(const struct kvx_xfer_table *t)
 	return t->live;
 }
 
-bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer)
+bool kvx_xfer_schedule_write(struct kvx_xfer *x, uint32_t layer)
 {
-	if (layer >= KVX_XFER_MAX_LAYERS)
-		return false;
-	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
-	if (!x)
+	if (layer >= KVX_XFER_MAX_LAYERS || x->state != KVX_XFER_S_LIVE)
 		return false;
 	uint64_t bit = 1ull << (layer % 64);
 	if (x->layers_sched[layer / 64] & bit)
@@ -193,24 +176,10 @@ static enum kvx_xfer_action write_check(struct kvx_xfer_table *t, struct kvx_xfe
 	return KVX_XFER_ACT_NOTIFY_WRITE_DONE;
 }
 
-int kvx_xfer_seal_scheduled(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act)
+int kvx_xfer_seal_count(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t n_layers, enum kvx_xfer_action *act)
 {
 	*act = KVX_XFER_ACT_NONE;
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE)
-		return -ENOENT;
-	x->writes_expected = x->writes_scheduled;
-	x->sealed = true;
-	int n = (int)x->writes_expected;
-	*act = write_check(t, x);
-	return n;
-}
-
-int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_layers, enum kvx_xfer_action *act)
-{
-	*act = KVX_XFER_ACT_NONE;
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE)
+	if (x->state != KVX_XFER_S_LIVE)
 		return -ENOENT;
 	x->writes_expected = n_layers;
 	x->sealed = true;
@@ -218,10 +187,9 @@ int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_la
 	return (int)n_layers;
 }
 
-enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok)
+enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct kvx_xfer *x, bool ok)
 {
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE)
+	if (x->state != KVX_XFER_S_LIVE)
 		return KVX_XFER_ACT_NONE;
 	if (!ok) {
 		/* A failed write ends the transfer: the producer frees its blocks (PROTOCOL.md §5.5). */
@@ -233,44 +201,19 @@ enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const ch
 	return write_check(t, x);
 }
 
-int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
-			   int32_t decode_dp_rank)
-{
-	if (n == 0)
-		return -EPROTO;
-	if (kvx_xfer_is_terminal(t, tid))
-		return 0;
-	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
-	if (!x)
-		return -ENOBUFS;
-	if (x->has_alloc)
-		return -EEXIST;
-	uint32_t *copy = malloc(n * sizeof(*copy));
-	if (!copy)
-		return -ENOMEM;
-	memcpy(copy, ids, n * sizeof(*copy));
-	x->remote_blocks = copy;
-	x->n_remote_blocks = (uint32_t)n;
-	x->decode_dp_rank = decode_dp_rank;
-	x->has_alloc = true;
-	return 1;
-}
-
-int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
-				int32_t decode_dp_rank)
+int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank)
 {
 	if (n == 0) {
 		free(ids);
 		return -EPROTO;
 	}
-	if (kvx_xfer_is_terminal(t, tid)) {
+	if (x->state != KVX_XFER_S_LIVE) {
 		free(ids);
 		return 0;
 	}
-	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
-	if (!x || x->has_alloc) {
+	if (x->has_alloc) {
 		free(ids);
-		return x ? -EEXIST : -ENOBUFS;
+		return -EEXIST;
 	}
 	x->remote_blocks = ids;
 	x->n_remote_blocks = (uint32_t)n;
@@ -279,39 +222,13 @@ int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint3
 	return 1;
 }
 
-enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns)
-{
-	if (x->ops_failed)
-		return x->ops_done + x->ops_failed >= x->ops_posted ? KVX_XFER_BATCH_FAILED : KVX_XFER_BATCH_PENDING;
-	if (x->ops_done >= x->ops_posted)
-		return KVX_XFER_BATCH_DONE;
-	/* Strict '>': pending exactly at the timeout is not yet timed out (PROTOCOL.md §5.5). */
-	if (now_ns > x->start_ns && now_ns - x->start_ns > timeout_ns)
-		return KVX_XFER_BATCH_TIMED_OUT;
-	return KVX_XFER_BATCH_PENDING;
-}
-
-enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b)
-{
-	switch (b) {
-	case KVX_XFER_BATCH_DONE:
-	case KVX_XFER_BATCH_FAILED:
-		return KVX_XFER_ACT_RELEASE;
-	case KVX_XFER_BATCH_TIMED_OUT:
-		return KVX_XFER_ACT_FAIL_NO_RELEASE;
-	default:
-		return KVX_XFER_ACT_NONE;
-	}
-}
-
-int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp)
+int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp)
 {
 	uint32_t need;
 	int rc = kvx_ctl_expected_acks(producer_tp, consumer_tp ? consumer_tp : 1, &need);
 	if (rc)
 		return rc;
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE || x->ack_completed)
+	if (x->state != KVX_XFER_S_LIVE || x->ack_completed)
 		return 0;
 	if (++x->ack_count < need)
 		return 0;
@@ -319,44 +236,4 @@ int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t con
 	x->ack_completed = true;
 	kvx_xfer_make_terminal(t, x);
 	return 1;
-}
-
-int kvx_xfer_readyq_init(struct kvx_xfer_readyq *q, uint32_t cap)
-{
-	memset(q, 0, sizeof(*q));
-	if (cap == 0)
-		return -EINVAL;
-	q->ids = calloc(cap, sizeof(*q->ids));
-	if (!q->ids)
-		return -ENOMEM;
-	q->cap = cap;
-	return 0;
-}
-
-void kvx_xfer_readyq_fini(struct kvx_xfer_readyq *q)
-{
-	free(q->ids);
-	q->ids = NULL;
-}
-
-int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid)
-{
-	size_t len = strnlen(tid, KVX_XFER_ID_MAX);
-	if (len == 0 || len >= KVX_XFER_ID_MAX)
-		return -EINVAL;
-	if (q->tail - q->head == q->cap)
-		return -ENOBUFS;
-	memcpy(q->ids[q->tail % q->cap], tid, len + 1);
-	q->tail++;
-	return 0;
-}
-
-size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap)
-{
-	size_t n = 0;
-	while (q->head != q->tail && n < cap) {
-		memcpy(out[n++], q->ids[q->head % q->cap], KVX_XFER_ID_MAX);
-		q->head++;
-	}
-	return n;
 }
