@@ -83,6 +83,7 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 	if (n && rids)
 		memcpy(x->rblocks, rids, n * sizeof(uint32_t));
 	x->po = e->po[eng_tid_poller(e, tid)];
+	x->reg = r;
 	struct smsg m = {.type = M_SUBMIT, .ptr = x};
 	if (!kvx_ring_enqueue_elem_burst_sp(x->po->sub, &m, 1, NULL)) {
 		x->next_free = next_free;
@@ -309,17 +310,16 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 		struct poller *po = e->po[(e->cpl_rr + j) % e->n_po];
 		while (got < n && kvx_ring_dequeue_elem_burst_sc(po->cpl, &c, 1, NULL)) {
 			out[got++] = c.c;
-			if (c.c.kind == KVX_CPL_TRANSFER) {
-				struct kvx_xfer *r = kvx_xfer_find(e->reg, c.c.transfer_id);
-				if (r) {
-					r->final_status = (uint8_t)(1 + c.c.status);
-					r->final_error = c.c.error;
-				}
+			/* The registry entry stays live (not evictable) until the last completion: the
+			 * object's app-side pointer to it is valid here, no lookup by id. */
+			struct xf *x = c.xf;
+			struct kvx_xfer *r = x->reg && x->reg->user == x ? x->reg : NULL;
+			if (c.c.kind == KVX_CPL_TRANSFER && r) {
+				r->final_status = (uint8_t)(1 + c.c.status);
+				r->final_error = c.c.error;
 			}
 			if (c.last) {
-				struct xf *x = c.xf;
-				struct kvx_xfer *r = kvx_xfer_find(e->reg, c.c.transfer_id);
-				if (r && r->user == x) {
+				if (r) {
 					r->user = NULL;
 					kvx_xfer_make_terminal(e->reg, r);
 				}

@@ -1,24 +1,31 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The engine: ties the lcores, the control lcore and a transport provider together and drives
  * both transfer modes on both roles (PROTOCOL.md §1.3, §1.4, §5 with §6 fixed; DESIGN.md §1).
+ * This file: create, layer registration, start, stop, destroy, stats. The rest, by thread:
+ * api.c (app thread), poller.c (polling lcores), peer.c (control lcore: handshakes,
+ * connections, inbound notifications), xfer.c (per-transfer state, no I/O).
  *
  * Threads and ownership:
- *  - app thread: every public call. Owns the transfer registry (`reg`, duplicate ids), the peer
- *    identities (`peers[]`, handshake start through its own control inbox) and the pool of
- *    transfer objects (`xpool`, block-id arena, per-layer arrays: all preallocated at start;
- *    a submission takes a free object, the last polled completion gives it back).
+ *  - app thread: every public call. Owns the transfer registry (`reg`: the app-facing edge
+ *    where transfer ids are resolved to transfer objects), the peer identities (`peers[]`,
+ *    handshake start through its own control inbox) and the pool of transfer objects (`xpool`,
+ *    block-id arena, per-layer arrays: all preallocated at start; a submission takes a free
+ *    object, the last polled completion gives it back).
  *  - polling lcore k (0..n_po-1): owns the transfers whose id hashes to k (eng_tid_poller(), the
  *    same function on every thread, so a notification is routed to the poller that owns its
- *    transfer with no shared state): their state machines (`tab`), posting, completion
- *    polling of its own endpoint of every peer connection (link k), timeouts, outbound
- *    notifications (its own control inbox). Poller 0 also runs the tcp target progress and
- *    the reader fence (both act on the context's accepted endpoints).
+ *    transfer with no shared state): their entries (`tab`), posting, completion polling of its
+ *    own endpoint of every peer connection (link k), timeouts, outbound notifications (its own
+ *    control inbox). Poller 0 also runs the tcp target progress and confirms reader fences.
  *  - control lcore: handshakes (make_blob / on_done), connection accept, inbound
- *    notifications; it publishes peer connections (`struct conn`: epoch, one endpoint per
- *    polling lcore, remote regions, num_blocks) in the RCU table `conns` keyed by peer id, and
- *    routes notifications to the owning poller's ring.
- * Rings (all SPSC, element rings of fixed messages), per polling lcore k: app->k `sub`,
- * control->k `cin`, k->app `cpl`, k->control (its control inbox `ib`).
+ *    notifications, and every control-path transport call (endpoint create, accept, connect,
+ *    destroy; reader fences); it publishes peer connections (`struct conn`: epoch, one
+ *    endpoint per polling lcore, remote regions, num_blocks) in the RCU table `conns` keyed by
+ *    peer id, and routes notifications to the owning poller's ring. No lock is shared with
+ *    the pollers: they hand it work through the `dead` stack and fence counters, with an
+ *    eventfd doorbell (eng_on_ctl_work()).
+ * Rings (all SPSC, element rings of fixed messages), per polling lcore k: app->k `sub`
+ * (submission, then handles), control->k `cin` (notifications by id, peer events), k->app
+ * `cpl`, k->control (its control inbox `ib`).
  * Peer connections: pollers look a peer's connection up in the RCU table (QSBR: their poll
  * loop announces a quiescent state once per iteration) and take a reference while a transfer
  * or a poll list uses it; a re-handshake (endpoint error, peer restart: new epoch) publishes a

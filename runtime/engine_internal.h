@@ -95,7 +95,18 @@ struct kvx_engine;
 struct poller;
 struct conn;
 
-/* A peer worker's identity (immutable after creation by the app thread) and handshake state. */
+/* A peer worker's identity and handshake state. Writers, by field:
+ *  - identity (e .. n_pods): the app thread, once, before the first submission naming the peer
+ *    (published to the pollers by that submission's ring enqueue); read-only afterwards.
+ *  - hs_state: CAS IDLE/FAILED/READY -> PENDING by whichever thread starts a handshake (app
+ *    thread in eng_peer_get(), a poller in xf_conn()/conn_stale()/rehs_scan()); stored
+ *    READY/FAILED/IDLE by the control thread when the job ends (on_hs_done()). The CAS makes
+ *    one starter win; the job itself always runs on the control lcore.
+ *  - hs_ep, epoch, gen: the control thread only.
+ *  - check_busy: CAS false -> true by a poller (eng_epoch_check_start()), reset by the control
+ *    thread (on_epoch_checked()); check_started: that poller; check_done, checked_epoch: the
+ *    control thread.
+ *  - bytes, ops, transfers, failures: counters, relaxed adds by the pollers; read by any. */
 struct peer {
 	struct kvx_engine *e;
 	uint64_t id; /* key in the engine's RCU table of connections */
@@ -121,7 +132,8 @@ struct peer {
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
 
-/* One polling lcore's endpoint of a connection. */
+/* One polling lcore's endpoint of a connection. ep and rmr: written by the control thread
+ * before the connection is published, read-only afterwards; the rest: poller k only. */
 struct clink {
 	struct kvx_xport_ep *ep;
 	struct kvx_xport_rmr **rmr; /* Array[n_layers] */
@@ -132,8 +144,11 @@ struct clink {
 	struct conn *next; /* poller k's poll list */
 };
 
-/* A peer connection (one handshake's result), published in the RCU table; immutable once
- * published except the atomics and the per-link poller fields. */
+/* A peer connection (one handshake's result), built by the control thread and published in
+ * the RCU table; immutable once published except: refs (any thread that takes or drops a
+ * reference: pollers, the RCU callback thread, the app thread at stop), stale (set once by the
+ * poller that sees an endpoint fail), next_dead (the thread that dropped the last reference),
+ * and link[k]'s poller fields (poller k). The control thread destroys it (eng_on_ctl_work()). */
 struct conn {
 	struct kvx_engine *e;
 	struct peer *pr;
@@ -154,6 +169,12 @@ struct lgate {
 	struct kvx_mem_event ev;
 };
 
+/* The transfer object, one per transfer, from a pool preallocated at start. Writers:
+ *  - tid .. start_ns, gen, next_free: the app thread, at submission (before the M_SUBMIT ring
+ *    enqueue that hands the object to its poller) and when the last completion gives it back.
+ *  - layer_done, final, final_error: the owning poller (release stores); the app thread reads.
+ *  - everything from `t` on: the owning poller only, from M_SUBMIT until it enqueues the
+ *    object's last completion. */
 struct xf {
 	char tid[KVX_ENGINE_ID_MAX];
 	enum xf_kind kind;
@@ -170,6 +191,7 @@ struct xf {
 	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */
 	atomic_int final_error;
 	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
+	struct kvx_xfer *reg; /* app thread: its registry entry (live until the last completion) */
 	/* Poller-owned. */
 	struct kvx_xfer *t; /* its entry in the poller's table (NULL for a consumer READ) */
 	uint32_t live_idx;
@@ -196,6 +218,10 @@ struct xf {
 	uint32_t next_free; /* app thread free list */
 };
 
+/* One polling lcore. Set up by the app thread at start (before the lcore runs); afterwards
+ * every field is the poller's own, except the rings (their producer/consumer sides are
+ * named at struct kvx_engine's top comment in engine.c) and the st_* counters (relaxed adds by
+ * the poller; read by any thread). */
 struct poller {
 	struct kvx_engine *e;
 	uint32_t k;
@@ -221,6 +247,8 @@ struct evwatch {
 	int fd;
 };
 
+/* The engine. Fields written before kvx_engine_start() launches the lcores (parameters,
+ * layers, contexts, pools, rings) are read-only afterwards; the others say their writer. */
 struct kvx_engine {
 	struct kvx_engine_params p;
 	char host[KVX_ENGINE_HOST_MAX];
@@ -239,7 +267,7 @@ struct kvx_engine {
 	bool has_hip; /* a layer is device memory (HIP or hostdev): `auto` does not add shm */
 	int hip_probe; /* app thread: 0 not probed, 1 HIP device usable, else -errno */
 	char hip_why[KVX_MEM_WHY_LEN];
-	_Atomic(const char *) last_xport; /* provider of the latest peer connection set up */
+	_Atomic(const char *) last_xport; /* control thread: provider of the latest connection */
 	struct kvx_ctl *ctl;
 	struct evwatch evw[2];
 	struct kvx_ctl_inbox *app_ib;
@@ -277,9 +305,10 @@ struct kvx_engine {
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
 	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
+	/* Counters: relaxed adds by the pollers and the control thread; read by any thread. */
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;
-	uint64_t st_dup, st_nobufs;
+	uint64_t st_dup, st_nobufs; /* app thread */
 	struct kvx_ratelimit rl_nobufs;
 };
 
