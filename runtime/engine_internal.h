@@ -61,10 +61,10 @@ struct cmsg {
 };
 
 enum xf_kind {
-	XK_READ = 1,     /* consumer READ */
-	XK_ANNOUNCE = 2, /* consumer WRITE */
-	XK_WRITE = 3,    /* producer WRITE */
-	XK_SERVE = 4,    /* producer READ */
+	XK_READ = KVX_XFER_K_READ,         /* consumer READ */
+	XK_ANNOUNCE = KVX_XFER_K_ANNOUNCE, /* consumer WRITE */
+	XK_WRITE = KVX_XFER_K_WRITE,       /* producer WRITE */
+	XK_SERVE = KVX_XFER_K_SERVE,       /* producer READ */
 };
 
 enum hs_state {

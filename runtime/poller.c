@@ -845,41 +845,38 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
-		uint64_t age = now - x->start_ns;
-		if (!x->reported) {
-			struct kvx_xfer *tw = x->kind == XK_WRITE ? xf_entry(x) : NULL;
-			bool serve_like = x->kind == XK_SERVE || (x->kind == XK_WRITE && !(tw && tw->has_alloc));
-			uint64_t limit = serve_like ? dfr : tmo;
-			if (age > limit) {
-				x->timed_out = true;
-				x->error = -ETIMEDOUT;
-				if (x->kind == XK_ANNOUNCE) {
-					/* Tell P to stop; our blocks stay quarantined until its write_done or a
-					 * further defer_timeout (P's ops are bounded by its op timeout). */
-					send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
-					x->quarantine_deadline = now + dfr;
-					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-				} else if (x->kind == XK_WRITE) {
-					memset(x->want_post, 0, sizeof(x->want_post));
-					if (tw && tw->state == KVX_XFER_S_LIVE)
-						kvx_xfer_make_terminal(po->tab, tw);
-					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, x->batches_out == 0);
-				} else if (x->kind == XK_SERVE) {
-					struct kvx_xfer *t = xf_entry(x);
-					if (t && t->state == KVX_XFER_S_LIVE)
-						kvx_xfer_make_terminal(po->tab, t);
-					/* A consumer's one-sided READ may still be in flight: the blocks stay
-					 * held until poller 0 revoked every reader at the wire. */
-					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-					x->fence_pending = true;
-					x->fence_ticket = eng_fence_request(e);
-					po->n_fence_pending++;
-				} else {
-					report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-					read_progress(po, x);
-				}
+		struct kvx_xfer *tw = x->kind == XK_WRITE ? xf_entry(x) : NULL;
+		enum kvx_xfer_tick_act act = kvx_xfer_tick((enum kvx_xfer_kind)x->kind, x->reported, tw && tw->has_alloc,
+							   x->start_ns, x->quarantine_deadline, now, tmo, dfr);
+		if (act == KVX_XFER_TICK_TIMED_OUT) {
+			x->timed_out = true;
+			x->error = -ETIMEDOUT;
+			if (x->kind == XK_ANNOUNCE) {
+				/* Tell P to stop; our blocks stay quarantined until its write_done or a
+				 * further defer_timeout (P's ops are bounded by its op timeout). */
+				send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+				x->quarantine_deadline = now + dfr;
+				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+			} else if (x->kind == XK_WRITE) {
+				memset(x->want_post, 0, sizeof(x->want_post));
+				if (tw && tw->state == KVX_XFER_S_LIVE)
+					kvx_xfer_make_terminal(po->tab, tw);
+				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, x->batches_out == 0);
+			} else if (x->kind == XK_SERVE) {
+				struct kvx_xfer *t = xf_entry(x);
+				if (t && t->state == KVX_XFER_S_LIVE)
+					kvx_xfer_make_terminal(po->tab, t);
+				/* A consumer's one-sided READ may still be in flight: the blocks stay
+				 * held until poller 0 revoked every reader at the wire. */
+				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+				x->fence_pending = true;
+				x->fence_ticket = eng_fence_request(e);
+				po->n_fence_pending++;
+			} else {
+				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
+				read_progress(po, x);
 			}
-		} else if (x->kind == XK_ANNOUNCE && x->quarantine_deadline && now > x->quarantine_deadline) {
+		} else if (act == KVX_XFER_TICK_QUARANTINE_OVER) {
 			report(po, x, KVX_CPL_DONE, 0, true);
 		}
 		if (po->n_live == before)

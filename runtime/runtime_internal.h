@@ -103,6 +103,31 @@ enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct k
  * every path). 1 stored, 0 ignored (terminal), -EEXIST duplicate, -EPROTO empty list. */
 int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank);
 
+/* Which side of which mode a transfer is (role x mode). */
+enum kvx_xfer_kind {
+	KVX_XFER_K_READ = 1,     /* consumer READ: D reads P's blocks, then sends release */
+	KVX_XFER_K_ANNOUNCE = 2, /* consumer WRITE: D announces its blocks, waits for write_done */
+	KVX_XFER_K_WRITE = 3,    /* producer WRITE: P writes into D's blocks, then sends write_done */
+	KVX_XFER_K_SERVE = 4,    /* producer READ: P holds its blocks until D's release */
+};
+
+/* What a clock tick means for a transfer. */
+enum kvx_xfer_tick_act {
+	KVX_XFER_TICK_NONE = 0,
+	KVX_XFER_TICK_TIMED_OUT = 1,       /* its deadline passed: it ends TIMED_OUT now */
+	KVX_XFER_TICK_QUARANTINE_OVER = 2, /* D WRITE ended early and no write_done came within the
+					    * defer timeout: its blocks are reusable */
+};
+
+/* Deadlines of a transfer (PROTOCOL.md §5.4, §5.5, §6 item 11), with the clock injected: a
+ * transfer not yet reported times out once now - start_ns > its limit (strict: exactly at the
+ * limit it is still pending); the limit is the defer timeout for a producer that holds blocks
+ * for a peer (SERVE, and a WRITE before D's allocation arrived), else the transfer timeout. A
+ * reported D WRITE in quarantine is over once now > quarantine_ns (0: none). */
+enum kvx_xfer_tick_act kvx_xfer_tick(enum kvx_xfer_kind kind, bool reported, bool has_alloc, uint64_t start_ns,
+				     uint64_t quarantine_ns, uint64_t now_ns, uint64_t transfer_timeout_ns,
+				     uint64_t defer_timeout_ns);
+
 /* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
  * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp
  * combination. A completed transfer becomes terminal. */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Per-transfer state machines: transfer table with terminal LRU, WRITE producer sealing and
- * write_done-once, READ batch outcome, ACK fan-in, routing helpers (PROTOCOL.md §1.3, §1.4,
- * §2.1, §4.5, §5.6). */
+/* Per-transfer state the polling lcores keep, free of I/O: the transfer table with its terminal
+ * LRU (one-shot ids, parked notifications), WRITE producer sealing and write_done-once, D's
+ * allocation, ACK fan-in, and the deadlines of a clock tick (PROTOCOL.md §1.3, §1.4, §5.4-§5.6). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,4 +236,17 @@ int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t 
 	x->ack_completed = true;
 	kvx_xfer_make_terminal(t, x);
 	return 1;
+}
+
+enum kvx_xfer_tick_act kvx_xfer_tick(enum kvx_xfer_kind kind, bool reported, bool has_alloc, uint64_t start_ns,
+				     uint64_t quarantine_ns, uint64_t now_ns, uint64_t transfer_timeout_ns,
+				     uint64_t defer_timeout_ns)
+{
+	if (reported)
+		return kind == KVX_XFER_K_ANNOUNCE && quarantine_ns && now_ns > quarantine_ns
+			       ? KVX_XFER_TICK_QUARANTINE_OVER
+			       : KVX_XFER_TICK_NONE;
+	bool holds = kind == KVX_XFER_K_SERVE || (kind == KVX_XFER_K_WRITE && !has_alloc);
+	uint64_t limit = holds ? defer_timeout_ns : transfer_timeout_ns;
+	return now_ns > start_ns && now_ns - start_ns > limit ? KVX_XFER_TICK_TIMED_OUT : KVX_XFER_TICK_NONE;
 }

@@ -38,6 +38,41 @@ Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 	kvx_xfer_table_destroy(t);
 }
 
+Test(runtime_faults, d_read_producer_silent_times_out_at_the_transfer_timeout)
+{
+	/* D READ, transfer timeout 30 from start 100: not yet at 130, timed out at 131; the
+	 * producer's defer timeout (60) plays no part on the consumer. */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 100, 0, 130, 30, 60), KVX_XFER_TICK_NONE);
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 100, 0, 131, 30, 60), KVX_XFER_TICK_TIMED_OUT);
+	/* Once reported, later ticks do nothing (a consumer READ is released by its ops, not the
+	 * clock). */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, true, false, 100, 0, 500, 30, 60), KVX_XFER_TICK_NONE);
+}
+
+Test(runtime_faults, e_consumer_abort_quarantines_until_write_done_or_defer_timeout)
+{
+	/* D WRITE aborted (or timed out) at 10 with defer timeout 60: quarantined until 70
+	 * inclusive, reusable after it when no write_done came first. */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_ANNOUNCE, true, false, 0, 70, 70, 30, 60), KVX_XFER_TICK_NONE);
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_ANNOUNCE, true, false, 0, 70, 71, 30, 60),
+		     KVX_XFER_TICK_QUARANTINE_OVER);
+	/* Only D WRITE has a quarantine deadline on the clock. */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, true, false, 0, 70, 71, 30, 60), KVX_XFER_TICK_NONE);
+}
+
+Test(runtime_faults, f_producer_holds_blocks_for_the_defer_timeout)
+{
+	/* P READ (serve) and P WRITE before D's allocation hold blocks for a peer: their limit is
+	 * the defer timeout (60), not the transfer timeout (30). */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, false, false, 0, 0, 31, 30, 60), KVX_XFER_TICK_NONE);
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, false, false, 0, 0, 60, 30, 60), KVX_XFER_TICK_NONE);
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, false, false, 0, 0, 61, 30, 60), KVX_XFER_TICK_TIMED_OUT);
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_WRITE, false, false, 0, 0, 31, 30, 60), KVX_XFER_TICK_NONE);
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_WRITE, false, false, 0, 0, 61, 30, 60), KVX_XFER_TICK_TIMED_OUT);
+	/* With D's allocation the WRITE is bounded by the transfer timeout. */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_WRITE, false, true, 0, 0, 31, 30, 60), KVX_XFER_TICK_TIMED_OUT);
+}
+
 Test(runtime_faults, h_consumer_extra_block_pairs_by_position)
 {
 	/* P has 4 blocks; D allocated 5 (first token appended): 4 pairs, no error. */

@@ -493,6 +493,23 @@ Test(runtime_vectors, t27_fan_in_two_ticks)
 	kvx_xfer_table_destroy(t);
 }
 
+Test(runtime_vectors, t31_timeout_boundary_strict)
+{
+	/* Transfer timeout 120 s from start 5 s: pending exactly at the limit, timed out 1 ns
+	 * later, for both consumer kinds and for a producer WRITE that has D's allocation. */
+	const uint64_t s = 1000000000ull, tmo = 120 * s, dfr = 600 * s;
+	const enum kvx_xfer_kind kinds[] = {KVX_XFER_K_READ, KVX_XFER_K_ANNOUNCE, KVX_XFER_K_WRITE};
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		cr_assert_eq(kvx_xfer_tick(kinds[i], false, true, 5 * s, 0, 5 * s + tmo, tmo, dfr), KVX_XFER_TICK_NONE);
+		cr_assert_eq(kvx_xfer_tick(kinds[i], false, true, 5 * s, 0, 5 * s + tmo + 1, tmo, dfr),
+			     KVX_XFER_TICK_TIMED_OUT);
+		/* Reported already: a tick never reports it twice. */
+		cr_assert_eq(kvx_xfer_tick(kinds[i], true, true, 5 * s, 0, 5 * s + dfr * 2, tmo, dfr), KVX_XFER_TICK_NONE);
+	}
+	/* A clock reading taken before the start (another thread's earlier read) is not a timeout. */
+	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 5 * s, 0, 4 * s, tmo, dfr), KVX_XFER_TICK_NONE);
+}
+
 Test(runtime_vectors, t28_read_release_target_and_frame)
 {
 	/* release target: 127.0.0.1, notify base 7000 + port_offset(0, remote_tp_rank(0,8,1)) */
