@@ -197,6 +197,41 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 	eng_push_cpl(po, c, n);
 }
 
+static void progress(struct poller *po, struct xf *x);
+
+/* Perform what a lifecycle decision of xfer.c asks for (enum kvx_xfer_do, in its order). The
+ * transfer may retire here (KVX_XFER_DO_RELEASE): the caller must not touch it afterwards. */
+static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
+{
+	uint32_t a = o->act;
+	if (a & KVX_XFER_DO_SEND_RELEASE) {
+		x->release_sent = true;
+		send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
+	}
+	if (a & KVX_XFER_DO_SEND_RELEASE_ALL)
+		send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+	if (a & KVX_XFER_DO_SEND_BLOCKS) {
+		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
+		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
+	}
+	if (a & KVX_XFER_DO_SEND_WRITE_DONE)
+		send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+	if (a & KVX_XFER_DO_STOP_WRITES)
+		memset(x->want_post, 0, sizeof(x->want_post));
+	if (a & KVX_XFER_DO_QUARANTINE)
+		x->quarantine_deadline = kvx_now_ns() + ms_ns(po->e->p.defer_timeout_ms);
+	if (a & KVX_XFER_DO_REPORT) {
+		report(po, x, o->status, o->error, a & KVX_XFER_DO_RELEASE);
+		if (a & KVX_XFER_DO_RELEASE)
+			return;
+	} else if (a & KVX_XFER_DO_RELEASE) {
+		report(po, x, KVX_CPL_ABORTED, 0, true); /* reported already: releases only */
+		return;
+	}
+	if (a & KVX_XFER_DO_PROGRESS)
+		progress(po, x);
+}
+
 /* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
  * unless a reference is taken). */
 static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
@@ -383,17 +418,12 @@ static void rehs_decide(struct poller *po, struct xf *x, struct conn *n)
 static void read_progress(struct poller *po, struct xf *x)
 {
 	struct kvx_engine *e = po->e;
+	struct kvx_xfer_out o;
 	if (x->reported) {
 		/* Terminal (timed out / aborted): release P and the blocks once the ops are terminal. */
-		if (x->batches_out == 0) {
-			/* An abort always releases P; a timeout only once ops were posted (they are
-			 * terminal now): a peer that never answered gets nothing late. */
-			if ((x->aborted || x->next_layer > 0) && !x->release_sent) {
-				x->release_sent = true;
-				send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
-			}
-			report(po, x, KVX_CPL_ABORTED, 0, true);
-		}
+		kvx_xfer_read_settle(true, x->aborted, x->next_layer > 0, x->release_sent, x->done_posting, x->failed,
+				     x->error, x->batches_out, &o);
+		apply(po, x, &o);
 		return;
 	}
 	if (x->await_rehs) {
@@ -420,11 +450,9 @@ static void read_progress(struct poller *po, struct xf *x)
 	}
 	if (x->next_layer == e->n_layers || x->failed)
 		x->done_posting = true;
-	if (x->done_posting && x->batches_out == 0) {
-		x->release_sent = true;
-		send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
-		report(po, x, x->failed ? KVX_CPL_FAILED : KVX_CPL_DONE, x->failed ? x->error : 0, true);
-	}
+	kvx_xfer_read_settle(false, x->aborted, x->next_layer > 0, x->release_sent, x->done_posting, x->failed, x->error,
+			     x->batches_out, &o);
+	apply(po, x, &o);
 }
 
 /* 1 the layer may be written, 0 not yet, negative errno if its event failed (hipEventQuery
@@ -558,51 +586,13 @@ static void handle_submit(struct poller *po, struct xf *x)
 	x->live = true;
 	x->t = NULL;
 	po->owned[x->slot] = x->gen;
-	struct kvx_xfer *t;
-	switch (x->kind) {
-	case XK_READ:
-		if (x->n == 0) {
-			/* Full prefix hit / abort before allocation: release P, no RDMA. */
-			send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
-			report(po, x, KVX_CPL_DONE, 0, true);
-			return;
-		}
-		read_progress(po, x);
-		return;
-	case XK_ANNOUNCE:
-		if (x->n == 0) {
-			send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
-			report(po, x, KVX_CPL_DONE, 0, true);
-			return;
-		}
-		t = attach(po, x);
-		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
-			/* write_done arrived before the announcement was processed (parked). */
-			report(po, x, KVX_CPL_DONE, 0, true);
-			return;
-		}
-		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
-		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
-		return;
-	case XK_WRITE:
-		t = attach(po, x);
-		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
-			/* D released (aborted) before we began: nothing was written; say so, so that D's
-			 * quarantined blocks are freed without waiting for its defer timeout. */
-			x->aborted = true;
-			send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
-			report(po, x, KVX_CPL_ABORTED, -ECANCELED, true);
-			return;
-		}
-		return;
-	case XK_SERVE:
-		t = attach(po, x);
-		if (t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed) {
-			report(po, x, KVX_CPL_DONE, 0, true);
-			return;
-		}
-		return;
-	}
+	/* The kinds that receive notifications get their entry (found parked, or opened). */
+	struct kvx_xfer *t = x->kind != XK_READ && (x->n || x->kind != XK_ANNOUNCE) ? attach(po, x) : NULL;
+	struct kvx_xfer_out o;
+	kvx_xfer_on_submit((enum kvx_xfer_kind)x->kind, x->n, t, &o);
+	if (o.act & KVX_XFER_DO_REPORT && o.status == KVX_CPL_ABORTED)
+		x->aborted = true;
+	apply(po, x, &o);
 }
 
 /* Inbound notification for a transfer id: the one place on a poller where an id is resolved
@@ -759,27 +749,14 @@ static void handle_sub(struct poller *po, struct smsg *m)
 			finish_write_ok(po, x, dp);
 		return;
 	}
-	case M_ABORT:
+	case M_ABORT: {
+		struct kvx_xfer_out o;
 		x->aborted = true;
 		x->error = -ECANCELED;
-		if (x->kind == XK_ANNOUNCE) {
-			send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
-			x->quarantine_deadline = kvx_now_ns() + ms_ns(po->e->p.defer_timeout_ms);
-			report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
-			return;
-		}
-		if (x->kind == XK_WRITE) {
-			memset(x->want_post, 0, sizeof(x->want_post));
-			if (t && t->state == KVX_XFER_S_LIVE)
-				kvx_xfer_make_terminal(po->tab, t);
-		}
-		if (x->kind == XK_READ) {
-			report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
-			read_progress(po, x);
-		} else {
-			report(po, x, KVX_CPL_ABORTED, -ECANCELED, x->batches_out == 0);
-		}
+		kvx_xfer_on_abort(po->tab, (enum kvx_xfer_kind)x->kind, t, x->batches_out, &o);
+		apply(po, x, &o);
 		return;
+	}
 	default:
 		return;
 	}

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kvxfer/common.h"
+#include "kvxfer/engine.h"
 
 /** Transfer id capacity including the NUL (ids are "tx-" + uuid4 in practice). */
 #define KVX_XFER_ID_MAX 128
@@ -127,6 +128,50 @@ enum kvx_xfer_tick_act {
 enum kvx_xfer_tick_act kvx_xfer_tick(enum kvx_xfer_kind kind, bool reported, bool has_alloc, uint64_t start_ns,
 				     uint64_t quarantine_ns, uint64_t now_ns, uint64_t transfer_timeout_ns,
 				     uint64_t defer_timeout_ns);
+
+/* What the owning poller does after a lifecycle decision, in this order: send the
+ * notifications, stop or drive the transfer's ops, report its terminal status, then release
+ * or hold its blocks. */
+enum kvx_xfer_do {
+	KVX_XFER_DO_SEND_RELEASE = 1u << 0,     /* release to P's TP rank paired with ours (D READ) */
+	KVX_XFER_DO_SEND_RELEASE_ALL = 1u << 1, /* release to every P TP rank (D WRITE) */
+	KVX_XFER_DO_SEND_BLOCKS = 1u << 2,      /* remote_blocks to every P TP rank (D WRITE) */
+	KVX_XFER_DO_SEND_WRITE_DONE = 1u << 3,  /* write_done to D (P WRITE) */
+	KVX_XFER_DO_STOP_WRITES = 1u << 4,      /* P WRITE: post nothing more (the entry is terminal) */
+	KVX_XFER_DO_PROGRESS = 1u << 5,         /* post what is ready / finish once ops are terminal */
+	KVX_XFER_DO_REPORT = 1u << 6,           /* ends with status / error (once) */
+	KVX_XFER_DO_RELEASE = 1u << 7,          /* blocks reusable now: the transfer retires */
+	KVX_XFER_DO_QUARANTINE = 1u << 8,       /* D WRITE: blocks held until write_done or the defer
+						 * deadline (kvx_xfer_tick()) */
+	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ: blocks held until every reader is revoked */
+};
+
+struct kvx_xfer_out {
+	uint32_t act;                /* enum kvx_xfer_do bits */
+	enum kvx_cpl_status status;  /* with KVX_XFER_DO_REPORT */
+	int error;                   /* with KVX_XFER_DO_REPORT: 0 or negative errno */
+};
+
+/* A submission reaches its owning poller (PROTOCOL.md §1.3 step 5, §1.4 step 8, §6 items 3,
+ * 10). @p n_blocks: its block count (0: full prefix hit / nothing to move); @p t: its entry,
+ * opened now or parked earlier by a notification (ack_completed: the peer's release or
+ * write_done already arrived); NULL for a consumer READ (it receives no notification). */
+void kvx_xfer_on_submit(enum kvx_xfer_kind kind, size_t n_blocks, const struct kvx_xfer *t, struct kvx_xfer_out *o);
+
+/* The application aborts a transfer it has not seen end (PROTOCOL.md §5.3, §6 item 10):
+ * D WRITE tells P to stop and quarantines; P WRITE stops posting (its entry turns terminal)
+ * and releases once its @p ops_out batches are terminal; D READ ends and releases P once its
+ * ops are terminal (kvx_xfer_read_settle()); P READ releases at once. */
+void kvx_xfer_on_abort(struct kvx_xfer_table *tab, enum kvx_xfer_kind kind, struct kvx_xfer *t, uint32_t ops_out,
+		       struct kvx_xfer_out *o);
+
+/* A consumer READ whose ops may all be terminal (PROTOCOL.md §1.4 steps 9-10, §5.5): nothing
+ * while @p ops_out batches are in flight. Ended already (@p reported: timed out or aborted): P
+ * is released only if the transfer posted something or was aborted (a producer that never
+ * answered gets no late release), then the blocks. Every layer posted (@p done_posting) or
+ * @p failed: release P, report DONE or FAILED with @p error, and the blocks. */
+void kvx_xfer_read_settle(bool reported, bool aborted, bool posted_any, bool release_sent, bool done_posting,
+			  bool failed, int error, uint32_t ops_out, struct kvx_xfer_out *o);
 
 /* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
  * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp

@@ -250,3 +250,81 @@ enum kvx_xfer_tick_act kvx_xfer_tick(enum kvx_xfer_kind kind, bool reported, boo
 	uint64_t limit = holds ? defer_timeout_ns : transfer_timeout_ns;
 	return now_ns > start_ns && now_ns - start_ns > limit ? KVX_XFER_TICK_TIMED_OUT : KVX_XFER_TICK_NONE;
 }
+
+static void out_set(struct kvx_xfer_out *o, uint32_t act, enum kvx_cpl_status st, int error)
+{
+	o->act = act;
+	o->status = st;
+	o->error = error;
+}
+
+void kvx_xfer_on_submit(enum kvx_xfer_kind kind, size_t n_blocks, const struct kvx_xfer *t, struct kvx_xfer_out *o)
+{
+	bool acked = t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed;
+	const uint32_t done = KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE;
+	out_set(o, 0, KVX_CPL_DONE, 0);
+	switch (kind) {
+	case KVX_XFER_K_READ:
+		/* Full prefix hit / abort before allocation: release P, no RDMA. */
+		o->act = n_blocks ? KVX_XFER_DO_PROGRESS : KVX_XFER_DO_SEND_RELEASE | done;
+		return;
+	case KVX_XFER_K_ANNOUNCE:
+		if (!n_blocks)
+			o->act = KVX_XFER_DO_SEND_RELEASE_ALL | done;
+		else if (acked)
+			o->act = done; /* write_done arrived before the announcement (parked) */
+		else
+			o->act = KVX_XFER_DO_SEND_BLOCKS;
+		return;
+	case KVX_XFER_K_WRITE:
+		/* D released (aborted) before P began: nothing was written; say so, so that D's
+		 * quarantined blocks are freed without waiting for its defer timeout. */
+		if (acked)
+			out_set(o, KVX_XFER_DO_SEND_WRITE_DONE | done, KVX_CPL_ABORTED, -ECANCELED);
+		return;
+	case KVX_XFER_K_SERVE:
+		if (acked)
+			o->act = done; /* D's release arrived first (parked) */
+		return;
+	}
+}
+
+void kvx_xfer_on_abort(struct kvx_xfer_table *tab, enum kvx_xfer_kind kind, struct kvx_xfer *t, uint32_t ops_out,
+		       struct kvx_xfer_out *o)
+{
+	switch (kind) {
+	case KVX_XFER_K_ANNOUNCE:
+		out_set(o, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT, KVX_CPL_ABORTED,
+			-ECANCELED);
+		return;
+	case KVX_XFER_K_READ:
+		out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS, KVX_CPL_ABORTED, -ECANCELED);
+		return;
+	case KVX_XFER_K_WRITE:
+		if (t && t->state == KVX_XFER_S_LIVE)
+			kvx_xfer_make_terminal(tab, t);
+		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | (ops_out ? 0 : KVX_XFER_DO_RELEASE),
+			KVX_CPL_ABORTED, -ECANCELED);
+		return;
+	case KVX_XFER_K_SERVE:
+		out_set(o, KVX_XFER_DO_REPORT | (ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_ABORTED, -ECANCELED);
+		return;
+	}
+	out_set(o, 0, KVX_CPL_DONE, 0);
+}
+
+void kvx_xfer_read_settle(bool reported, bool aborted, bool posted_any, bool release_sent, bool done_posting,
+			  bool failed, int error, uint32_t ops_out, struct kvx_xfer_out *o)
+{
+	out_set(o, 0, KVX_CPL_DONE, 0);
+	if (ops_out)
+		return;
+	if (reported) {
+		/* The status is out already; a second report is a no-op for the caller. */
+		o->act = KVX_XFER_DO_RELEASE | ((aborted || posted_any) && !release_sent ? KVX_XFER_DO_SEND_RELEASE : 0);
+		return;
+	}
+	if (done_posting || failed)
+		out_set(o, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE,
+			failed ? KVX_CPL_FAILED : KVX_CPL_DONE, failed ? error : 0);
+}

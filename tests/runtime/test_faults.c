@@ -21,6 +21,7 @@ static struct kvx_xfer_table *table(void)
 
 Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 {
+	struct kvx_xfer_out o;
 	/* D's poller gets write_done for a transfer whose announcement it has not processed yet:
 	 * the entry is opened (parked) and the fan-in completes it; the submission that follows
 	 * finds it terminal and complete (the engine then reports DONE at once). */
@@ -33,8 +34,42 @@ Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 	cr_assert_eq(y, x);
 	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
 	cr_assert(y->ack_completed);
+	kvx_xfer_on_submit(KVX_XFER_K_ANNOUNCE, 2, y, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE, "DONE at once, no remote_blocks");
+	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* A duplicate write_done changes nothing. */
 	cr_assert_eq(kvx_xfer_resolve_ack(t, y, 1, 1), 0);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_faults, c_full_prefix_hit_read_releases_without_rdma)
+{
+	/* D READ with nothing to move: P is released at once, DONE, nothing posted. */
+	struct kvx_xfer_out o;
+	kvx_xfer_on_submit(KVX_XFER_K_READ, 0, NULL, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	/* D WRITE with nothing to receive: every P rank is released, no remote_blocks. */
+	kvx_xfer_on_submit(KVX_XFER_K_ANNOUNCE, 0, NULL, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	/* With blocks: a READ posts, an announcement sends remote_blocks and waits. */
+	kvx_xfer_on_submit(KVX_XFER_K_READ, 4, NULL, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_PROGRESS);
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-c", &x), 0);
+	kvx_xfer_on_submit(KVX_XFER_K_ANNOUNCE, 4, x, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_BLOCKS);
+	/* P READ: the consumer's release came first (parked): DONE at submission. */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 1, 1), 1);
+	kvx_xfer_on_submit(KVX_XFER_K_SERVE, 4, x, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	/* P WRITE: D's release came first (D aborted): nothing written, write_done tells D so. */
+	kvx_xfer_on_submit(KVX_XFER_K_WRITE, 4, x, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
 	kvx_xfer_table_destroy(t);
 }
 
@@ -47,10 +82,45 @@ Test(runtime_faults, d_read_producer_silent_times_out_at_the_transfer_timeout)
 	/* Once reported, later ticks do nothing (a consumer READ is released by its ops, not the
 	 * clock). */
 	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, true, false, 100, 0, 500, 30, 60), KVX_XFER_TICK_NONE);
+	/* Timed out with nothing posted: the blocks are freed and P gets no late release. */
+	struct kvx_xfer_out o;
+	kvx_xfer_read_settle(true, false, false, false, false, false, 0, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_RELEASE);
+	/* Timed out after posting: once the ops are terminal, P is released (once). */
+	kvx_xfer_read_settle(true, false, true, false, false, false, 0, 1, &o);
+	cr_assert_eq(o.act, 0);
+	kvx_xfer_read_settle(true, false, true, false, false, false, 0, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE);
+	kvx_xfer_read_settle(true, false, true, true, false, false, 0, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_RELEASE);
 }
 
 Test(runtime_faults, e_consumer_abort_quarantines_until_write_done_or_defer_timeout)
 {
+	/* D WRITE abort: every P rank is told to stop, ABORTED is reported, the blocks are held. */
+	struct kvx_xfer_out o;
+	kvx_xfer_on_abort(NULL, KVX_XFER_K_ANNOUNCE, NULL, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
+	/* P's write_done then completes the fan-in: the poller releases the blocks (DONE). */
+	/* P WRITE abort with writes in flight: stop posting, report, hold until they are terminal. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-e", &x), 0);
+	kvx_xfer_on_abort(t, KVX_XFER_K_WRITE, x, 2, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT);
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
+	cr_assert_not(kvx_xfer_schedule_write(x, 0)); /* nothing more is scheduled */
+	kvx_xfer_on_abort(t, KVX_XFER_K_WRITE, x, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	/* D READ abort: reported now, P released once its ops are terminal. */
+	kvx_xfer_on_abort(t, KVX_XFER_K_READ, NULL, 1, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
+	kvx_xfer_read_settle(true, true, false, false, false, false, 0, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE, "an abort always releases P");
+	kvx_xfer_table_destroy(t);
+
 	/* D WRITE aborted (or timed out) at 10 with defer timeout 60: quarantined until 70
 	 * inclusive, reusable after it when no write_done came first. */
 	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_ANNOUNCE, true, false, 0, 70, 70, 30, 60), KVX_XFER_TICK_NONE);

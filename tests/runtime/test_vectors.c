@@ -493,6 +493,32 @@ Test(runtime_vectors, t27_fan_in_two_ticks)
 	kvx_xfer_table_destroy(t);
 }
 
+Test(runtime_vectors, t28_read_batch_done_releases)
+{
+	/* Every layer posted, every op terminal and successful: release P, DONE, blocks free. */
+	struct kvx_xfer_out o;
+	kvx_xfer_read_settle(false, false, true, false, true, false, 0, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	cr_assert_eq(o.error, 0);
+}
+
+Test(runtime_vectors, t30_read_batch_pending_sends_nothing)
+{
+	struct kvx_xfer_out o;
+	kvx_xfer_read_settle(false, false, true, false, true, false, 0, 1, &o); /* one batch in flight */
+	cr_assert_eq(o.act, 0);
+	kvx_xfer_read_settle(false, false, true, false, false, false, 0, 0, &o); /* layers left to post */
+	cr_assert_eq(o.act, 0);
+	/* Any failed + all terminal -> FAILED, still releases P and the blocks. */
+	kvx_xfer_read_settle(false, false, true, false, true, true, -ECONNRESET, 0, &o);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ECONNRESET);
+	kvx_xfer_read_settle(false, false, true, false, true, true, -ECONNRESET, 2, &o);
+	cr_assert_eq(o.act, 0, "never while ops may still land");
+}
+
 Test(runtime_vectors, t31_timeout_boundary_strict)
 {
 	/* Transfer timeout 120 s from start 5 s: pending exactly at the limit, timed out 1 ns
@@ -510,7 +536,7 @@ Test(runtime_vectors, t31_timeout_boundary_strict)
 	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 5 * s, 0, 4 * s, tmo, dfr), KVX_XFER_TICK_NONE);
 }
 
-Test(runtime_vectors, t28_read_release_target_and_frame)
+Test(runtime_vectors, t28_read_release_target_and_frame_bytes)
 {
 	/* release target: 127.0.0.1, notify base 7000 + port_offset(0, remote_tp_rank(0,8,1)) */
 	uint32_t rtp, off;
