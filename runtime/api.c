@@ -15,7 +15,7 @@
 /* ---------------------------------------------------------------------------------------- */
 
 
-static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, const struct kvx_engine_peer *pp,
+static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid, const struct kvx_engine_peer *pp,
 		  const uint32_t *lids, const uint32_t *rids, size_t n, uint32_t consumer_tp)
 {
 	if (!e || !tid)
@@ -24,7 +24,7 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 		return -EBUSY;
 	size_t tl = strnlen(tid, KVX_ENGINE_ID_MAX);
 	if (tl == 0 || tl >= KVX_ENGINE_ID_MAX || n > e->p.max_blocks || (n && !lids) ||
-	    (kind == XK_READ && n && !rids))
+	    (kind == KVX_XFER_K_READ && n && !rids))
 		return -EINVAL;
 	uint64_t nb = e->layers[0].geom.num_blocks;
 	for (size_t i = 0; i < n; i++)
@@ -47,7 +47,7 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 	int rc = 0;
 	struct peer *pr = NULL;
 	if (pp) {
-		bool hs = n > 0 && (kind == XK_READ || kind == XK_WRITE);
+		bool hs = n > 0 && (kind == KVX_XFER_K_READ || kind == KVX_XFER_K_WRITE);
 		pr = eng_peer_get(e, pp, hs, &rc);
 		if (!pr)
 			return rc;
@@ -73,11 +73,11 @@ static int submit(struct kvx_engine *e, enum xf_kind kind, const char *tid, cons
 	x->gate = gate;
 	x->slot = slot;
 	memcpy(x->tid, tid, tl + 1);
-	x->kind = kind;
+	x->lf.kind = kind;
 	x->peer = pr;
 	x->n = n;
 	x->consumer_tp = consumer_tp;
-	x->start_ns = kvx_now_ns();
+	x->lf.start_ns = kvx_now_ns();
 	if (n)
 		memcpy(x->lblocks, lids, n * sizeof(uint32_t));
 	if (n && rids)
@@ -101,7 +101,7 @@ KVX_API int kvx_xfer_read(struct kvx_engine *e, const struct kvx_engine_read *r)
 		return -EINVAL;
 	if (e->p.role != KVX_SCHED_CONSUMER || e->p.mode != KVX_SCHED_MODE_READ)
 		return -EBUSY;
-	return submit(e, XK_READ, r->transfer_id, &r->peer, r->local_blocks, r->remote_blocks, r->n, 0);
+	return submit(e, KVX_XFER_K_READ, r->transfer_id, &r->peer, r->local_blocks, r->remote_blocks, r->n, 0);
 }
 
 KVX_API int kvx_xfer_announce(struct kvx_engine *e, const struct kvx_engine_announce *a)
@@ -110,7 +110,7 @@ KVX_API int kvx_xfer_announce(struct kvx_engine *e, const struct kvx_engine_anno
 		return -EINVAL;
 	if (e->p.role != KVX_SCHED_CONSUMER || e->p.mode != KVX_SCHED_MODE_WRITE)
 		return -EBUSY;
-	return submit(e, XK_ANNOUNCE, a->transfer_id, &a->peer, a->local_blocks, NULL, a->n, 0);
+	return submit(e, KVX_XFER_K_ANNOUNCE, a->transfer_id, &a->peer, a->local_blocks, NULL, a->n, 0);
 }
 
 KVX_API int kvx_xfer_write_begin(struct kvx_engine *e, const struct kvx_engine_write *w)
@@ -121,7 +121,7 @@ KVX_API int kvx_xfer_write_begin(struct kvx_engine *e, const struct kvx_engine_w
 		return -EBUSY;
 	if (w->n == 0)
 		return -EINVAL;
-	return submit(e, XK_WRITE, w->transfer_id, &w->peer, w->local_blocks, NULL, w->n, 0);
+	return submit(e, KVX_XFER_K_WRITE, w->transfer_id, &w->peer, w->local_blocks, NULL, w->n, 0);
 }
 
 KVX_API int kvx_xfer_serve(struct kvx_engine *e, const struct kvx_engine_serve *s)
@@ -132,7 +132,7 @@ KVX_API int kvx_xfer_serve(struct kvx_engine *e, const struct kvx_engine_serve *
 		return -EBUSY;
 	if (s->n == 0)
 		return -EINVAL;
-	return submit(e, XK_SERVE, s->transfer_id, NULL, s->local_blocks, NULL, s->n, s->consumer_tp_size);
+	return submit(e, KVX_XFER_K_SERVE, s->transfer_id, NULL, s->local_blocks, NULL, s->n, s->consumer_tp_size);
 }
 
 static int push_tid_msg(struct kvx_engine *e, uint32_t type, const char *tid, uint32_t u32, const void *ptr,

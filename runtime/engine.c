@@ -523,8 +523,8 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 			struct xf *x = po->live[0];
 			struct cmsg c[2];
 			unsigned n = 0;
-			if (!x->reported) {
-				x->reported = true;
+			if (!x->lf.reported) {
+				x->lf.reported = true;
 				atomic_store_explicit(&x->final, 1 + KVX_CPL_ABORTED, memory_order_release);
 				eng_cpl_build(e, x, &c[n++], KVX_CPL_TRANSFER, KVX_CPL_ABORTED, -ECANCELED, false);
 			}

@@ -60,13 +60,6 @@ struct cmsg {
 	uint32_t pad;
 };
 
-enum xf_kind {
-	XK_READ = KVX_XFER_K_READ,         /* consumer READ */
-	XK_ANNOUNCE = KVX_XFER_K_ANNOUNCE, /* consumer WRITE */
-	XK_WRITE = KVX_XFER_K_WRITE,       /* producer WRITE */
-	XK_SERVE = KVX_XFER_K_SERVE,       /* producer READ */
-};
-
 enum hs_state {
 	HS_IDLE = 0,
 	HS_PENDING = 1,
@@ -170,14 +163,15 @@ struct lgate {
 };
 
 /* The transfer object, one per transfer, from a pool preallocated at start. Writers:
- *  - tid .. start_ns, gen, next_free: the app thread, at submission (before the M_SUBMIT ring
- *    enqueue that hands the object to its poller) and when the last completion gives it back.
+ *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, reg, next_free: the app thread, at
+ *    submission (before the M_SUBMIT ring enqueue that hands the object to its poller) and
+ *    when the last completion gives it back.
  *  - layer_done, final, final_error: the owning poller (release stores); the app thread reads.
- *  - everything from `t` on: the owning poller only, from M_SUBMIT until it enqueues the
- *    object's last completion. */
+ *  - lf (the lifecycle state, runtime/xfer.c decides its changes) and everything from `t` on:
+ *    the owning poller only, from M_SUBMIT until it enqueues the object's last completion. */
 struct xf {
 	char tid[KVX_ENGINE_ID_MAX];
-	enum xf_kind kind;
+	struct kvx_life lf;
 	struct peer *peer;
 	struct poller *po;  /* owning poller */
 	struct conn *conn;  /* poller: bound connection (a reference), or NULL */
@@ -185,7 +179,6 @@ struct xf {
 	uint32_t *rblocks;  /* Array[max_blocks] in the engine's arena */
 	size_t n;
 	uint32_t consumer_tp;
-	uint64_t start_ns;
 	/* App-visible: per-layer completion bits and the final outcome (release stores). */
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
 	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */
@@ -197,13 +190,9 @@ struct xf {
 	uint32_t live_idx;
 	uint32_t slot; /* index in the engine's pool; used in completion cookies */
 	bool live;
-	uint32_t next_layer;
-	uint32_t batches_out;
 	uint32_t *layer_batches; /* Array[n_layers] */
 	struct lgate *gate;      /* Array[n_layers] */
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
-	bool reported, released, failed, aborted, timed_out, done_posting, release_sent;
-	bool fence_pending; /* P READ: defer timeout passed, blocks held until the wire is fenced */
 	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
 	uint64_t fence_ticket;
 	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
@@ -212,9 +201,7 @@ struct xf {
 	atomic_bool alloc_known_pub; /* the same, for the runtime_internal.h test hook */
 	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
 	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
-	int error;
 	uint64_t bytes;
-	uint64_t quarantine_deadline;
 	uint32_t next_free; /* app thread free list */
 };
 

@@ -105,7 +105,7 @@ void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *
 	c->c.status = st;
 	c->c.error = error;
 	c->c.bytes = x->bytes;
-	c->c.duration_ns = kvx_now_ns() - x->start_ns;
+	c->c.duration_ns = kvx_now_ns() - x->lf.start_ns;
 	c->xf = (void *)x;
 	c->last = last;
 }
@@ -172,25 +172,25 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 	struct kvx_engine *e = po->e;
 	struct cmsg c[2];
 	unsigned n = 0;
-	if (!x->reported) {
-		x->reported = true;
+	if (!x->lf.reported) {
+		x->lf.reported = true;
 		atomic_store_explicit(&x->final_error, error, memory_order_relaxed);
 		atomic_store_explicit(&x->final, 1 + (int)st, memory_order_release);
 		kvx_waiter_wake(&e->app_w);
 		count_terminal(po, x, st);
-		bool release_cpl = x->kind == XK_WRITE || x->kind == XK_SERVE || st != KVX_CPL_DONE;
+		bool release_cpl = x->lf.kind == KVX_XFER_K_WRITE || x->lf.kind == KVX_XFER_K_SERVE || st != KVX_CPL_DONE;
 		eng_cpl_build(e, x, &c[n++], KVX_CPL_TRANSFER, st, error, release_now && !release_cpl);
 		if (release_now && release_cpl)
 			eng_cpl_build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
 		else if (release_cpl)
 			atomic_fetch_add_explicit(&e->st_quar, 1, memory_order_relaxed);
-	} else if (release_now && !x->released) {
+	} else if (release_now && !x->lf.released) {
 		eng_cpl_build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
 	} else {
 		return;
 	}
-	if (release_now && !x->released) {
-		x->released = true;
+	if (release_now && !x->lf.released) {
+		x->lf.released = true;
 		kvx_ctl_mark_terminal(po->ib, x->tid);
 		eng_remove_live(po, x);
 	}
@@ -204,10 +204,8 @@ static void progress(struct poller *po, struct xf *x);
 static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 {
 	uint32_t a = o->act;
-	if (a & KVX_XFER_DO_SEND_RELEASE) {
-		x->release_sent = true;
+	if (a & KVX_XFER_DO_SEND_RELEASE)
 		send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
-	}
 	if (a & KVX_XFER_DO_SEND_RELEASE_ALL)
 		send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
 	if (a & KVX_XFER_DO_SEND_BLOCKS) {
@@ -218,8 +216,10 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 		send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
 	if (a & KVX_XFER_DO_STOP_WRITES)
 		memset(x->want_post, 0, sizeof(x->want_post));
-	if (a & KVX_XFER_DO_QUARANTINE)
-		x->quarantine_deadline = kvx_now_ns() + ms_ns(po->e->p.defer_timeout_ms);
+	if (a & KVX_XFER_DO_FENCE) {
+		x->fence_ticket = eng_fence_request(po->e);
+		po->n_fence_pending++;
+	}
 	if (a & KVX_XFER_DO_REPORT) {
 		report(po, x, o->status, o->error, a & KVX_XFER_DO_RELEASE);
 		if (a & KVX_XFER_DO_RELEASE)
@@ -230,6 +230,22 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 	}
 	if (a & KVX_XFER_DO_PROGRESS)
 		progress(po, x);
+}
+
+static struct kvx_xfer *xf_entry(struct xf *x);
+
+/* Feed one event into the transfer's lifecycle (kvx_xfer_step()) and perform its actions. The
+ * transfer may retire here: the caller must not touch it afterwards. */
+static void step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
+{
+	struct kvx_engine *e = po->e;
+	struct kvx_xfer_out o;
+	ev.transfer_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
+	ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
+	if (!ev.now_ns)
+		ev.now_ns = kvx_now_ns();
+	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+	apply(po, x, &o);
 }
 
 /* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
@@ -256,9 +272,9 @@ static int xf_conn(struct poller *po, struct xf *x)
 	struct conn *c = x->conn;
 	if (c && !atomic_load_explicit(&c->stale, memory_order_acquire))
 		return 1;
-	if (c && x->batches_out)
+	if (c && x->lf.ops_out)
 		return 0;
-	if (c && x->kind == XK_READ) {
+	if (c && x->lf.kind == KVX_XFER_K_READ) {
 		/* Bytes may have landed from the old endpoint: rehs_decide() settles it. */
 		x->await_rehs = true;
 		return 0;
@@ -271,9 +287,9 @@ static int xf_conn(struct poller *po, struct xf *x)
 		eng_hs_start(po->e, po->ib, x->peer, HS_IDLE); /* the first one was refused (-EBUSY) */
 	if (!n || n == c || atomic_load_explicit(&n->stale, memory_order_acquire))
 		return 0;
-	if (c && x->kind == XK_WRITE && n->epoch != c->epoch)
+	if (c && x->lf.kind == KVX_XFER_K_WRITE && n->epoch != c->epoch)
 		return -ECONNRESET;
-	if (x->kind == XK_WRITE && x->alloc_epoch && n->epoch != x->alloc_epoch)
+	if (x->lf.kind == KVX_XFER_K_WRITE && x->alloc_epoch && n->epoch != x->alloc_epoch)
 		return -ECONNRESET; /* the allocation belongs to a consumer incarnation that is gone */
 	eng_conn_put(c);
 	conn_bind(x, n);
@@ -381,11 +397,11 @@ static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_
 			if (b == 0)
 				return rc; /* -ENOBUFS: retry the layer later */
 			/* A partial layer cannot be retried without double-posting: fail it. */
-			x->failed = true;
-			x->error = rc;
+			x->lf.failed = true;
+			x->lf.error = rc;
 			break;
 		}
-		x->batches_out++;
+		x->lf.ops_out++;
 		x->layer_batches[layer]++;
 		l->outstanding++;
 		list_link(po, c);
@@ -401,33 +417,30 @@ static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_
 static void rehs_decide(struct poller *po, struct xf *x, struct conn *n)
 {
 	x->await_rehs = false;
-	if (n->epoch != x->peer_epoch && x->bytes == 0 && x->batches_out == 0) {
-		x->next_layer = 0;
-		x->done_posting = false;
+	if (n->epoch != x->peer_epoch && x->bytes == 0 && x->lf.ops_out == 0) {
+		x->lf.next_layer = 0;
+		x->lf.done_posting = false;
 		memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
 		eng_conn_put(x->conn);
 		conn_bind(x, n);
 		x->peer_epoch = n->epoch;
 		return;
 	}
-	x->failed = true;
-	x->error = -ECONNRESET;
-	x->done_posting = true;
+	x->lf.failed = true;
+	x->lf.error = -ECONNRESET;
+	x->lf.done_posting = true;
 }
 
 static void read_progress(struct poller *po, struct xf *x)
 {
 	struct kvx_engine *e = po->e;
-	struct kvx_xfer_out o;
-	if (x->reported) {
+	if (x->lf.reported) {
 		/* Terminal (timed out / aborted): release P and the blocks once the ops are terminal. */
-		kvx_xfer_read_settle(true, x->aborted, x->next_layer > 0, x->release_sent, x->done_posting, x->failed,
-				     x->error, x->batches_out, &o);
-		apply(po, x, &o);
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
 		return;
 	}
 	if (x->await_rehs) {
-		if (x->batches_out)
+		if (x->lf.ops_out)
 			return;
 		struct conn *n = conn_lookup(po, x->peer);
 		if (!n || n == x->conn || atomic_load_explicit(&n->stale, memory_order_acquire))
@@ -435,24 +448,22 @@ static void read_progress(struct poller *po, struct xf *x)
 		rehs_decide(po, x, n);
 	}
 	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
-	if (!x->failed && !x->done_posting && xf_conn(po, x) != 1)
+	if (!x->lf.failed && !x->lf.done_posting && xf_conn(po, x) != 1)
 		return;
 	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
 	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
-	if (x->next_layer == 0 && x->conn)
+	if (x->lf.next_layer == 0 && x->conn)
 		x->peer_epoch = x->conn->epoch;
-	if (!x->failed)
+	if (!x->lf.failed)
 		kvx_plan_cache_reset(po->pc);
-	while (!x->failed && x->next_layer < limit) {
-		if (post_layer(po, x, x->next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
+	while (!x->lf.failed && x->lf.next_layer < limit) {
+		if (post_layer(po, x, x->lf.next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
 			break;
-		x->next_layer++;
+		x->lf.next_layer++;
 	}
-	if (x->next_layer == e->n_layers || x->failed)
-		x->done_posting = true;
-	kvx_xfer_read_settle(false, x->aborted, x->next_layer > 0, x->release_sent, x->done_posting, x->failed, x->error,
-			     x->batches_out, &o);
-	apply(po, x, &o);
+	if (x->lf.next_layer == e->n_layers || x->lf.failed)
+		x->lf.done_posting = true;
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
 }
 
 /* 1 the layer may be written, 0 not yet, negative errno if its event failed (hipEventQuery
@@ -468,27 +479,19 @@ static int layer_gate_open(const struct xf *x, uint32_t layer)
 static void write_fail(struct poller *po, struct xf *x, int err)
 {
 	memset(x->want_post, 0, sizeof(x->want_post));
-	x->failed = true;
-	x->error = err;
+	x->lf.failed = true;
+	x->lf.error = err;
 	struct kvx_xfer *t = xf_entry(x);
 	if (t)
 		kvx_xfer_mark_write_done(po->tab, t, false);
-	report(po, x, KVX_CPL_FAILED, err, x->batches_out == 0);
+	report(po, x, KVX_CPL_FAILED, err, x->lf.ops_out == 0);
 }
 
 static void write_progress(struct poller *po, struct xf *x)
 {
 	struct kvx_xfer *t = xf_entry(x);
-	if (x->reported || !t || t->state != KVX_XFER_S_LIVE) {
-		if (x->batches_out == 0) {
-			if (x->aborted && !x->release_sent) {
-				/* D aborted: tell it our writes are terminal so its blocks leave quarantine. */
-				x->release_sent = true;
-				send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
-			}
-			report(po, x, x->aborted ? KVX_CPL_ABORTED : x->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED,
-			       x->error, true);
-		}
+	if (x->lf.reported || !t || t->state != KVX_XFER_S_LIVE) {
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
 		return;
 	}
 	if (!t->has_alloc || !alloc_epoch_settle(po, x))
@@ -522,7 +525,7 @@ static void write_progress(struct poller *po, struct xf *x)
 			if (post_layer(po, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
 				return;
 			x->want_post[w] &= ~(1ull << (layer % 64));
-			if (x->layer_batches[layer] == 0 && !x->failed) {
+			if (x->layer_batches[layer] == 0 && !x->lf.failed) {
 				/* Nothing to move for this layer (empty plan): it is done. */
 				kvx_xfer_mark_write_done(po->tab, t, true);
 			}
@@ -545,15 +548,15 @@ static void finish_write_ok(struct poller *po, struct xf *x, int32_t decode_dp)
 
 static void progress(struct poller *po, struct xf *x)
 {
-	switch (x->kind) {
-	case XK_READ:
+	switch (x->lf.kind) {
+	case KVX_XFER_K_READ:
 		read_progress(po, x);
 		break;
-	case XK_WRITE:
+	case KVX_XFER_K_WRITE:
 		write_progress(po, x);
 		break;
-	case XK_ANNOUNCE:
-	case XK_SERVE:
+	case KVX_XFER_K_ANNOUNCE:
+	case KVX_XFER_K_SERVE:
 		break; /* driven by notifications and timeouts */
 	}
 }
@@ -587,12 +590,9 @@ static void handle_submit(struct poller *po, struct xf *x)
 	x->t = NULL;
 	po->owned[x->slot] = x->gen;
 	/* The kinds that receive notifications get their entry (found parked, or opened). */
-	struct kvx_xfer *t = x->kind != XK_READ && (x->n || x->kind != XK_ANNOUNCE) ? attach(po, x) : NULL;
-	struct kvx_xfer_out o;
-	kvx_xfer_on_submit((enum kvx_xfer_kind)x->kind, x->n, t, &o);
-	if (o.act & KVX_XFER_DO_REPORT && o.status == KVX_CPL_ABORTED)
-		x->aborted = true;
-	apply(po, x, &o);
+	if (x->lf.kind != KVX_XFER_K_READ && (x->n || x->lf.kind != KVX_XFER_K_ANNOUNCE))
+		attach(po, x);
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = x->n});
 }
 
 /* Inbound notification for a transfer id: the one place on a poller where an id is resolved
@@ -616,24 +616,16 @@ static void handle_notify(struct poller *po, struct emsg *m)
 		return;
 	}
 	case KVX_MSG_RELEASE: {
-		if (x && x->kind == XK_WRITE) {
+		if (x && x->lf.kind == KVX_XFER_K_WRITE) {
 			/* D aborted a push transfer: stop posting, answer once our writes are terminal. */
-			if (!x->reported) {
-				x->aborted = true;
-				x->error = -ECANCELED;
-				memset(x->want_post, 0, sizeof(x->want_post));
-				if (t->state == KVX_XFER_S_LIVE)
-					kvx_xfer_make_terminal(po->tab, t);
-				report(po, x, KVX_CPL_ABORTED, -ECANCELED, false);
-			}
-			write_progress(po, x);
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_RELEASE});
 			return;
 		}
 		if (!t)
 			t = tab_get(po, m->tid); /* early release: parked until the transfer is submitted */
 		int rc = t ? kvx_xfer_resolve_ack(po->tab, t, (uint32_t)m->u64, e->p.tp_size) : 0;
-		if (rc == 1 && x && x->kind == XK_SERVE)
-			report(po, x, KVX_CPL_DONE, 0, true);
+		if (rc == 1 && x && x->lf.kind == KVX_XFER_K_SERVE)
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ACK});
 		else if (rc < 0)
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
@@ -643,9 +635,9 @@ static void handle_notify(struct poller *po, struct emsg *m)
 			t = tab_get(po, m->tid); /* parked until announce (fault b) */
 		uint32_t ptp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
 		int rc = t ? kvx_xfer_resolve_ack(po->tab, t, ptp, e->p.tp_size) : 0;
-		if (rc == 1 && x && x->kind == XK_ANNOUNCE) {
+		if (rc == 1 && x && x->lf.kind == KVX_XFER_K_ANNOUNCE) {
 			/* Done, or (after abort/timeout) P's writes are terminal: blocks leave quarantine. */
-			report(po, x, KVX_CPL_DONE, 0, true);
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ACK});
 		} else if (rc == 0 && !x) {
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		}
@@ -677,7 +669,7 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 	if (slot >= e->p.max_transfers || !po->owned[slot] || layer >= e->n_layers)
 		return;
 	struct xf *x = &e->xpool[slot];
-	x->batches_out--;
+	x->lf.ops_out--;
 	x->layer_batches[layer]--;
 	x->bytes += c->bytes;
 	atomic_fetch_add_explicit(&po->st_bytes, c->bytes, memory_order_relaxed);
@@ -691,19 +683,19 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 		/* Nothing of this READ landed and the endpoint is dead: the peer may have restarted
 		 * before the first op (a new epoch at re-handshake makes a retry equivalent to a fresh
 		 * transfer); decided in rehs_decide(). */
-		if (x->kind == XK_READ && ep_dead && x->bytes == 0 && !x->failed)
+		if (x->lf.kind == KVX_XFER_K_READ && ep_dead && x->bytes == 0 && !x->lf.failed)
 			x->await_rehs = true;
-		else if (!x->failed) {
-			x->failed = true;
-			x->error = c->status;
+		else if (!x->lf.failed) {
+			x->lf.failed = true;
+			x->lf.error = c->status;
 		}
 	}
-	if (x->layer_batches[layer] == 0 && !x->failed) {
-		if (x->kind == XK_READ) {
+	if (x->layer_batches[layer] == 0 && !x->lf.failed) {
+		if (x->lf.kind == KVX_XFER_K_READ) {
 			/* Per-layer barrier: release pairs with the acquire in kvx_xfer_layer_poll(). */
 			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
 			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
-		} else if (x->kind == XK_WRITE && !x->reported) {
+		} else if (x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported) {
 			struct kvx_xfer *t = xf_entry(x);
 			int32_t dp = t ? t->decode_dp_rank : -1;
 			if (t && kvx_xfer_mark_write_done(po->tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE) {
@@ -712,11 +704,11 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 			}
 		}
 	}
-	if (x->failed && x->kind == XK_WRITE && !x->reported) {
+	if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported) {
 		struct kvx_xfer *t = xf_entry(x);
 		if (t)
 			kvx_xfer_mark_write_done(po->tab, t, false);
-		report(po, x, KVX_CPL_FAILED, x->error, false);
+		report(po, x, KVX_CPL_FAILED, x->lf.error, false);
 	}
 	progress(po, x);
 }
@@ -728,12 +720,12 @@ static void handle_sub(struct poller *po, struct smsg *m)
 		return;
 	}
 	struct xf *x = handle_xf(po, m->slot, m->gen);
-	if (!x || x->reported)
+	if (!x || x->lf.reported)
 		return;
 	struct kvx_xfer *t = xf_entry(x);
 	switch (m->type) {
 	case M_LAYER_READY:
-		if (x->kind != XK_WRITE || !t || !kvx_xfer_schedule_write(t, m->u32))
+		if (x->lf.kind != KVX_XFER_K_WRITE || !t || !kvx_xfer_schedule_write(t, m->u32))
 			return; /* duplicate (transfer, layer): no-op */
 		x->gate[m->u32].flag = m->ptr;
 		x->gate[m->u32].ev = m->ev;
@@ -741,7 +733,7 @@ static void handle_sub(struct poller *po, struct smsg *m)
 		write_progress(po, x);
 		return;
 	case M_SEAL: {
-		if (x->kind != XK_WRITE || !t)
+		if (x->lf.kind != KVX_XFER_K_WRITE || !t)
 			return;
 		enum kvx_xfer_action act;
 		int32_t dp = t->decode_dp_rank;
@@ -749,14 +741,9 @@ static void handle_sub(struct poller *po, struct smsg *m)
 			finish_write_ok(po, x, dp);
 		return;
 	}
-	case M_ABORT: {
-		struct kvx_xfer_out o;
-		x->aborted = true;
-		x->error = -ECANCELED;
-		kvx_xfer_on_abort(po->tab, (enum kvx_xfer_kind)x->kind, t, x->batches_out, &o);
-		apply(po, x, &o);
+	case M_ABORT:
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
 		return;
-	}
 	default:
 		return;
 	}
@@ -772,10 +759,11 @@ static void handle_cin(struct poller *po, struct emsg *m)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
-		if (x->peer == pr && !x->reported) {
+		if (x->peer == pr && !x->lf.reported) {
 			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
-			if (m->type == M_PEER_FAILED && unbound && (x->kind == XK_READ || x->kind == XK_WRITE))
-				report(po, x, KVX_CPL_FAILED, m->status ? m->status : -ECONNREFUSED, x->batches_out == 0);
+			if (m->type == M_PEER_FAILED)
+				step(po, x,
+				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound, .error = m->status});
 			else
 				progress(po, x);
 		}
@@ -805,10 +793,9 @@ static void fence_release(struct poller *po)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
-		if (x->fence_pending && x->fence_ticket <= done) {
-			x->fence_pending = false;
+		if (x->lf.fence_pending && x->fence_ticket <= done) {
 			po->n_fence_pending--;
-			report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, true);
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED});
 		}
 		if (po->n_live == before)
 			i++;
@@ -817,45 +804,11 @@ static void fence_release(struct poller *po)
 
 static void scan_timeouts(struct poller *po, uint64_t now)
 {
-	struct kvx_engine *e = po->e;
-	uint64_t tmo = ms_ns(e->p.transfer_timeout_ms), dfr = ms_ns(e->p.defer_timeout_ms);
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
-		struct kvx_xfer *tw = x->kind == XK_WRITE ? xf_entry(x) : NULL;
-		enum kvx_xfer_tick_act act = kvx_xfer_tick((enum kvx_xfer_kind)x->kind, x->reported, tw && tw->has_alloc,
-							   x->start_ns, x->quarantine_deadline, now, tmo, dfr);
-		if (act == KVX_XFER_TICK_TIMED_OUT) {
-			x->timed_out = true;
-			x->error = -ETIMEDOUT;
-			if (x->kind == XK_ANNOUNCE) {
-				/* Tell P to stop; our blocks stay quarantined until its write_done or a
-				 * further defer_timeout (P's ops are bounded by its op timeout). */
-				send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
-				x->quarantine_deadline = now + dfr;
-				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-			} else if (x->kind == XK_WRITE) {
-				memset(x->want_post, 0, sizeof(x->want_post));
-				if (tw && tw->state == KVX_XFER_S_LIVE)
-					kvx_xfer_make_terminal(po->tab, tw);
-				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, x->batches_out == 0);
-			} else if (x->kind == XK_SERVE) {
-				struct kvx_xfer *t = xf_entry(x);
-				if (t && t->state == KVX_XFER_S_LIVE)
-					kvx_xfer_make_terminal(po->tab, t);
-				/* A consumer's one-sided READ may still be in flight: the blocks stay
-				 * held until poller 0 revoked every reader at the wire. */
-				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-				x->fence_pending = true;
-				x->fence_ticket = eng_fence_request(e);
-				po->n_fence_pending++;
-			} else {
-				report(po, x, KVX_CPL_TIMED_OUT, -ETIMEDOUT, false);
-				read_progress(po, x);
-			}
-		} else if (act == KVX_XFER_TICK_QUARANTINE_OVER) {
-			report(po, x, KVX_CPL_DONE, 0, true);
-		}
+		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? xf_entry(x) : NULL;
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK, .now_ns = now, .has_alloc = tw && tw->has_alloc});
 		if (po->n_live == before)
 			i++;
 	}
@@ -917,7 +870,7 @@ int eng_poll_fn(void *arg)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
-		if (!x->reported && ((x->kind == XK_READ && !x->done_posting) || x->kind == XK_WRITE))
+		if (!x->lf.reported && ((x->lf.kind == KVX_XFER_K_READ && !x->lf.done_posting) || x->lf.kind == KVX_XFER_K_WRITE))
 			progress(po, x);
 		if (po->n_live == before)
 			i++;

@@ -112,22 +112,27 @@ enum kvx_xfer_kind {
 	KVX_XFER_K_SERVE = 4,    /* producer READ: P holds its blocks until D's release */
 };
 
-/* What a clock tick means for a transfer. */
-enum kvx_xfer_tick_act {
-	KVX_XFER_TICK_NONE = 0,
-	KVX_XFER_TICK_TIMED_OUT = 1,       /* its deadline passed: it ends TIMED_OUT now */
-	KVX_XFER_TICK_QUARANTINE_OVER = 2, /* D WRITE ended early and no write_done came within the
-					    * defer timeout: its blocks are reusable */
+/* The lifecycle state of one transfer, kept by its owning poller in the transfer object.
+ * kvx_xfer_step() decides every change of kind-level state (aborted, timed_out, error,
+ * release_sent, fence_pending, quarantine_ns); the poller maintains the facts of its I/O as
+ * inputs (ops_out, next_layer, done_posting, failed) and sets reported / released when it
+ * performs a REPORT / RELEASE action. */
+struct kvx_life {
+	enum kvx_xfer_kind kind;
+	bool reported;      /* its terminal status is out */
+	bool released;      /* its blocks are reusable: it retired */
+	bool aborted;       /* the application (or, for P WRITE, D) aborted it */
+	bool timed_out;
+	bool failed;        /* an op or a post failed (error says why) */
+	bool release_sent;  /* D READ: release (P WRITE: write_done on abort) went out */
+	bool done_posting;  /* D READ: nothing more will be posted */
+	bool fence_pending; /* P READ: timed out, blocks held until every reader is revoked */
+	int error;          /* 0 or negative errno */
+	uint32_t ops_out;   /* op batches in flight */
+	uint32_t next_layer; /* D READ: layers posted so far */
+	uint64_t start_ns;  /* submission time (app thread clock) */
+	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
 };
-
-/* Deadlines of a transfer (PROTOCOL.md §5.4, §5.5, §6 item 11), with the clock injected: a
- * transfer not yet reported times out once now - start_ns > its limit (strict: exactly at the
- * limit it is still pending); the limit is the defer timeout for a producer that holds blocks
- * for a peer (SERVE, and a WRITE before D's allocation arrived), else the transfer timeout. A
- * reported D WRITE in quarantine is over once now > quarantine_ns (0: none). */
-enum kvx_xfer_tick_act kvx_xfer_tick(enum kvx_xfer_kind kind, bool reported, bool has_alloc, uint64_t start_ns,
-				     uint64_t quarantine_ns, uint64_t now_ns, uint64_t transfer_timeout_ns,
-				     uint64_t defer_timeout_ns);
 
 /* What the owning poller does after a lifecycle decision, in this order: send the
  * notifications, stop or drive the transfer's ops, report its terminal status, then release
@@ -152,26 +157,61 @@ struct kvx_xfer_out {
 	int error;                   /* with KVX_XFER_DO_REPORT: 0 or negative errno */
 };
 
-/* A submission reaches its owning poller (PROTOCOL.md §1.3 step 5, §1.4 step 8, §6 items 3,
- * 10). @p n_blocks: its block count (0: full prefix hit / nothing to move); @p t: its entry,
- * opened now or parked earlier by a notification (ack_completed: the peer's release or
- * write_done already arrived); NULL for a consumer READ (it receives no notification). */
-void kvx_xfer_on_submit(enum kvx_xfer_kind kind, size_t n_blocks, const struct kvx_xfer *t, struct kvx_xfer_out *o);
+/* Events the owning poller feeds into a transfer's lifecycle (kvx_xfer_step()). */
+enum kvx_xfer_ev_type {
+	/* The submission reached its poller (PROTOCOL.md §1.3 step 5, §1.4 step 8, §6 items 3,
+	 * 10): a consumer READ posts (nothing to move: release P, DONE); D WRITE announces its
+	 * blocks (none: release every P rank, DONE); a notification that came first (the entry is
+	 * terminal with its fan-in complete) ends it at once: DONE, or for P WRITE ABORTED with a
+	 * write_done telling D that nothing was written. */
+	KVX_XFER_EV_SUBMIT = 1,
+	/* The application aborts (PROTOCOL.md §5.3, §6 item 10): D WRITE tells every P rank to stop
+	 * and quarantines its blocks; P WRITE stops posting (its entry turns terminal) and releases
+	 * once its ops are terminal; D READ releases P once its ops are terminal; P READ releases. */
+	KVX_XFER_EV_ABORT = 2,
+	/* The clock (PROTOCOL.md §5.4, §5.5, §6 item 11): a transfer not yet reported times out once
+	 * now - start > its limit (strict), the defer timeout for a producer holding blocks for a
+	 * peer (SERVE; WRITE before D's allocation), else the transfer timeout. D WRITE: tell P to
+	 * stop, quarantine; P WRITE: stop, release once ops are terminal; P READ: hold the blocks
+	 * until every reader is revoked (fence); D READ: settle once ops are terminal. A reported
+	 * D WRITE leaves quarantine once now > quarantine_ns. */
+	KVX_XFER_EV_TICK = 3,
+	/* D READ: posting went on or an op completed (PROTOCOL.md §1.4 steps 9-10, §5.5). Nothing
+	 * while ops are in flight. Ended already: P is released only if something was posted or
+	 * it was aborted (a producer that never answered gets no late release), then the blocks.
+	 * Every layer posted or failed: release P, DONE or FAILED, blocks reusable. */
+	KVX_XFER_EV_READ_SETTLE = 4,
+	/* The peer's fan-in completed on the entry (P READ: release; D WRITE: write_done): DONE and
+	 * the blocks are reusable (a D WRITE in quarantine leaves it). */
+	KVX_XFER_EV_ACK = 5,
+	/* P WRITE: D released (aborted): stop posting, ABORTED; write_done once ops are terminal. */
+	KVX_XFER_EV_PEER_RELEASE = 6,
+	/* P WRITE ended (aborted, timed out, failed) or its entry is terminal: once its ops are
+	 * terminal, tell an aborting D that writes are over, then release the blocks. */
+	KVX_XFER_EV_WRITE_SETTLE = 7,
+	/* The handshake with the peer failed while the transfer has no usable connection: a D
+	 * READ or P WRITE fails (released once its ops are terminal); others keep waiting. */
+	KVX_XFER_EV_PEER_FAILED = 8,
+	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
+	KVX_XFER_EV_FENCED = 9,
+};
 
-/* The application aborts a transfer it has not seen end (PROTOCOL.md §5.3, §6 item 10):
- * D WRITE tells P to stop and quarantines; P WRITE stops posting (its entry turns terminal)
- * and releases once its @p ops_out batches are terminal; D READ ends and releases P once its
- * ops are terminal (kvx_xfer_read_settle()); P READ releases at once. */
-void kvx_xfer_on_abort(struct kvx_xfer_table *tab, enum kvx_xfer_kind kind, struct kvx_xfer *t, uint32_t ops_out,
-		       struct kvx_xfer_out *o);
+struct kvx_xfer_ev {
+	enum kvx_xfer_ev_type type;
+	uint64_t now_ns;              /* TICK, ABORT (quarantine deadline) */
+	uint64_t transfer_timeout_ns; /* TICK */
+	uint64_t defer_timeout_ns;    /* TICK, ABORT */
+	size_t n_blocks;              /* SUBMIT: the transfer's block count */
+	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
+	bool unbound;                 /* PEER_FAILED: no usable connection */
+	int error;                    /* PEER_FAILED: the handshake's errno */
+};
 
-/* A consumer READ whose ops may all be terminal (PROTOCOL.md §1.4 steps 9-10, §5.5): nothing
- * while @p ops_out batches are in flight. Ended already (@p reported: timed out or aborted): P
- * is released only if the transfer posted something or was aborted (a producer that never
- * answered gets no late release), then the blocks. Every layer posted (@p done_posting) or
- * @p failed: release P, report DONE or FAILED with @p error, and the blocks. */
-void kvx_xfer_read_settle(bool reported, bool aborted, bool posted_any, bool release_sent, bool done_posting,
-			  bool failed, int error, uint32_t ops_out, struct kvx_xfer_out *o);
+/* The one entry into a transfer's lifecycle: apply @p ev to @p lf (and to its entry @p t, the
+ * poller's table entry; NULL for a consumer READ or when it has none) and say in @p o what the
+ * poller must do. No I/O, no clock: time comes in the event. Never fails. Poller thread. */
+void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		   struct kvx_xfer_out *o);
 
 /* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
  * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp

@@ -238,19 +238,6 @@ int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t 
 	return 1;
 }
 
-enum kvx_xfer_tick_act kvx_xfer_tick(enum kvx_xfer_kind kind, bool reported, bool has_alloc, uint64_t start_ns,
-				     uint64_t quarantine_ns, uint64_t now_ns, uint64_t transfer_timeout_ns,
-				     uint64_t defer_timeout_ns)
-{
-	if (reported)
-		return kind == KVX_XFER_K_ANNOUNCE && quarantine_ns && now_ns > quarantine_ns
-			       ? KVX_XFER_TICK_QUARANTINE_OVER
-			       : KVX_XFER_TICK_NONE;
-	bool holds = kind == KVX_XFER_K_SERVE || (kind == KVX_XFER_K_WRITE && !has_alloc);
-	uint64_t limit = holds ? defer_timeout_ns : transfer_timeout_ns;
-	return now_ns > start_ns && now_ns - start_ns > limit ? KVX_XFER_TICK_TIMED_OUT : KVX_XFER_TICK_NONE;
-}
-
 static void out_set(struct kvx_xfer_out *o, uint32_t act, enum kvx_cpl_status st, int error)
 {
 	o->act = act;
@@ -258,73 +245,172 @@ static void out_set(struct kvx_xfer_out *o, uint32_t act, enum kvx_cpl_status st
 	o->error = error;
 }
 
-void kvx_xfer_on_submit(enum kvx_xfer_kind kind, size_t n_blocks, const struct kvx_xfer *t, struct kvx_xfer_out *o)
+static const uint32_t DONE_NOW = KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE;
+
+static void on_submit(const struct kvx_xfer *t, const struct kvx_life *lf, size_t n_blocks, struct kvx_xfer_out *o)
 {
 	bool acked = t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed;
-	const uint32_t done = KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE;
-	out_set(o, 0, KVX_CPL_DONE, 0);
-	switch (kind) {
+	switch (lf->kind) {
 	case KVX_XFER_K_READ:
-		/* Full prefix hit / abort before allocation: release P, no RDMA. */
-		o->act = n_blocks ? KVX_XFER_DO_PROGRESS : KVX_XFER_DO_SEND_RELEASE | done;
+		o->act = n_blocks ? KVX_XFER_DO_PROGRESS : KVX_XFER_DO_SEND_RELEASE | DONE_NOW;
 		return;
 	case KVX_XFER_K_ANNOUNCE:
-		if (!n_blocks)
-			o->act = KVX_XFER_DO_SEND_RELEASE_ALL | done;
-		else if (acked)
-			o->act = done; /* write_done arrived before the announcement (parked) */
+		o->act = !n_blocks ? KVX_XFER_DO_SEND_RELEASE_ALL | DONE_NOW : acked ? DONE_NOW : KVX_XFER_DO_SEND_BLOCKS;
+		return;
+	case KVX_XFER_K_WRITE:
+		if (acked)
+			out_set(o, KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW, KVX_CPL_ABORTED, -ECANCELED);
+		return;
+	case KVX_XFER_K_SERVE:
+		o->act = acked ? DONE_NOW : 0;
+		return;
+	}
+}
+
+static void terminate_entry(struct kvx_xfer_table *tab, struct kvx_xfer *t)
+{
+	if (t && t->state == KVX_XFER_S_LIVE)
+		kvx_xfer_make_terminal(tab, t);
+}
+
+/* The transfer ends early (abort, timeout): its status is @p st / @p err. */
+static void end_early(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, uint64_t now,
+		      uint64_t defer_ns, enum kvx_cpl_status st, int err, struct kvx_xfer_out *o)
+{
+	lf->error = err;
+	switch (lf->kind) {
+	case KVX_XFER_K_ANNOUNCE:
+		/* Tell P to stop; the blocks stay quarantined until its write_done or a further
+		 * defer timeout (P's ops are bounded by its op timeout). */
+		lf->quarantine_ns = now + defer_ns;
+		out_set(o, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT, st, err);
+		return;
+	case KVX_XFER_K_READ:
+		out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS, st, err);
+		return;
+	case KVX_XFER_K_WRITE:
+		terminate_entry(tab, t);
+		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), st,
+			err);
+		return;
+	case KVX_XFER_K_SERVE:
+		if (st == KVX_CPL_TIMED_OUT) {
+			/* A consumer's one-sided READ may still be in flight: the blocks stay held
+			 * until every reader is revoked at the wire. */
+			terminate_entry(tab, t);
+			lf->fence_pending = true;
+			out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_FENCE, st, err);
+		} else {
+			out_set(o, KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), st, err);
+		}
+		return;
+	}
+}
+
+static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		    struct kvx_xfer_out *o)
+{
+	uint64_t now = ev->now_ns;
+	if (lf->reported) {
+		if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->quarantine_ns && now > lf->quarantine_ns)
+			o->act = KVX_XFER_DO_RELEASE; /* no write_done within the defer timeout */
+		return;
+	}
+	bool holds = lf->kind == KVX_XFER_K_SERVE || (lf->kind == KVX_XFER_K_WRITE && !ev->has_alloc);
+	uint64_t limit = holds ? ev->defer_timeout_ns : ev->transfer_timeout_ns;
+	/* Strict '>': exactly at the limit the transfer is still pending (PROTOCOL.md §5.5); a
+	 * clock reading older than the start (another thread's) is no timeout. */
+	if (now > lf->start_ns && now - lf->start_ns > limit) {
+		lf->timed_out = true;
+		end_early(tab, t, lf, now, ev->defer_timeout_ns, KVX_CPL_TIMED_OUT, -ETIMEDOUT, o);
+	}
+}
+
+static void read_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
+{
+	if (lf->ops_out)
+		return;
+	if (lf->reported) {
+		/* The status is out already: blocks now, and P's release if it is owed. */
+		bool owed = (lf->aborted || lf->next_layer > 0) && !lf->release_sent;
+		o->act = KVX_XFER_DO_RELEASE | (owed ? KVX_XFER_DO_SEND_RELEASE : 0);
+	} else if (lf->done_posting || lf->failed) {
+		out_set(o, KVX_XFER_DO_SEND_RELEASE | DONE_NOW, lf->failed ? KVX_CPL_FAILED : KVX_CPL_DONE,
+			lf->failed ? lf->error : 0);
+	}
+	if (o->act & KVX_XFER_DO_SEND_RELEASE)
+		lf->release_sent = true;
+}
+
+static void write_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
+{
+	if (lf->ops_out)
+		return;
+	uint32_t act = DONE_NOW;
+	if (lf->aborted && !lf->release_sent) {
+		/* D aborted: tell it our writes are terminal so its blocks leave quarantine. */
+		lf->release_sent = true;
+		act |= KVX_XFER_DO_SEND_WRITE_DONE;
+	}
+	out_set(o, act, lf->aborted ? KVX_CPL_ABORTED : lf->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED, lf->error);
+}
+
+void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		   struct kvx_xfer_out *o)
+{
+	out_set(o, 0, KVX_CPL_DONE, 0);
+	switch (ev->type) {
+	case KVX_XFER_EV_SUBMIT:
+		on_submit(t, lf, ev->n_blocks, o);
+		if (o->act & KVX_XFER_DO_REPORT && o->status == KVX_CPL_ABORTED)
+			lf->aborted = true;
+		return;
+	case KVX_XFER_EV_ABORT:
+		if (lf->reported)
+			return;
+		lf->aborted = true;
+		end_early(tab, t, lf, ev->now_ns, ev->defer_timeout_ns, KVX_CPL_ABORTED, -ECANCELED, o);
+		return;
+	case KVX_XFER_EV_TICK:
+		on_tick(tab, t, lf, ev, o);
+		return;
+	case KVX_XFER_EV_READ_SETTLE:
+		read_settle(lf, o);
+		return;
+	case KVX_XFER_EV_ACK:
+		if (lf->kind == KVX_XFER_K_SERVE || lf->kind == KVX_XFER_K_ANNOUNCE)
+			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
+		return;
+	case KVX_XFER_EV_PEER_RELEASE:
+		if (lf->kind != KVX_XFER_K_WRITE)
+			return;
+		if (!lf->reported) {
+			lf->aborted = true;
+			lf->error = -ECANCELED;
+			terminate_entry(tab, t);
+			out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS, KVX_CPL_ABORTED,
+				-ECANCELED);
+		} else {
+			o->act = KVX_XFER_DO_PROGRESS;
+		}
+		return;
+	case KVX_XFER_EV_WRITE_SETTLE:
+		write_settle(lf, o);
+		return;
+	case KVX_XFER_EV_PEER_FAILED:
+		if (lf->reported)
+			return;
+		if (ev->unbound && (lf->kind == KVX_XFER_K_READ || lf->kind == KVX_XFER_K_WRITE))
+			out_set(o, KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_FAILED,
+				ev->error ? ev->error : -ECONNREFUSED);
 		else
-			o->act = KVX_XFER_DO_SEND_BLOCKS;
+			o->act = KVX_XFER_DO_PROGRESS;
 		return;
-	case KVX_XFER_K_WRITE:
-		/* D released (aborted) before P began: nothing was written; say so, so that D's
-		 * quarantined blocks are freed without waiting for its defer timeout. */
-		if (acked)
-			out_set(o, KVX_XFER_DO_SEND_WRITE_DONE | done, KVX_CPL_ABORTED, -ECANCELED);
-		return;
-	case KVX_XFER_K_SERVE:
-		if (acked)
-			o->act = done; /* D's release arrived first (parked) */
+	case KVX_XFER_EV_FENCED:
+		if (lf->fence_pending) {
+			lf->fence_pending = false;
+			o->act = KVX_XFER_DO_RELEASE;
+		}
 		return;
 	}
-}
-
-void kvx_xfer_on_abort(struct kvx_xfer_table *tab, enum kvx_xfer_kind kind, struct kvx_xfer *t, uint32_t ops_out,
-		       struct kvx_xfer_out *o)
-{
-	switch (kind) {
-	case KVX_XFER_K_ANNOUNCE:
-		out_set(o, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT, KVX_CPL_ABORTED,
-			-ECANCELED);
-		return;
-	case KVX_XFER_K_READ:
-		out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS, KVX_CPL_ABORTED, -ECANCELED);
-		return;
-	case KVX_XFER_K_WRITE:
-		if (t && t->state == KVX_XFER_S_LIVE)
-			kvx_xfer_make_terminal(tab, t);
-		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | (ops_out ? 0 : KVX_XFER_DO_RELEASE),
-			KVX_CPL_ABORTED, -ECANCELED);
-		return;
-	case KVX_XFER_K_SERVE:
-		out_set(o, KVX_XFER_DO_REPORT | (ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_ABORTED, -ECANCELED);
-		return;
-	}
-	out_set(o, 0, KVX_CPL_DONE, 0);
-}
-
-void kvx_xfer_read_settle(bool reported, bool aborted, bool posted_any, bool release_sent, bool done_posting,
-			  bool failed, int error, uint32_t ops_out, struct kvx_xfer_out *o)
-{
-	out_set(o, 0, KVX_CPL_DONE, 0);
-	if (ops_out)
-		return;
-	if (reported) {
-		/* The status is out already; a second report is a no-op for the caller. */
-		o->act = KVX_XFER_DO_RELEASE | ((aborted || posted_any) && !release_sent ? KVX_XFER_DO_SEND_RELEASE : 0);
-		return;
-	}
-	if (done_posting || failed)
-		out_set(o, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE,
-			failed ? KVX_CPL_FAILED : KVX_CPL_DONE, failed ? error : 0);
 }

@@ -19,12 +19,30 @@ static struct kvx_xfer_table *table(void)
 	return t;
 }
 
-Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
+/* One event into a transfer's lifecycle, as its poller feeds it. */
+static struct kvx_xfer_out step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+				struct kvx_xfer_ev ev)
 {
 	struct kvx_xfer_out o;
+	memset(&o, 0xa5, sizeof(o));
+	kvx_xfer_step(tab, t, lf, &ev, &o);
+	return o;
+}
+
+/* What the poller does after performing REPORT / RELEASE (its state, not a decision). */
+static void performed(struct kvx_life *lf, struct kvx_xfer_out o)
+{
+	if (o.act & KVX_XFER_DO_REPORT)
+		lf->reported = true;
+	if (o.act & KVX_XFER_DO_RELEASE)
+		lf->released = true;
+}
+
+Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
+{
 	/* D's poller gets write_done for a transfer whose announcement it has not processed yet:
 	 * the entry is opened (parked) and the fan-in completes it; the submission that follows
-	 * finds it terminal and complete (the engine then reports DONE at once). */
+	 * finds it terminal and complete: DONE at once, no remote_blocks sent. */
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x, *y;
 	cr_assert_eq(kvx_xfer_open(t, "tx-b", &x), 0);
@@ -34,8 +52,9 @@ Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 	cr_assert_eq(y, x);
 	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
 	cr_assert(y->ack_completed);
-	kvx_xfer_on_submit(KVX_XFER_K_ANNOUNCE, 2, y, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE, "DONE at once, no remote_blocks");
+	struct kvx_life lf = {.kind = KVX_XFER_K_ANNOUNCE};
+	struct kvx_xfer_out o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = 2});
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* A duplicate write_done changes nothing. */
 	cr_assert_eq(kvx_xfer_resolve_ack(t, y, 1, 1), 0);
@@ -44,103 +63,186 @@ Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 
 Test(runtime_faults, c_full_prefix_hit_read_releases_without_rdma)
 {
+	struct kvx_xfer_ev sub0 = {.type = KVX_XFER_EV_SUBMIT, .n_blocks = 0}, sub4 = {.type = KVX_XFER_EV_SUBMIT,
+											.n_blocks = 4};
 	/* D READ with nothing to move: P is released at once, DONE, nothing posted. */
-	struct kvx_xfer_out o;
-	kvx_xfer_on_submit(KVX_XFER_K_READ, 0, NULL, &o);
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, sub0);
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* D WRITE with nothing to receive: every P rank is released, no remote_blocks. */
-	kvx_xfer_on_submit(KVX_XFER_K_ANNOUNCE, 0, NULL, &o);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	o = step(NULL, NULL, &lf, sub0);
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	/* With blocks: a READ posts, an announcement sends remote_blocks and waits. */
-	kvx_xfer_on_submit(KVX_XFER_K_READ, 4, NULL, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_PROGRESS);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ};
+	cr_assert_eq(step(NULL, NULL, &lf, sub4).act, KVX_XFER_DO_PROGRESS);
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x;
 	cr_assert_eq(kvx_xfer_open(t, "tx-c", &x), 0);
-	kvx_xfer_on_submit(KVX_XFER_K_ANNOUNCE, 4, x, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_SEND_BLOCKS);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	cr_assert_eq(step(t, x, &lf, sub4).act, KVX_XFER_DO_SEND_BLOCKS);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_SERVE};
+	cr_assert_eq(step(t, x, &lf, sub4).act, 0, "P READ waits for D's release");
 	/* P READ: the consumer's release came first (parked): DONE at submission. */
 	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 1, 1), 1);
-	kvx_xfer_on_submit(KVX_XFER_K_SERVE, 4, x, &o);
+	o = step(t, x, &lf, sub4);
 	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* P WRITE: D's release came first (D aborted): nothing written, write_done tells D so. */
-	kvx_xfer_on_submit(KVX_XFER_K_WRITE, 4, x, &o);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	o = step(t, x, &lf, sub4);
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_ABORTED);
 	cr_assert_eq(o.error, -ECANCELED);
+	cr_assert(lf.aborted);
 	kvx_xfer_table_destroy(t);
 }
 
-Test(runtime_faults, d_read_producer_silent_times_out_at_the_transfer_timeout)
+Test(runtime_faults, d_read_producer_silent_times_out_no_late_release)
 {
 	/* D READ, transfer timeout 30 from start 100: not yet at 130, timed out at 131; the
 	 * producer's defer timeout (60) plays no part on the consumer. */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 100, 0, 130, 30, 60), KVX_XFER_TICK_NONE);
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 100, 0, 131, 30, 60), KVX_XFER_TICK_TIMED_OUT);
-	/* Once reported, later ticks do nothing (a consumer READ is released by its ops, not the
-	 * clock). */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, true, false, 100, 0, 500, 30, 60), KVX_XFER_TICK_NONE);
-	/* Timed out with nothing posted: the blocks are freed and P gets no late release. */
-	struct kvx_xfer_out o;
-	kvx_xfer_read_settle(true, false, false, false, false, false, 0, 0, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_RELEASE);
-	/* Timed out after posting: once the ops are terminal, P is released (once). */
-	kvx_xfer_read_settle(true, false, true, false, false, false, 0, 1, &o);
-	cr_assert_eq(o.act, 0);
-	kvx_xfer_read_settle(true, false, true, false, false, false, 0, 0, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE);
-	kvx_xfer_read_settle(true, false, true, true, false, false, 0, 0, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_RELEASE);
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .start_ns = 100};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 130, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 60};
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	tick.now_ns = 131;
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(o.error, -ETIMEDOUT);
+	performed(&lf, o);
+	/* Nothing posted (the producer never answered): the blocks are freed, no late release. */
+	struct kvx_xfer_ev settle = {.type = KVX_XFER_EV_READ_SETTLE};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, KVX_XFER_DO_RELEASE);
+	cr_assert_not(lf.release_sent);
+	/* Timed out after posting: once the ops are terminal, P is released, once. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .reported = true, .timed_out = true, .next_layer = 1,
+			       .ops_out = 1};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0);
+	lf.ops_out = 0;
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, KVX_XFER_DO_RELEASE);
 }
 
-Test(runtime_faults, e_consumer_abort_quarantines_until_write_done_or_defer_timeout)
+Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 {
-	/* D WRITE abort: every P rank is told to stop, ABORTED is reported, the blocks are held. */
-	struct kvx_xfer_out o;
-	kvx_xfer_on_abort(NULL, KVX_XFER_K_ANNOUNCE, NULL, 0, &o);
+	/* D WRITE aborted at 10, defer timeout 60: every P rank is told to stop, ABORTED, the
+	 * blocks are held until P's write_done or 70 has passed. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_ANNOUNCE};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf,
+				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT, .now_ns = 10, .defer_timeout_ns = 60});
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT);
 	cr_assert_eq(o.status, KVX_CPL_ABORTED);
 	cr_assert_eq(o.error, -ECANCELED);
-	/* P's write_done then completes the fan-in: the poller releases the blocks (DONE). */
-	/* P WRITE abort with writes in flight: stop posting, report, hold until they are terminal. */
+	cr_assert_eq(lf.quarantine_ns, 70);
+	performed(&lf, o);
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 70, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 60};
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	/* P's write_done (the fan-in completes): the blocks leave quarantine now. */
+	o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ACK});
+	cr_assert(o.act & KVX_XFER_DO_RELEASE);
+	/* Without it, the quarantine ends after the defer timeout. */
+	tick.now_ns = 71;
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, KVX_XFER_DO_RELEASE);
+	/* P WRITE aborted with writes in flight: stop posting, report, hold; once the writes are
+	 * terminal, write_done tells D, then the blocks are free. */
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x;
 	cr_assert_eq(kvx_xfer_open(t, "tx-e", &x), 0);
-	kvx_xfer_on_abort(t, KVX_XFER_K_WRITE, x, 2, &o);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 2};
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
 	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT);
 	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
 	cr_assert_not(kvx_xfer_schedule_write(x, 0)); /* nothing more is scheduled */
-	kvx_xfer_on_abort(t, KVX_XFER_K_WRITE, x, 0, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
-	/* D READ abort: reported now, P released once its ops are terminal. */
-	kvx_xfer_on_abort(t, KVX_XFER_K_READ, NULL, 1, &o);
+	performed(&lf, o);
+	struct kvx_xfer_ev wsettle = {.type = KVX_XFER_EV_WRITE_SETTLE};
+	cr_assert_eq(step(t, x, &lf, wsettle).act, 0);
+	lf.ops_out = 0;
+	o = step(t, x, &lf, wsettle);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(step(t, x, &lf, wsettle).act & KVX_XFER_DO_SEND_WRITE_DONE, 0, "write_done once");
+	/* D aborting a P WRITE (its release): the same, decided on P. */
+	struct kvx_xfer *y;
+	cr_assert_eq(kvx_xfer_open(t, "tx-e2", &y), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_RELEASE});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
+	/* D READ abort: reported now; P released once the ops are terminal (always, on abort). */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .ops_out = 1};
+	o = step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
 	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
-	kvx_xfer_read_settle(true, true, false, false, false, false, 0, 0, &o);
-	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE, "an abort always releases P");
+	performed(&lf, o);
+	lf.ops_out = 0;
+	cr_assert_eq(step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE}).act,
+		     KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE);
+	/* A second abort of a reported transfer does nothing. */
+	cr_assert_eq(step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT}).act, 0);
 	kvx_xfer_table_destroy(t);
-
-	/* D WRITE aborted (or timed out) at 10 with defer timeout 60: quarantined until 70
-	 * inclusive, reusable after it when no write_done came first. */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_ANNOUNCE, true, false, 0, 70, 70, 30, 60), KVX_XFER_TICK_NONE);
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_ANNOUNCE, true, false, 0, 70, 71, 30, 60),
-		     KVX_XFER_TICK_QUARANTINE_OVER);
-	/* Only D WRITE has a quarantine deadline on the clock. */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, true, false, 0, 70, 71, 30, 60), KVX_XFER_TICK_NONE);
 }
 
-Test(runtime_faults, f_producer_holds_blocks_for_the_defer_timeout)
+Test(runtime_faults, f_defer_timeout_does_not_free_under_reader)
 {
-	/* P READ (serve) and P WRITE before D's allocation hold blocks for a peer: their limit is
-	 * the defer timeout (60), not the transfer timeout (30). */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, false, false, 0, 0, 31, 30, 60), KVX_XFER_TICK_NONE);
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, false, false, 0, 0, 60, 30, 60), KVX_XFER_TICK_NONE);
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_SERVE, false, false, 0, 0, 61, 30, 60), KVX_XFER_TICK_TIMED_OUT);
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_WRITE, false, false, 0, 0, 31, 30, 60), KVX_XFER_TICK_NONE);
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_WRITE, false, false, 0, 0, 61, 30, 60), KVX_XFER_TICK_TIMED_OUT);
-	/* With D's allocation the WRITE is bounded by the transfer timeout. */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_WRITE, false, true, 0, 0, 31, 30, 60), KVX_XFER_TICK_TIMED_OUT);
+	/* P READ (serve) holds blocks for the defer timeout (60), not the transfer timeout (30);
+	 * when it passes the blocks stay held until every reader is revoked (fence). */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-f", &x), 0);
+	struct kvx_life lf = {.kind = KVX_XFER_K_SERVE};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 31, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 60};
+	cr_assert_eq(step(t, x, &lf, tick).act, 0);
+	tick.now_ns = 60;
+	cr_assert_eq(step(t, x, &lf, tick).act, 0);
+	tick.now_ns = 61;
+	struct kvx_xfer_out o = step(t, x, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_FENCE, "no release before the fence");
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	cr_assert(lf.fence_pending);
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL); /* a late release is ignored */
+	performed(&lf, o);
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED});
+	cr_assert_eq(o.act, KVX_XFER_DO_RELEASE);
+	cr_assert_not(lf.fence_pending);
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED}).act, 0);
+	/* P WRITE before D's allocation holds blocks for the defer timeout too; with it, the
+	 * transfer timeout bounds it. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	tick.now_ns = 31;
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	tick.has_alloc = true;
+	o = step(NULL, NULL, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_faults, g_handshake_failure_fails_only_unbound_movers)
+{
+	/* The handshake with the peer failed: a D READ / P WRITE without a usable connection fails
+	 * with the handshake's errno (released when no op is in flight); one still bound, or a
+	 * kind that moves nothing, keeps going. */
+	struct kvx_xfer_ev failed = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = -EHOSTUNREACH};
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, failed);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -EHOSTUNREACH);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
+	failed.error = 0;
+	o = step(NULL, NULL, &lf, failed);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.error, -ECONNREFUSED);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_SERVE};
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ};
+	failed.unbound = false;
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
 }
 
 Test(runtime_faults, h_consumer_extra_block_pairs_by_position)

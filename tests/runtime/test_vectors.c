@@ -493,30 +493,44 @@ Test(runtime_vectors, t27_fan_in_two_ticks)
 	kvx_xfer_table_destroy(t);
 }
 
+/* One event into a transfer's lifecycle, as its poller feeds it. */
+static struct kvx_xfer_out step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+				struct kvx_xfer_ev ev)
+{
+	struct kvx_xfer_out o;
+	memset(&o, 0xa5, sizeof(o));
+	kvx_xfer_step(tab, t, lf, &ev, &o);
+	return o;
+}
+
 Test(runtime_vectors, t28_read_batch_done_releases)
 {
 	/* Every layer posted, every op terminal and successful: release P, DONE, blocks free. */
-	struct kvx_xfer_out o;
-	kvx_xfer_read_settle(false, false, true, false, true, false, 0, 0, &o);
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .next_layer = 2, .done_posting = true};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_DONE);
 	cr_assert_eq(o.error, 0);
+	cr_assert(lf.release_sent);
 }
 
 Test(runtime_vectors, t30_read_batch_pending_sends_nothing)
 {
-	struct kvx_xfer_out o;
-	kvx_xfer_read_settle(false, false, true, false, true, false, 0, 1, &o); /* one batch in flight */
-	cr_assert_eq(o.act, 0);
-	kvx_xfer_read_settle(false, false, true, false, false, false, 0, 0, &o); /* layers left to post */
-	cr_assert_eq(o.act, 0);
+	struct kvx_xfer_ev settle = {.type = KVX_XFER_EV_READ_SETTLE};
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .next_layer = 2, .done_posting = true, .ops_out = 1};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0); /* one batch in flight */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .next_layer = 1};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0); /* layers left to post */
+	cr_assert_not(lf.release_sent);
 	/* Any failed + all terminal -> FAILED, still releases P and the blocks. */
-	kvx_xfer_read_settle(false, false, true, false, true, true, -ECONNRESET, 0, &o);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .next_layer = 1, .done_posting = true, .failed = true,
+			       .error = -ECONNRESET, .ops_out = 2};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0, "never while ops may still land");
+	lf.ops_out = 0;
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, settle);
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_FAILED);
 	cr_assert_eq(o.error, -ECONNRESET);
-	kvx_xfer_read_settle(false, false, true, false, true, true, -ECONNRESET, 2, &o);
-	cr_assert_eq(o.act, 0, "never while ops may still land");
 }
 
 Test(runtime_vectors, t31_timeout_boundary_strict)
@@ -526,14 +540,27 @@ Test(runtime_vectors, t31_timeout_boundary_strict)
 	const uint64_t s = 1000000000ull, tmo = 120 * s, dfr = 600 * s;
 	const enum kvx_xfer_kind kinds[] = {KVX_XFER_K_READ, KVX_XFER_K_ANNOUNCE, KVX_XFER_K_WRITE};
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
-		cr_assert_eq(kvx_xfer_tick(kinds[i], false, true, 5 * s, 0, 5 * s + tmo, tmo, dfr), KVX_XFER_TICK_NONE);
-		cr_assert_eq(kvx_xfer_tick(kinds[i], false, true, 5 * s, 0, 5 * s + tmo + 1, tmo, dfr),
-			     KVX_XFER_TICK_TIMED_OUT);
-		/* Reported already: a tick never reports it twice. */
-		cr_assert_eq(kvx_xfer_tick(kinds[i], true, true, 5 * s, 0, 5 * s + dfr * 2, tmo, dfr), KVX_XFER_TICK_NONE);
+		struct kvx_life lf = {.kind = kinds[i], .start_ns = 5 * s};
+		struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 5 * s + tmo, .transfer_timeout_ns = tmo,
+					   .defer_timeout_ns = dfr, .has_alloc = true};
+		cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+		cr_assert_not(lf.timed_out);
+		tick.now_ns++;
+		struct kvx_xfer_out o = step(NULL, NULL, &lf, tick);
+		cr_assert(o.act & KVX_XFER_DO_REPORT);
+		cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+		cr_assert_eq(o.error, -ETIMEDOUT);
+		cr_assert(lf.timed_out);
+		/* Reported: a later tick never reports it twice. */
+		lf.reported = true;
+		tick.now_ns = 5 * s + 2 * dfr;
+		cr_assert_eq(step(NULL, NULL, &lf, tick).act & KVX_XFER_DO_REPORT, 0);
 	}
-	/* A clock reading taken before the start (another thread's earlier read) is not a timeout. */
-	cr_assert_eq(kvx_xfer_tick(KVX_XFER_K_READ, false, false, 5 * s, 0, 4 * s, tmo, dfr), KVX_XFER_TICK_NONE);
+	/* A clock reading older than the start (another thread's) is not a timeout. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .start_ns = 5 * s};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 4 * s, .transfer_timeout_ns = tmo,
+				   .defer_timeout_ns = dfr};
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
 }
 
 Test(runtime_vectors, t28_read_release_target_and_frame_bytes)
