@@ -198,6 +198,23 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 }
 
 static void progress(struct poller *po, struct xf *x);
+static struct kvx_xfer *xf_entry(struct xf *x);
+
+/* P WRITE done: write_done to the D DP rank that sent remote_blocks (its decode rank, else the
+ * peer's), its TP rank paired with ours. */
+static void send_write_done(struct poller *po, struct xf *x)
+{
+	struct kvx_engine *e = po->e;
+	struct peer *pr = x->peer;
+	struct kvx_xfer *t = xf_entry(x);
+	int32_t decode_dp = t ? t->decode_dp_rank : -1;
+	uint32_t rtp = 0, dtp = peer_tp(e, pr);
+	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, dtp, &rtp, NULL, 0);
+	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
+	uint16_t port = (uint16_t)(pr->notify_port +
+				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
+	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
+}
 
 /* Perform what a lifecycle decision of xfer.c asks for (enum kvx_xfer_do, in its order). The
  * transfer may retire here (KVX_XFER_DO_RELEASE): the caller must not touch it afterwards. */
@@ -212,8 +229,12 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
 		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
 	}
-	if (a & KVX_XFER_DO_SEND_WRITE_DONE)
-		send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+	if (a & KVX_XFER_DO_SEND_WRITE_DONE) {
+		if (a & KVX_XFER_DO_REPORT && o->status == KVX_CPL_DONE)
+			send_write_done(po, x);
+		else
+			send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+	}
 	if (a & KVX_XFER_DO_STOP_WRITES)
 		memset(x->want_post, 0, sizeof(x->want_post));
 	if (a & KVX_XFER_DO_FENCE) {
@@ -232,11 +253,9 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 		progress(po, x);
 }
 
-static struct kvx_xfer *xf_entry(struct xf *x);
-
-/* Feed one event into the transfer's lifecycle (kvx_xfer_step()) and perform its actions. The
- * transfer may retire here: the caller must not touch it afterwards. */
-static void step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
+/* Feed one event into the transfer's lifecycle (kvx_xfer_step()) and perform its actions.
+ * Returns true if the transfer retired: the caller must not touch it afterwards. */
+static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 {
 	struct kvx_engine *e = po->e;
 	struct kvx_xfer_out o;
@@ -246,6 +265,7 @@ static void step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 		ev.now_ns = kvx_now_ns();
 	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
 	apply(po, x, &o);
+	return o.act & KVX_XFER_DO_RELEASE;
 }
 
 /* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
@@ -476,15 +496,11 @@ static int layer_gate_open(const struct xf *x, uint32_t layer)
 	return kvx_mem_event_query(&g->ev);
 }
 
+/* The transfer may retire here: the caller must not touch it afterwards. */
 static void write_fail(struct poller *po, struct xf *x, int err)
 {
-	memset(x->want_post, 0, sizeof(x->want_post));
-	x->lf.failed = true;
-	x->lf.error = err;
-	struct kvx_xfer *t = xf_entry(x);
-	if (t)
-		kvx_xfer_mark_write_done(po->tab, t, false);
-	report(po, x, KVX_CPL_FAILED, err, x->lf.ops_out == 0);
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = err});
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
 }
 
 static void write_progress(struct poller *po, struct xf *x)
@@ -527,23 +543,11 @@ static void write_progress(struct poller *po, struct xf *x)
 			x->want_post[w] &= ~(1ull << (layer % 64));
 			if (x->layer_batches[layer] == 0 && !x->lf.failed) {
 				/* Nothing to move for this layer (empty plan): it is done. */
-				kvx_xfer_mark_write_done(po->tab, t, true);
+				if (step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN}))
+					return; /* write_done sent, retired */
 			}
 		}
 	}
-}
-
-static void finish_write_ok(struct poller *po, struct xf *x, int32_t decode_dp)
-{
-	struct kvx_engine *e = po->e;
-	struct peer *pr = x->peer;
-	uint32_t rtp = 0, dtp = peer_tp(e, pr);
-	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, dtp, &rtp, NULL, 0);
-	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
-	uint16_t port = (uint16_t)(pr->notify_port +
-				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
-	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
-	report(po, x, KVX_CPL_DONE, 0, true);
 }
 
 static void progress(struct poller *po, struct xf *x)
@@ -696,20 +700,12 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
 			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
 		} else if (x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported) {
-			struct kvx_xfer *t = xf_entry(x);
-			int32_t dp = t ? t->decode_dp_rank : -1;
-			if (t && kvx_xfer_mark_write_done(po->tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE) {
-				finish_write_ok(po, x, dp);
-				return;
-			}
+			if (step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN}))
+				return; /* write_done sent, retired */
 		}
 	}
-	if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported) {
-		struct kvx_xfer *t = xf_entry(x);
-		if (t)
-			kvx_xfer_mark_write_done(po->tab, t, false);
-		report(po, x, KVX_CPL_FAILED, x->lf.error, false);
-	}
+	if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported)
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = x->lf.error});
 	progress(po, x);
 }
 
@@ -722,25 +718,22 @@ static void handle_sub(struct poller *po, struct smsg *m)
 	struct xf *x = handle_xf(po, m->slot, m->gen);
 	if (!x || x->lf.reported)
 		return;
-	struct kvx_xfer *t = xf_entry(x);
 	switch (m->type) {
-	case M_LAYER_READY:
-		if (x->lf.kind != KVX_XFER_K_WRITE || !t || !kvx_xfer_schedule_write(t, m->u32))
+	case M_LAYER_READY: {
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, xf_entry(x), &x->lf,
+			      &(struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_READY, .layer = m->u32}, &o);
+		if (!(o.act & KVX_XFER_DO_POST_LAYER))
 			return; /* duplicate (transfer, layer): no-op */
 		x->gate[m->u32].flag = m->ptr;
 		x->gate[m->u32].ev = m->ev;
 		x->want_post[m->u32 / 64] |= 1ull << (m->u32 % 64);
 		write_progress(po, x);
 		return;
-	case M_SEAL: {
-		if (x->lf.kind != KVX_XFER_K_WRITE || !t)
-			return;
-		enum kvx_xfer_action act;
-		int32_t dp = t->decode_dp_rank;
-		if (kvx_xfer_seal_count(po->tab, t, m->u32, &act) >= 0 && act == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
-			finish_write_ok(po, x, dp);
-		return;
 	}
+	case M_SEAL:
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = m->u32});
+		return;
 	case M_ABORT:
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
 		return;

@@ -141,7 +141,9 @@ enum kvx_xfer_do {
 	KVX_XFER_DO_SEND_RELEASE = 1u << 0,     /* release to P's TP rank paired with ours (D READ) */
 	KVX_XFER_DO_SEND_RELEASE_ALL = 1u << 1, /* release to every P TP rank (D WRITE) */
 	KVX_XFER_DO_SEND_BLOCKS = 1u << 2,      /* remote_blocks to every P TP rank (D WRITE) */
-	KVX_XFER_DO_SEND_WRITE_DONE = 1u << 3,  /* write_done to D (P WRITE) */
+	KVX_XFER_DO_SEND_WRITE_DONE = 1u << 3,  /* write_done to D (P WRITE): with status DONE to the
+						 * D rank that sent remote_blocks, else (writes over
+						 * after an abort) to our paired D rank */
 	KVX_XFER_DO_STOP_WRITES = 1u << 4,      /* P WRITE: post nothing more (the entry is terminal) */
 	KVX_XFER_DO_PROGRESS = 1u << 5,         /* post what is ready / finish once ops are terminal */
 	KVX_XFER_DO_REPORT = 1u << 6,           /* ends with status / error (once) */
@@ -149,6 +151,7 @@ enum kvx_xfer_do {
 	KVX_XFER_DO_QUARANTINE = 1u << 8,       /* D WRITE: blocks held until write_done or the defer
 						 * deadline (kvx_xfer_tick()) */
 	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ: blocks held until every reader is revoked */
+	KVX_XFER_DO_POST_LAYER = 1u << 10,      /* P WRITE: the event's layer is to be written */
 };
 
 struct kvx_xfer_out {
@@ -194,6 +197,19 @@ enum kvx_xfer_ev_type {
 	KVX_XFER_EV_PEER_FAILED = 8,
 	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
 	KVX_XFER_EV_FENCED = 9,
+	/* P WRITE: the application says layer `layer` is (or will be, by its event) computed
+	 * (PROTOCOL.md §1.3 step 8): POST_LAYER once per layer; a duplicate is a no-op. */
+	KVX_XFER_EV_LAYER_READY = 10,
+	/* P WRITE: the application seals the transfer at `n_layers` layers (PROTOCOL.md §1.3 step
+	 * 10); if they are all written, write_done is due now: DONE. */
+	KVX_XFER_EV_SEAL = 11,
+	/* P WRITE: one layer's writes all completed successfully (or it had nothing to move);
+	 * once the sealed count is reached, write_done goes out once: DONE. */
+	KVX_XFER_EV_LAYER_WRITTEN = 12,
+	/* P WRITE: a write, its post or its layer's readiness event failed with `error`: nothing
+	 * more is written, FAILED; the blocks are released once the ops in flight are terminal
+	 * (KVX_XFER_EV_WRITE_SETTLE). */
+	KVX_XFER_EV_WRITE_FAILED = 13,
 };
 
 struct kvx_xfer_ev {
@@ -202,9 +218,11 @@ struct kvx_xfer_ev {
 	uint64_t transfer_timeout_ns; /* TICK */
 	uint64_t defer_timeout_ns;    /* TICK, ABORT */
 	size_t n_blocks;              /* SUBMIT: the transfer's block count */
+	uint32_t layer;               /* LAYER_READY: the layer index */
+	uint32_t n_layers;            /* SEAL: the final layer count */
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
-	int error;                    /* PEER_FAILED: the handshake's errno */
+	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause */
 };
 
 /* The one entry into a transfer's lifecycle: apply @p ev to @p lf (and to its entry @p t, the

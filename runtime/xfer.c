@@ -412,5 +412,32 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 			o->act = KVX_XFER_DO_RELEASE;
 		}
 		return;
+	case KVX_XFER_EV_LAYER_READY:
+		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t && kvx_xfer_schedule_write(t, ev->layer))
+			o->act = KVX_XFER_DO_POST_LAYER;
+		return;
+	case KVX_XFER_EV_SEAL: {
+		enum kvx_xfer_action a;
+		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
+		    kvx_xfer_seal_count(tab, t, ev->n_layers, &a) >= 0 && a == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
+			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;
+		return;
+	}
+	case KVX_XFER_EV_LAYER_WRITTEN:
+		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
+		    kvx_xfer_mark_write_done(tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
+			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;
+		return;
+	case KVX_XFER_EV_WRITE_FAILED:
+		if (lf->kind != KVX_XFER_K_WRITE || lf->reported)
+			return;
+		if (!lf->failed) {
+			lf->failed = true;
+			lf->error = ev->error;
+		}
+		if (t)
+			kvx_xfer_mark_write_done(tab, t, false); /* terminal: nothing more is scheduled */
+		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT, KVX_CPL_FAILED, lf->error);
+		return;
 	}
 }

@@ -275,14 +275,30 @@ Test(runtime_faults, i_chunk_without_new_block)
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x;
 	cr_assert_eq(kvx_xfer_open(t, "tx-i", &x), 0);
-	enum kvx_xfer_action act;
-	cr_assert(kvx_xfer_schedule_write(x, 0));
-	cr_assert_not(kvx_xfer_schedule_write(x, 0)); /* the chunk without a new block */
-	cr_assert_eq(kvx_xfer_seal_count(t, x, 1, &act), 1);
-	cr_assert_eq(act, KVX_XFER_ACT_NONE);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, x, true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, x, true), KVX_XFER_ACT_NONE);
-	cr_assert_eq(kvx_xfer_seal_count(t, x, 1, &act), -ENOENT);
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_ev ready0 = {.type = KVX_XFER_EV_LAYER_READY, .layer = 0};
+	struct kvx_xfer_ev written = {.type = KVX_XFER_EV_LAYER_WRITTEN};
+	cr_assert_eq(step(t, x, &lf, ready0).act, KVX_XFER_DO_POST_LAYER);
+	cr_assert_eq(step(t, x, &lf, ready0).act, 0); /* the chunk without a new block */
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1}).act, 0);
+	struct kvx_xfer_out o = step(t, x, &lf, written);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1}).act, 0);
+	/* A failed write ends it FAILED: nothing more is scheduled, released once ops are done. */
+	struct kvx_xfer *y;
+	cr_assert_eq(kvx_xfer_open(t, "tx-i2", &y), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
+	step(t, y, &lf, ready0);
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = -EIO});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -EIO);
+	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
+	performed(&lf, o);
+	lf.ops_out = 0;
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE, "no write_done after a failure");
 	kvx_xfer_table_destroy(t);
 }
 

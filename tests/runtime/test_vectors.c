@@ -282,20 +282,35 @@ static uint32_t *ids(const uint32_t *v, size_t n)
 	return c;
 }
 
+/* One event into a transfer's lifecycle, as its poller feeds it. */
+static struct kvx_xfer_out step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+				struct kvx_xfer_ev ev)
+{
+	struct kvx_xfer_out o;
+	memset(&o, 0xa5, sizeof(o));
+	kvx_xfer_step(tab, t, lf, &ev, &o);
+	return o;
+}
+
+static struct kvx_xfer_ev ready(uint32_t layer)
+{
+	return (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_READY, .layer = layer};
+}
+
 Test(runtime_vectors, t16_write_schedule_dedup_and_seal)
 {
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x = entry(t, "xfer");
-	cr_assert(kvx_xfer_schedule_write(x, 0));      /* dense0 */
-	cr_assert_not(kvx_xfer_schedule_write(x, 0));  /* dense0 again */
-	cr_assert(kvx_xfer_schedule_write(x, 2));      /* indexer */
-	cr_assert_not(kvx_xfer_schedule_write(x, KVX_XFER_MAX_LAYERS));
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	cr_assert_eq(step(t, x, &lf, ready(0)).act, KVX_XFER_DO_POST_LAYER); /* dense0 */
+	cr_assert_eq(step(t, x, &lf, ready(0)).act, 0);                      /* dense0 again */
+	cr_assert_eq(step(t, x, &lf, ready(2)).act, KVX_XFER_DO_POST_LAYER); /* indexer */
+	cr_assert_eq(step(t, x, &lf, ready(KVX_XFER_MAX_LAYERS)).act, 0);
 	cr_assert_eq(x->writes_scheduled, 2);
-	enum kvx_xfer_action act;
-	cr_assert_eq(kvx_xfer_seal_count(t, x, 2, &act), 2);
+	struct kvx_xfer_out o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 2});
+	cr_assert_eq(o.act, 0);
 	cr_assert_eq(x->writes_expected, 2);
 	cr_assert(x->sealed);
-	cr_assert_eq(act, KVX_XFER_ACT_NONE);
 	kvx_xfer_table_destroy(t);
 }
 
@@ -303,14 +318,17 @@ Test(runtime_vectors, t17_write_done_notified_once)
 {
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x = entry(t, "xfer");
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_ev written = {.type = KVX_XFER_EV_LAYER_WRITTEN};
 	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0), 1);
 	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0), -EEXIST); /* duplicate */
-	kvx_xfer_schedule_write(x, 0);
-	kvx_xfer_schedule_write(x, 1);
-	enum kvx_xfer_action act;
-	cr_assert_eq(kvx_xfer_seal_count(t, x, 2, &act), 2);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, x, true), KVX_XFER_ACT_NONE);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, x, true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
+	step(t, x, &lf, ready(0));
+	step(t, x, &lf, ready(1));
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 2}).act, 0);
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	struct kvx_xfer_out o = step(t, x, &lf, written);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* write_done target: D dp 0, P tp_rank 2, notify base 7000 -> 7002 */
 	uint32_t rtp, off;
 	cr_assert_eq(kvx_ctl_remote_tp_rank(2, 4, 4, &rtp, NULL, 0), 0);
@@ -318,8 +336,18 @@ Test(runtime_vectors, t17_write_done_notified_once)
 	cr_assert_eq(7000 + off, 7002);
 	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
 	cr_assert_eq(x->remote_blocks, NULL); /* alloc dropped */
+	cr_assert_eq(x->decode_dp_rank, 0);   /* where write_done goes */
 	/* A late duplicate completion never notifies twice. */
-	cr_assert_eq(kvx_xfer_mark_write_done(t, x, true), KVX_XFER_ACT_NONE);
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	lf.reported = true;
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	/* Sealing after every layer was written notifies at the seal. */
+	struct kvx_xfer *y = entry(t, "xfer2");
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	step(t, y, &lf, ready(0));
+	cr_assert_eq(step(t, y, &lf, written).act, 0);
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	kvx_xfer_table_destroy(t);
 }
 
@@ -491,16 +519,6 @@ Test(runtime_vectors, t27_fan_in_two_ticks)
 	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
 	cr_assert(x->ack_completed);
 	kvx_xfer_table_destroy(t);
-}
-
-/* One event into a transfer's lifecycle, as its poller feeds it. */
-static struct kvx_xfer_out step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
-				struct kvx_xfer_ev ev)
-{
-	struct kvx_xfer_out o;
-	memset(&o, 0xa5, sizeof(o));
-	kvx_xfer_step(tab, t, lf, &ev, &o);
-	return o;
 }
 
 Test(runtime_vectors, t28_read_batch_done_releases)
