@@ -606,50 +606,38 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	struct kvx_engine *e = po->e;
 	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
 	struct xf *x = t ? t->user : NULL;
+	struct kvx_xfer_ev ev = {.n_blocks = m->n, .block_ids = m->ptr, .decode_dp_rank = m->status};
 	switch (m->u32) {
-	case KVX_MSG_REMOTE_BLOCKS: {
-		if (!t)
-			t = tab_get(po, m->tid);
-		int rc = t ? kvx_xfer_remote_blocks_take(t, m->ptr, m->n, m->status) : -ENOBUFS;
-		if (!t)
-			free(m->ptr);
-		if (rc <= 0)
-			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-		if (x)
-			write_progress(po, x);
-		return;
-	}
-	case KVX_MSG_RELEASE: {
-		if (x && x->lf.kind == KVX_XFER_K_WRITE) {
-			/* D aborted a push transfer: stop posting, answer once our writes are terminal. */
-			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_RELEASE});
-			return;
-		}
-		if (!t)
-			t = tab_get(po, m->tid); /* early release: parked until the transfer is submitted */
-		int rc = t ? kvx_xfer_resolve_ack(po->tab, t, (uint32_t)m->u64, e->p.tp_size) : 0;
-		if (rc == 1 && x && x->lf.kind == KVX_XFER_K_SERVE)
-			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ACK});
-		else if (rc < 0)
-			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-		return;
-	}
-	case KVX_MSG_WRITE_DONE: {
-		if (!t)
-			t = tab_get(po, m->tid); /* parked until announce (fault b) */
-		uint32_t ptp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
-		int rc = t ? kvx_xfer_resolve_ack(po->tab, t, ptp, e->p.tp_size) : 0;
-		if (rc == 1 && x && x->lf.kind == KVX_XFER_K_ANNOUNCE) {
-			/* Done, or (after abort/timeout) P's writes are terminal: blocks leave quarantine. */
-			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ACK});
-		} else if (rc == 0 && !x) {
-			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-		}
-		return;
-	}
+	case KVX_MSG_REMOTE_BLOCKS:
+		ev.type = KVX_XFER_EV_REMOTE_BLOCKS;
+		break;
+	case KVX_MSG_RELEASE:
+		ev.type = KVX_XFER_EV_RELEASE;
+		ev.consumer_tp = (uint32_t)m->u64;
+		ev.producer_tp = e->p.tp_size;
+		break;
+	case KVX_MSG_WRITE_DONE:
+		ev.type = KVX_XFER_EV_WRITE_DONE;
+		ev.consumer_tp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
+		ev.producer_tp = e->p.tp_size;
+		break;
 	default:
 		return;
 	}
+	if (!t && !(x && x->lf.kind == KVX_XFER_K_WRITE))
+		t = tab_get(po, m->tid); /* before its submission: parked on the entry (faults b) */
+	if (x) {
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, t, &x->lf, &ev, &o);
+		if (o.late)
+			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
+		apply(po, x, &o);
+		return;
+	}
+	struct kvx_xfer_out o;
+	kvx_xfer_step(po->tab, t, NULL, &ev, &o);
+	if (o.late)
+		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 }
 
 /* A connection's endpoint is in error state (transport.h: every op on it fails from now on):

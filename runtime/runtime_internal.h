@@ -158,6 +158,7 @@ struct kvx_xfer_out {
 	uint32_t act;                /* enum kvx_xfer_do bits */
 	enum kvx_cpl_status status;  /* with KVX_XFER_DO_REPORT */
 	int error;                   /* with KVX_XFER_DO_REPORT: 0 or negative errno */
+	bool late;                   /* the notification was ignored (count it) */
 };
 
 /* Events the owning poller feeds into a transfer's lifecycle (kvx_xfer_step()). */
@@ -184,11 +185,15 @@ enum kvx_xfer_ev_type {
 	 * it was aborted (a producer that never answered gets no late release), then the blocks.
 	 * Every layer posted or failed: release P, DONE or FAILED, blocks reusable. */
 	KVX_XFER_EV_READ_SETTLE = 4,
-	/* The peer's fan-in completed on the entry (P READ: release; D WRITE: write_done): DONE and
-	 * the blocks are reusable (a D WRITE in quarantine leaves it). */
-	KVX_XFER_EV_ACK = 5,
-	/* P WRITE: D released (aborted): stop posting, ABORTED; write_done once ops are terminal. */
-	KVX_XFER_EV_PEER_RELEASE = 6,
+	/* Inbound release (PROTOCOL.md §5.6): on a P WRITE, D aborted: stop posting, ABORTED,
+	 * write_done once the ops are terminal. Else one ACK of the fan-in on the entry (a parked
+	 * entry when the transfer is not submitted yet: @p lf NULL); when it completes a P READ:
+	 * DONE, blocks reusable. A bad tp combination is late. */
+	KVX_XFER_EV_RELEASE = 5,
+	/* Inbound write_done: one ACK of the fan-in (parked likewise); when it completes a D WRITE:
+	 * DONE, or after an abort / timeout its blocks leave quarantine. Ignored (late) when nothing
+	 * completes for a transfer that is not submitted. */
+	KVX_XFER_EV_WRITE_DONE = 6,
 	/* P WRITE ended (aborted, timed out, failed) or its entry is terminal: once its ops are
 	 * terminal, tell an aborting D that writes are over, then release the blocks. */
 	KVX_XFER_EV_WRITE_SETTLE = 7,
@@ -210,6 +215,10 @@ enum kvx_xfer_ev_type {
 	 * more is written, FAILED; the blocks are released once the ops in flight are terminal
 	 * (KVX_XFER_EV_WRITE_SETTLE). */
 	KVX_XFER_EV_WRITE_FAILED = 13,
+	/* Inbound remote_blocks (D's allocation, PROTOCOL.md §1.3 step 5b): stored on the entry
+	 * (parked if not submitted yet); a P WRITE then posts what is ready. A duplicate, an empty
+	 * list or one for a finished transfer is late. */
+	KVX_XFER_EV_REMOTE_BLOCKS = 14,
 };
 
 struct kvx_xfer_ev {
@@ -220,6 +229,10 @@ struct kvx_xfer_ev {
 	size_t n_blocks;              /* SUBMIT: the transfer's block count */
 	uint32_t layer;               /* LAYER_READY: the layer index */
 	uint32_t n_layers;            /* SEAL: the final layer count */
+	uint32_t *block_ids;          /* REMOTE_BLOCKS: malloc'ed Array[n_blocks], always taken */
+	int32_t decode_dp_rank;       /* REMOTE_BLOCKS: the D DP rank that sent it */
+	uint32_t consumer_tp;         /* RELEASE / WRITE_DONE: fan-in sizes (PROTOCOL.md §5.6) */
+	uint32_t producer_tp;
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
 	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause */
@@ -227,7 +240,9 @@ struct kvx_xfer_ev {
 
 /* The one entry into a transfer's lifecycle: apply @p ev to @p lf (and to its entry @p t, the
  * poller's table entry; NULL for a consumer READ or when it has none) and say in @p o what the
- * poller must do. No I/O, no clock: time comes in the event. Never fails. Poller thread. */
+ * poller must do. @p lf is NULL only for a notification whose transfer is not submitted yet
+ * (its entry parks it). No I/O, no clock: time comes in the event. Never fails. Poller
+ * thread. */
 void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
 		   struct kvx_xfer_out *o);
 

@@ -355,10 +355,60 @@ static void write_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
 	out_set(o, act, lf->aborted ? KVX_CPL_ABORTED : lf->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED, lf->error);
 }
 
+/* Inbound notifications: the entry's bookkeeping, then what it means for a live transfer. */
+static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+		      const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o)
+{
+	int rc;
+	switch (ev->type) {
+	case KVX_XFER_EV_REMOTE_BLOCKS:
+		rc = t ? kvx_xfer_remote_blocks_take(t, ev->block_ids, ev->n_blocks, ev->decode_dp_rank) : -ENOBUFS;
+		if (!t)
+			free(ev->block_ids);
+		o->late = rc <= 0;
+		if (lf && lf->kind == KVX_XFER_K_WRITE)
+			o->act = KVX_XFER_DO_PROGRESS;
+		return;
+	case KVX_XFER_EV_RELEASE:
+		if (lf && lf->kind == KVX_XFER_K_WRITE) {
+			/* D aborted a push transfer: stop posting, answer once our writes are terminal. */
+			if (!lf->reported) {
+				lf->aborted = true;
+				lf->error = -ECANCELED;
+				terminate_entry(tab, t);
+				out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT, KVX_CPL_ABORTED, -ECANCELED);
+			}
+			o->act |= KVX_XFER_DO_PROGRESS;
+			return;
+		}
+		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
+		if (rc == 1 && lf && lf->kind == KVX_XFER_K_SERVE)
+			o->act = DONE_NOW;
+		o->late = rc < 0;
+		return;
+	case KVX_XFER_EV_WRITE_DONE:
+		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
+		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE)
+			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
+		o->late = rc == 0 && !lf;
+		return;
+	default:
+		return;
+	}
+}
+
 void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
 		   struct kvx_xfer_out *o)
 {
 	out_set(o, 0, KVX_CPL_DONE, 0);
+	o->late = false;
+	if (ev->type == KVX_XFER_EV_REMOTE_BLOCKS || ev->type == KVX_XFER_EV_RELEASE ||
+	    ev->type == KVX_XFER_EV_WRITE_DONE) {
+		on_notify(tab, t, lf, ev, o);
+		return;
+	}
+	if (!lf)
+		return;
 	switch (ev->type) {
 	case KVX_XFER_EV_SUBMIT:
 		on_submit(t, lf, ev->n_blocks, o);
@@ -376,23 +426,6 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 		return;
 	case KVX_XFER_EV_READ_SETTLE:
 		read_settle(lf, o);
-		return;
-	case KVX_XFER_EV_ACK:
-		if (lf->kind == KVX_XFER_K_SERVE || lf->kind == KVX_XFER_K_ANNOUNCE)
-			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
-		return;
-	case KVX_XFER_EV_PEER_RELEASE:
-		if (lf->kind != KVX_XFER_K_WRITE)
-			return;
-		if (!lf->reported) {
-			lf->aborted = true;
-			lf->error = -ECANCELED;
-			terminate_entry(tab, t);
-			out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS, KVX_CPL_ABORTED,
-				-ECANCELED);
-		} else {
-			o->act = KVX_XFER_DO_PROGRESS;
-		}
 		return;
 	case KVX_XFER_EV_WRITE_SETTLE:
 		write_settle(lf, o);
@@ -439,5 +472,7 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 			kvx_xfer_mark_write_done(tab, t, false); /* terminal: nothing more is scheduled */
 		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT, KVX_CPL_FAILED, lf->error);
 		return;
+	default:
+		return; /* notifications: on_notify() */
 	}
 }

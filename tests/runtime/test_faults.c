@@ -45,8 +45,12 @@ Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 	 * finds it terminal and complete: DONE at once, no remote_blocks sent. */
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x, *y;
+	struct kvx_xfer_ev wd = {.type = KVX_XFER_EV_WRITE_DONE, .consumer_tp = 1, .producer_tp = 1};
 	cr_assert_eq(kvx_xfer_open(t, "tx-b", &x), 0);
-	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 1, 1), 1);
+	struct kvx_xfer_out p = step(t, x, NULL, wd); /* no transfer yet: parked on the entry */
+	cr_assert_eq(p.act, 0);
+	cr_assert_not(p.late);
+	cr_assert(step(t, x, NULL, wd).late, "a second write_done for it is late");
 	cr_assert_eq(kvx_xfer_open(t, "tx-b", &y), -EEXIST);
 	y = kvx_xfer_find(t, "tx-b");
 	cr_assert_eq(y, x);
@@ -58,6 +62,21 @@ Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* A duplicate write_done changes nothing. */
 	cr_assert_eq(kvx_xfer_resolve_ack(t, y, 1, 1), 0);
+	/* remote_blocks: stored once; a duplicate, or one for a finished transfer, is late. */
+	struct kvx_xfer *z;
+	cr_assert_eq(kvx_xfer_open(t, "tx-b2", &z), 0);
+	uint32_t *ids = malloc(2 * sizeof(*ids)), *dup = malloc(2 * sizeof(*dup));
+	cr_assert(ids && dup);
+	ids[0] = dup[0] = 7;
+	ids[1] = dup[1] = 8;
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	o = step(t, z, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = ids, .n_blocks = 2,
+						 .decode_dp_rank = 1});
+	cr_assert_eq(o.act, KVX_XFER_DO_PROGRESS);
+	cr_assert_not(o.late);
+	cr_assert(z->has_alloc && z->n_remote_blocks == 2 && z->decode_dp_rank == 1);
+	o = step(t, z, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = dup, .n_blocks = 2});
+	cr_assert(o.late);
 	kvx_xfer_table_destroy(t);
 }
 
@@ -141,9 +160,15 @@ Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 70, .transfer_timeout_ns = 30,
 				   .defer_timeout_ns = 60};
 	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
-	/* P's write_done (the fan-in completes): the blocks leave quarantine now. */
-	o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ACK});
+	/* P's write_done (the fan-in completes on the entry): the blocks leave quarantine now. */
+	struct kvx_xfer_table *t0 = table();
+	struct kvx_xfer *x0;
+	cr_assert_eq(kvx_xfer_open(t0, "tx-e0", &x0), 0);
+	o = step(t0, x0, &lf,
+		 (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_DONE, .consumer_tp = 1, .producer_tp = 1});
 	cr_assert(o.act & KVX_XFER_DO_RELEASE);
+	cr_assert_not(o.late);
+	kvx_xfer_table_destroy(t0);
 	/* Without it, the quarantine ends after the defer timeout. */
 	tick.now_ns = 71;
 	cr_assert_eq(step(NULL, NULL, &lf, tick).act, KVX_XFER_DO_RELEASE);
@@ -169,7 +194,7 @@ Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 	struct kvx_xfer *y;
 	cr_assert_eq(kvx_xfer_open(t, "tx-e2", &y), 0);
 	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
-	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_RELEASE});
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_RELEASE, .consumer_tp = 1, .producer_tp = 1});
 	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
 	cr_assert_eq(o.status, KVX_CPL_ABORTED);
 	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
