@@ -849,6 +849,10 @@ static int bw_phase_run(const struct px_cfg *c, struct px_sess *s, const struct 
 			ph->posted += k;
 			stop_post = !ph->end_ns && ph->posted >= ph->nops;
 		}
+		/* Checked before polling: in duration mode posting may stop when every op has
+		 * already completed, and then no completion will ever come to end the phase. */
+		if (stop_post && ph->done == ph->posted)
+			return 0;
 		int n = kvx_xport_poll_burst(s->ep, cpl, 64);
 		uint64_t now = kvx_now_ns();
 		if (!n) {
@@ -878,8 +882,6 @@ static int bw_phase_run(const struct px_cfg *c, struct px_sess *s, const struct 
 			ph->done += cpl[i].n_ops;
 		}
 		ph->last_cpl = now;
-		if (stop_post && ph->done == ph->posted)
-			return 0;
 	}
 }
 

@@ -428,7 +428,7 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
 		for (uint32_t i = 0; i < m->num_blocks; i++)
 			if (m->block_ids[i] > INT32_MAX)
 				return -EINVAL;
-		f |= msgpack_pack_map(&pk, 5);
+		f |= msgpack_pack_map(&pk, m->sender_epoch ? 6 : 5);
 		f |= pk_kv_str(&pk, "req_id", m->req_id);
 		f |= pk_kv_str(&pk, "transfer_id", m->transfer_id);
 		f |= pk_str(&pk, "block_notify_list");
@@ -447,6 +447,8 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
 		}
 		f |= pk_kv_u64(&pk, "decode_rank", (uint64_t)m->decode_rank);
 		f |= pk_kv_str(&pk, "type", "remote_blocks");
+		if (m->sender_epoch)
+			f |= pk_kv_u64(&pk, "kvx_epoch", m->sender_epoch);
 		break;
 	}
 	case KVX_MSG_WRITE_DONE:
@@ -558,6 +560,7 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 	m->has_consumer_tp_size = false;
 	m->num_groups = 0;
 	m->num_blocks = 0;
+	m->sender_epoch = 0;
 	if (len > KVX_MSG_NOTIFY_MAX_BYTES) {
 		kvx_ctl_seterr(err, err_len, "frame of %zu bytes exceeds %u", len,
 			       KVX_MSG_NOTIFY_MAX_BYTES);
@@ -576,9 +579,9 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 	if (rc)
 		return rc;
 	static const char *const keys[] = {"type", "transfer_id", "req_id", "block_notify_list",
-					   "decode_rank", "consumer_tp_size"};
-	const msgpack_object *v[6];
-	rc = map_lookup(&u.data, keys, 6, v, err, err_len);
+					   "decode_rank", "consumer_tp_size", "kvx_epoch"};
+	const msgpack_object *v[7];
+	rc = map_lookup(&u.data, keys, 7, v, err, err_len);
 	if (rc)
 		goto out;
 	if (v[0]) {
@@ -631,6 +634,9 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 				goto out;
 			m->decode_rank = r;
 		}
+		if (v[6] && (rc = get_uint(v[6], "kvx_epoch", UINT64_MAX, &m->sender_epoch, err,
+					   err_len)))
+			goto out;
 	} else if (m->type == KVX_MSG_RELEASE && v[5]) {
 		uint64_t t;
 		if ((rc = get_uint(v[5], "consumer_tp_size", 1u << 16, &t, err, err_len)))

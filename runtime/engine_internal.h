@@ -47,7 +47,7 @@ struct emsg {
 	int32_t status; /* error / decode rank */
 	uint32_t n;     /* block count */
 	void *ptr;      /* peer*, malloc'ed block ids */
-	uint64_t u64;   /* consumer_tp_size */
+	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
 	char tid[KVX_ENGINE_ID_MAX];
 	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
 };
@@ -95,7 +95,7 @@ struct conn;
  *    thread in eng_peer_get(), a poller in xf_conn()/conn_stale()/rehs_scan()); stored
  *    READY/FAILED/IDLE by the control thread when the job ends (on_hs_done()). The CAS makes
  *    one starter win; the job itself always runs on the control lcore.
- *  - hs_ep, epoch, gen: the control thread only.
+ *  - hs_error, hs_ep, epoch, gen: the control thread only.
  *  - check_busy: CAS false -> true by a poller (eng_epoch_check_start()), reset by the control
  *    thread (on_epoch_checked()); check_started: that poller; check_done, checked_epoch: the
  *    control thread.
@@ -113,6 +113,7 @@ struct peer {
 	const char *pod_ptr[KVX_ENGINE_MAX_PODS];
 	uint32_t n_pods;
 	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
+	atomic_int hs_error; /* control thread: the failed handshake's errno, stored before HS_FAILED */
 	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
 	uint64_t epoch; /* control thread: epoch of the last published connection */

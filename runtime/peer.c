@@ -57,8 +57,10 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 		m.ptr = ids;
 		m.n = msg->num_blocks;
 		m.status = (int32_t)(msg->decode_rank < 0 ? 0 : msg->decode_rank);
+		m.u64 = msg->sender_epoch; /* the allocating incarnation, 0 from a MoRIIO peer */
+	} else {
+		m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
 	}
-	m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
 	cin_push(e, eng_tid_poller(e, m.tid), &m);
 }
 
@@ -561,6 +563,7 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	if (rc)
 		kvx_log(KVX_LOG_WARN, "engine: handshake with %s:%u dp %u failed: %s%s%s", pr->host, pr->hs_port,
 			pr->dp_rank, kvx_strerror(rc), res->error[0] ? ": " : "", res->error);
+	atomic_store_explicit(&pr->hs_error, rc, memory_order_relaxed);
 	atomic_store_explicit(&pr->hs_state, rc ? HS_FAILED : HS_READY, memory_order_release);
 	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr};
 	for (uint32_t k = 0; k < e->n_po; k++)

@@ -70,6 +70,7 @@ static void send_notify_to(struct poller *po, const char *host, uint16_t port, e
 		m.block_ids = (uint32_t *)blocks;
 		m.num_blocks = n;
 		m.decode_rank = e->p.dp_rank;
+		m.sender_epoch = kvx_ctl_epoch(e->ctl); /* names this incarnation (kvxfer peers) */
 	}
 	if (kvx_ctl_send_notify(po->ib, host, port, &m))
 		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
@@ -286,7 +287,9 @@ static void conn_bind(struct xf *x, struct conn *c)
 /* 1 if x has a usable connection to post on (binding the peer's current one if needed), 0 to
  * wait (no connection yet, re-handshake in progress, own ops still draining), or a negative
  * errno: a WRITE bound to a connection whose peer has since restarted (new epoch: the
- * consumer's allocation is gone, never write into the new process). */
+ * consumer's allocation is gone, never write into the new process), or a transfer with no
+ * connection whose handshake failed (the failure can reach this poller before the submission
+ * that started it: M_PEER_FAILED then found no transfer to fail). */
 static int xf_conn(struct poller *po, struct xf *x)
 {
 	struct conn *c = x->conn;
@@ -301,6 +304,10 @@ static int xf_conn(struct poller *po, struct xf *x)
 	}
 	struct conn *n = conn_lookup(po, x->peer);
 	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
+	if (!n && !c && hs == HS_FAILED) {
+		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
+		return err < 0 ? err : -ECONNREFUSED;
+	}
 	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) && hs == HS_READY)
 		eng_hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
 	else if (!n && hs == HS_IDLE)
@@ -329,14 +336,25 @@ static int xf_conn(struct poller *po, struct xf *x)
  * the connection is marked stale and re-handshaken, and the transfer binds the new one. A
  * transfer that ends up on a connection of another epoch than its allocation's fails with
  * -ECONNRESET: nothing is written into a restarted consumer for an allocation it never made.
+ * A kvxfer consumer names its incarnation in remote_blocks (`kvx_epoch`, @p sent_epoch): that
+ * settles it at once, with no guess; the check above is for MoRIIO peers (sent_epoch 0).
  * Returns true once alloc_epoch is settled. */
-static bool alloc_epoch_settle(struct poller *po, struct xf *x)
+static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_epoch)
 {
 	struct peer *pr = x->peer;
 	if (x->alloc_known)
 		return true;
 	struct conn *c = conn_lookup(po, pr);
 	bool stale = c && atomic_load_explicit(&c->stale, memory_order_acquire);
+	if (sent_epoch) {
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = sent_epoch;
+		if (c && !stale && c->epoch != sent_epoch)
+			conn_stale(po, c); /* the consumer restarted: re-handshake now */
+		return true;
+	}
 	if (x->check_wait && stale) {
 		/* A re-handshake runs anyway: its connection has the epoch current after the
 		 * allocation arrived. */
@@ -468,8 +486,16 @@ static void read_progress(struct poller *po, struct xf *x)
 		rehs_decide(po, x, n);
 	}
 	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
-	if (!x->lf.failed && !x->lf.done_posting && xf_conn(po, x) != 1)
-		return;
+	if (!x->lf.failed && !x->lf.done_posting) {
+		int cr = xf_conn(po, x);
+		if (cr < 0) {
+			/* Its handshake failed before it had a connection: FAILED with that error. */
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = cr});
+			return;
+		}
+		if (cr == 0)
+			return;
+	}
 	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
 	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
 	if (x->lf.next_layer == 0 && x->conn)
@@ -510,7 +536,7 @@ static void write_progress(struct poller *po, struct xf *x)
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
 		return;
 	}
-	if (!t->has_alloc || !alloc_epoch_settle(po, x))
+	if (!t->has_alloc || !alloc_epoch_settle(po, x, t->alloc_epoch))
 		return;
 	int cr = xf_conn(po, x);
 	if (cr < 0) {
@@ -610,6 +636,7 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	switch (m->u32) {
 	case KVX_MSG_REMOTE_BLOCKS:
 		ev.type = KVX_XFER_EV_REMOTE_BLOCKS;
+		ev.alloc_epoch = m->u64;
 		break;
 	case KVX_MSG_RELEASE:
 		ev.type = KVX_XFER_EV_RELEASE;

@@ -50,6 +50,7 @@ struct kvx_xfer {
 	uint32_t *remote_blocks;   /* Array[n_remote_blocks], owned (control path allocation) */
 	uint32_t n_remote_blocks;
 	int32_t decode_dp_rank;
+	uint64_t alloc_epoch;      /* `kvx_epoch` of the remote_blocks sender (0: a MoRIIO peer) */
 	/* ACK fan-in on the producer (PROTOCOL.md §5.6). */
 	uint32_t ack_count;
 	bool ack_completed;
@@ -102,7 +103,8 @@ int kvx_xfer_seal_count(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t n
 enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct kvx_xfer *x, bool ok);
 /* Store D's allocation (remote_blocks), taking ownership of the malloc'ed @p ids (freed on
  * every path). 1 stored, 0 ignored (terminal), -EEXIST duplicate, -EPROTO empty list. */
-int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank);
+int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank,
+				uint64_t alloc_epoch);
 
 /* Which side of which mode a transfer is (role x mode). */
 enum kvx_xfer_kind {
@@ -231,6 +233,7 @@ struct kvx_xfer_ev {
 	uint32_t n_layers;            /* SEAL: the final layer count */
 	uint32_t *block_ids;          /* REMOTE_BLOCKS: malloc'ed Array[n_blocks], always taken */
 	int32_t decode_dp_rank;       /* REMOTE_BLOCKS: the D DP rank that sent it */
+	uint64_t alloc_epoch;         /* REMOTE_BLOCKS: its sender's incarnation (0: a MoRIIO peer) */
 	uint32_t consumer_tp;         /* RELEASE / WRITE_DONE: fan-in sizes (PROTOCOL.md §5.6) */
 	uint32_t producer_tp;
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */

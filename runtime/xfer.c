@@ -201,7 +201,8 @@ enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct k
 	return write_check(t, x);
 }
 
-int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank)
+int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank,
+				uint64_t alloc_epoch)
 {
 	if (n == 0) {
 		free(ids);
@@ -218,6 +219,7 @@ int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int
 	x->remote_blocks = ids;
 	x->n_remote_blocks = (uint32_t)n;
 	x->decode_dp_rank = decode_dp_rank;
+	x->alloc_epoch = alloc_epoch;
 	x->has_alloc = true;
 	return 1;
 }
@@ -362,7 +364,8 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 	int rc;
 	switch (ev->type) {
 	case KVX_XFER_EV_REMOTE_BLOCKS:
-		rc = t ? kvx_xfer_remote_blocks_take(t, ev->block_ids, ev->n_blocks, ev->decode_dp_rank) : -ENOBUFS;
+		rc = t ? kvx_xfer_remote_blocks_take(t, ev->block_ids, ev->n_blocks, ev->decode_dp_rank, ev->alloc_epoch)
+		       : -ENOBUFS;
 		if (!t)
 			free(ev->block_ids);
 		o->late = rc <= 0;

@@ -431,6 +431,7 @@ struct kvx_msg_notify {
 	uint32_t num_blocks;                    /**< REMOTE_BLOCKS: total block ids in block_ids, elements. */
 	uint32_t *block_ids;                    /**< REMOTE_BLOCKS: Array[num_blocks] (encode: read; decode: written, caller-owned, capacity blocks_cap). Each id 0..INT32_MAX. */
 	uint32_t blocks_cap;                    /**< Decode: capacity of block_ids, elements (0 with block_ids NULL rejects any remote_blocks with -EMSGSIZE). */
+	uint64_t sender_epoch;                  /**< REMOTE_BLOCKS: kvxfer extension key `kvx_epoch`, the epoch of the consumer incarnation that allocated the blocks (sent after `type`; a MoRIIO peer ignores it). 0 = absent (encode: key left out; decode: a MoRIIO sender). */
 };
 
 /**

@@ -54,17 +54,17 @@
  * epoch is the same (the producer fenced it: its blocks may be reused). WRITE transfers whose
  * ops failed end FAILED; later ones use the new endpoint.
  *
- * Consumer restart in WRITE mode (PROTOCOL.md §6 item 18): tcp and shm do not watch idle
- * connections, so before a WRITE transfer's first post the producer attributes D's allocation
- * (`remote_blocks`) to a consumer epoch: the connection's, if it completed an op in the last
- * 20 ms, else the epoch the peer reports when its metadata is fetched again (a handshake
- * without connection setup, one round trip on the control lcore, shared by the transfers that
- * wait for it). A new epoch means the consumer restarted: the producer re-handshakes, and
- * transfers whose allocation came from the old epoch end FAILED (-ECONNRESET) without writing
- * anything into the new process; transfers allocated by the new incarnation are written on the
- * new connection. Known window: a consumer that dies and restarts on the same ports within
- * that one round trip after sending `remote_blocks` has its old allocation attributed to the
- * new epoch.
+ * Consumer restart in WRITE mode (PROTOCOL.md §6 item 18): a kvxfer consumer names the
+ * incarnation that made an allocation in its `remote_blocks` (extension key `kvx_epoch`, which a
+ * MoRIIO peer ignores). Before a WRITE transfer's first post the producer compares it with its
+ * connection's epoch: a different epoch means the consumer restarted, so the producer
+ * re-handshakes; transfers whose allocation came from the old epoch end FAILED (-ECONNRESET)
+ * without writing anything into the new process, and transfers allocated by the new incarnation
+ * are written on the new connection. A MoRIIO consumer sends no epoch; for it the producer
+ * falls back to a guess: the connection's epoch if it completed an op in the last 20 ms, else
+ * the epoch the peer reports when its metadata is fetched again (a handshake without
+ * connection setup on the control lcore). That fallback can misattribute an allocation made by
+ * a consumer that died and restarted on the same ports inside the window.
  *
  * Thread model (DESIGN.md §1): one application thread (the engine's worker thread) owns the
  * engine and makes every call in this header; the calls never block except

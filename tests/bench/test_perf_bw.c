@@ -2,13 +2,10 @@
 /*
  * End to end: `kvxfer-perf bw --local` and `kvxfer-perf lat --local` as real processes (client
  * and server threads) on loopback, checking that every printed number is finite and consistent
- * and that the bandwidth lies between two bounds the test measures itself:
- * - lower: the timed ops' bytes / the wall time of the whole process (the timed interval, first
- *   post to last completion, lies inside the process's lifetime);
- * - upper: 3x the best single-core memcpy rate of this machine at the same size. tcp and shm
- *   with one channel move every byte through at least one CPU copy on one core
- *   (process_vm_writev/readv, or the socket copies), so neither the average nor any honest
- *   peak window can beat a hot memcpy by that factor.
+ * and that the average is consistent with the process's own lifetime: the timed ops' bytes
+ * divided by the wall time of the whole process is a lower bound (the timed interval, first post
+ * to last completion, lies inside the process's lifetime). No test here asserts a speed: how fast
+ * the machine copies is measured by `kvxfer-perf bw --peer memcpy` and bench/compare.sh, as ratios.
  */
 #include <math.h>
 #include <sched.h>
@@ -102,28 +99,6 @@ static const char *row_after(const char *out, const char *hdr)
 	return nl + 1;
 }
 
-/* Best single-core memcpy rate at `size` bytes, GB/s (bytes/ns), over ~50 ms of copies. */
-static double memcpy_gbps(uint64_t size)
-{
-	uint8_t *a = malloc(size), *b = malloc(size);
-	cr_assert(a && b);
-	memset(a, 0x11, size);
-	memset(b, 0x22, size);
-	double best = 0;
-	uint64_t until = mono_ns() + 50000000ull;
-	for (int i = 0; i < 5 || mono_ns() < until; i++) {
-		uint64_t t0 = mono_ns();
-		memcpy(b, a, size);
-		__asm__ volatile("" : : "r"(b) : "memory");
-		uint64_t dt = mono_ns() - t0;
-		if (dt && (double)size / (double)dt > best)
-			best = (double)size / (double)dt;
-	}
-	free(a);
-	free(b);
-	return best;
-}
-
 static void check_bw(const char *transport, const char *size_arg, uint64_t size, const char *n_arg,
 		     uint64_t n)
 {
@@ -154,11 +129,6 @@ static void check_bw(const char *transport, const char *size_arg, uint64_t size,
 	double lower = (double)size * (double)n / (r->wall_s * 1e9);
 	cr_assert_geq(avg + 0.0051, lower, "avg %.2f GB/s below bytes/process wall time %.4f GB/s",
 		      avg, lower);
-	double mc = memcpy_gbps(size);
-	cr_assert_leq(peak, 3 * mc, "peak %.2f GB/s above 3x single-core memcpy (%.2f GB/s): %s",
-		      peak, mc, row);
-	cr_assert_leq(avg, 3 * mc, "avg %.2f GB/s above 3x single-core memcpy (%.2f GB/s)", avg,
-		      mc);
 	free(r);
 }
 
@@ -214,8 +184,27 @@ Test(bench_perf_bw, shm_finite_bounded_with_duration)
 	cr_assert(isfinite(peak) && isfinite(avg) && peak > 0 && avg > 0, "row: %s", row);
 	cr_assert_geq(peak, avg);
 	cr_assert_geq(avg + 0.0051, 65536.0 * (double)iters / (r->wall_s * 1e9));
-	cr_assert_leq(peak, 3 * memcpy_gbps(65536), "row: %s", row);
 	free(r);
+}
+
+/* Duration mode with batches: posting may stop when every op has already completed (shm
+ * completes small ops at once); the phase must still end. The old loop waited for a completion
+ * that never came, in about 4 of 10 runs of exactly this command. */
+Test(bench_perf_bw, shm_duration_batch_32_always_ends)
+{
+	const char *args[] = {"bw", "--local", "-t", "shm", "-s", "64", "--batch", "32", "-D", "0.001", NULL};
+	for (int i = 0; i < 10; i++) {
+		struct run *r = calloc(1, sizeof(*r));
+		run_perf(r, args);
+		skip_if_no_cma(r);
+		cr_assert_eq(r->status, 0, "run %d exited %d:\n%s\n%s", i, r->status, r->out, r->err);
+		const char *row = row_after(r->out, " #bytes     #iterations    BW peak[GB/s]");
+		unsigned long long bytes, iters;
+		cr_assert_eq(sscanf(row, "%llu %llu", &bytes, &iters), 2, "row: %s", row);
+		cr_assert_eq(bytes, 64);
+		cr_assert_geq(iters, 32, "at least one batch: %s", row);
+		free(r);
+	}
 }
 
 /* lat: t_min <= t_typical, t_avg, 99%, 99.9% <= t_max, all finite; -D shorter than one op still

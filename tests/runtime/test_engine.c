@@ -282,7 +282,7 @@ Test(runtime_engine, d_silent_producer_times_out_and_sends_nothing)
 	cr_assert_eq(s.error, -ETIMEDOUT);
 	uint64_t took = s.at_ns - t0;
 	cr_assert_geq(took, 300000000ull, "reported before the transfer timeout (%llu ns)", (unsigned long long)took);
-	cr_assert_lt(took, 5000000000ull, "reported %llu ns after start", (unsigned long long)took);
+	cr_assert_lt(took, 60000000000ull, "hung: reported %llu ns after start", (unsigned long long)took);
 	cr_assert_eq(kvx_xfer_layer_poll(D.e, "tx-silent", 0), -ETIMEDOUT);
 	/* Past the handshake deadline too: still no notification sent, no further completion. */
 	uint64_t end = kvx_now_ns() + 1000000000ull;

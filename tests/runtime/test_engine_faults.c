@@ -318,7 +318,7 @@ Test(runtime_engine_faults, d_write_consumer_times_out_releases_producer_blocks_
 	cr_assert_eq(td.status[kd], KVX_CPL_TIMED_OUT, "status %d error %d", td.status[kd], td.error[kd]);
 	cr_assert_eq(td.error[kd], -ETIMEDOUT);
 	cr_assert_geq(took, 300000000ull, "timed out early (%llu ns)", (unsigned long long)took);
-	cr_assert_lt(took, 10000000000ull, "timed out %llu ns after the announce", (unsigned long long)took);
+	cr_assert_lt(took, 60000000000ull, "hung: timed out %llu ns after the announce", (unsigned long long)took);
 	cr_assert_eq(td.released[kd], 0, "blocks released while P could still write");
 	/* P got remote_blocks, then release. */
 	const uint64_t two = 2;

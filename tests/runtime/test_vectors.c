@@ -320,8 +320,8 @@ Test(runtime_vectors, t17_write_done_notified_once)
 	struct kvx_xfer *x = entry(t, "xfer");
 	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
 	struct kvx_xfer_ev written = {.type = KVX_XFER_EV_LAYER_WRITTEN};
-	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0), 1);
-	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0), -EEXIST); /* duplicate */
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0, 0), 1);
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0, 0), -EEXIST); /* duplicate */
 	step(t, x, &lf, ready(0));
 	step(t, x, &lf, ready(1));
 	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 2}).act, 0);
@@ -383,7 +383,7 @@ Test(runtime_vectors, t19_failed_write_terminal_and_cleared)
 	cr_assert_not(kvx_xfer_schedule_write(x, 3));
 	cr_assert_eq(kvx_xfer_live_count(t), 0);
 	/* T20: remote_blocks for a terminal transfer is ignored (the ids are freed). */
-	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0), 0);
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0, 0), 0);
 	cr_assert_not(x->has_alloc);
 	cr_assert_eq(kvx_xfer_find(t, "xfer"), x); /* the id stays known (terminal LRU) */
 	kvx_xfer_table_destroy(t);
