@@ -262,8 +262,8 @@ static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 	struct kvx_xfer_out o;
 	ev.transfer_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
 	ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
-	if (!ev.now_ns)
-		ev.now_ns = kvx_now_ns();
+	if (ev.type == KVX_XFER_EV_ABORT)
+		ev.now_ns = kvx_now_ns(); /* the quarantine deadline; a tick brings its own */
 	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
 	apply(po, x, &o);
 	return o.act & KVX_XFER_DO_RELEASE;
@@ -509,7 +509,8 @@ static void read_progress(struct poller *po, struct xf *x)
 	}
 	if (x->lf.next_layer == e->n_layers || x->lf.failed)
 		x->lf.done_posting = true;
-	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+	if (x->lf.done_posting && !x->lf.ops_out) /* else the step has nothing to decide */
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
 }
 
 /* 1 the layer may be written, 0 not yet, negative errno if its event failed (hipEventQuery
