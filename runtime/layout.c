@@ -592,7 +592,6 @@ struct plan_slot {
 struct kvx_plan_cache {
 	size_t max_blocks;
 	size_t used;
-	uint64_t misses;
 	uint64_t *scratch; /* Array[2 * max_blocks]: kvx_plan_build()'s scratch */
 	struct plan_slot slot[KVX_PLAN_CACHE_MAX];
 };
@@ -672,19 +671,8 @@ KVX_API int kvx_plan_cache_get(struct kvx_plan_cache *c, const struct kvx_layout
 	s->n = (size_t)k;
 	s->bytes = bytes;
 	c->used++;
-	c->misses++;
 	*plan = (struct kvx_plan){s->loc, s->rem, s->size, s->n, s->bytes};
 	return 1;
-}
-
-KVX_API uint64_t kvx_plan_cache_misses(const struct kvx_plan_cache *c)
-{
-	return c->misses;
-}
-
-KVX_API size_t kvx_plan_cache_size(const struct kvx_plan_cache *c)
-{
-	return c->used;
 }
 
 KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads, bool mla,

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kvxfer/common.h"
+#include "kvxfer/engine.h"
 
 /** Transfer id capacity including the NUL (ids are "tx-" + uuid4 in practice). */
 #define KVX_XFER_ID_MAX 128
@@ -25,20 +26,10 @@ enum kvx_xfer_state {
 	KVX_XFER_S_TERMINAL = 2,
 };
 
-/* Outcome of a READ batch (PROTOCOL.md §6 item 9, L3 TransferBatchState). */
-enum kvx_xfer_batch {
-	KVX_XFER_BATCH_PENDING = 0,
-	KVX_XFER_BATCH_DONE = 1,
-	KVX_XFER_BATCH_FAILED = 2,
-	KVX_XFER_BATCH_TIMED_OUT = 3,
-};
-
 /* What the caller must do after a state change. */
 enum kvx_xfer_action {
 	KVX_XFER_ACT_NONE = 0,
 	KVX_XFER_ACT_NOTIFY_WRITE_DONE = 1, /* P WRITE: all sealed writes terminal, send write_done once */
-	KVX_XFER_ACT_RELEASE = 2,           /* D READ: send release{transfer_id, consumer_tp_size} */
-	KVX_XFER_ACT_FAIL_NO_RELEASE = 3,   /* D READ timed out: report failure, quarantine, no release */
 };
 
 struct kvx_xfer {
@@ -60,22 +51,29 @@ struct kvx_xfer {
 	uint32_t n_remote_blocks;
 	int32_t decode_dp_rank;
 	uint64_t alloc_epoch;      /* `kvx_epoch` of the remote_blocks sender (0: a MoRIIO peer) */
-	/* READ consumer batch (PROTOCOL.md §1.4 steps 8–10). */
-	uint32_t ops_posted;
-	uint32_t ops_done;
-	uint32_t ops_failed;
-	uint64_t start_ns;
 	/* ACK fan-in on the producer (PROTOCOL.md §5.6). */
 	uint32_t ack_count;
 	bool ack_completed;
-	/* Owner's attachment (the engine's transfer object) and final outcome, kept while the id
-	 * sits in the terminal LRU. */
+	/* Owner's attachment: the engine's transfer object while it is live (poller tables: set at
+	 * submission, cleared when the object retires; the app registry: until the last
+	 * completion is polled), and the final outcome kept while the id sits in the terminal LRU
+	 * (app registry only). */
 	void *user;
 	int32_t final_error;
 	uint8_t final_status;
 };
 
 struct kvx_xfer_table;
+
+/* FNV-1a of a transfer id: the one hash of ids in the runtime (transfer tables, the polling
+ * lcore that owns a transfer). */
+static inline uint32_t kvx_xfer_tid_hash(const char *s)
+{
+	uint32_t h = 2166136261u;
+	for (; *s; s++)
+		h = (h ^ (uint8_t)*s) * 16777619u;
+	return h;
+}
 
 /* Table of transfers keyed by transfer id, fixed capacity, terminal ids kept in a FIFO LRU of
  * lru_cap entries so late or duplicate notifications for finished transfers are ignored. */
@@ -86,56 +84,175 @@ struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid);
 /* Create a live entry. -EEXIST if tid is live or terminal (one-shot), -EINVAL for an empty or
  * too long id, -ENOBUFS if full. */
 int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **out);
-/* Find or create a live entry; NULL if terminal or no space. */
-struct kvx_xfer *kvx_xfer_get_live(struct kvx_xfer_table *t, const char *tid);
-bool kvx_xfer_is_terminal(struct kvx_xfer_table *t, const char *tid);
 /* Mark terminal: frees per-transfer storage, keeps the id in the LRU. */
 void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x);
 size_t kvx_xfer_live_count(const struct kvx_xfer_table *t);
 
-/* WRITE producer state machine (vectors T16–T20). */
-/* true if (tid, layer) is newly scheduled; false for a duplicate, a terminal transfer or a
- * layer index >= KVX_XFER_MAX_LAYERS. */
-bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer);
-/* Seal writes_expected = distinct layers scheduled. Returns the count, -ENOENT if unknown or
- * terminal. The action out-param says whether write_done is due now. */
-int kvx_xfer_seal_scheduled(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act);
-/* Seal with an explicit final layer count (engine API: the application states it). */
-int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_layers, enum kvx_xfer_action *act);
-/* One layer's writes are terminal on the wire (ok = every op succeeded). */
-enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok);
-/* Store D's allocation (remote_blocks). 1 stored, 0 ignored (terminal), -EEXIST duplicate,
- * -EPROTO empty list, -ENOMEM. */
-int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
-			   int32_t decode_dp_rank);
+/* Per-transfer state changes. They take the entry (found or opened once per event by the
+ * owner: kvx_xfer_find() / kvx_xfer_open()), never the id string again. */
 
-/* As kvx_xfer_remote_blocks() but takes ownership of a malloc'ed id array (freed on every
- * path). */
-int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
-				int32_t decode_dp_rank, uint64_t alloc_epoch);
+/* WRITE producer (vectors T16–T20). true if @p layer is newly scheduled; false for a duplicate,
+ * a terminal transfer or a layer index >= KVX_XFER_MAX_LAYERS. */
+bool kvx_xfer_schedule_write(struct kvx_xfer *x, uint32_t layer);
+/* Seal with the final layer count (engine API: the application states it). Returns the count,
+ * -ENOENT if @p x is terminal. The action out-param says whether write_done is due now (the
+ * transfer is then terminal). */
+int kvx_xfer_seal_count(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t n_layers, enum kvx_xfer_action *act);
+/* One layer's writes are terminal on the wire (ok = every op succeeded). A failure makes the
+ * transfer terminal (the producer frees its blocks, PROTOCOL.md §5.5). */
+enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct kvx_xfer *x, bool ok);
+/* Store D's allocation (remote_blocks), taking ownership of the malloc'ed @p ids (freed on
+ * every path). 1 stored, 0 ignored (terminal), -EEXIST duplicate, -EPROTO empty list. */
+int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank,
+				uint64_t alloc_epoch);
 
-/* READ consumer batch state (vectors T28, T30, T31): strict '>' timeout boundary. */
-enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns);
-enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b);
-
-/* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when tid completes now, 0 if more
- * ACKs are needed or the ACK is ignored (unknown, not live, duplicate), negative errno for a
- * bad tp combination. A completed transfer becomes terminal. */
-int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp);
-
-/* Routing helpers (remote_tp_rank, expected_acks, port offsets, fold, pod) are the control
- * plane's public ones: include/kvxfer/control.h (kvx_ctl_*). */
-
-/* FIFO of requests waiting for a peer handshake, drained whole (PROTOCOL.md §6 item 2, T47). */
-struct kvx_xfer_readyq {
-	uint32_t head, tail, cap;
-	char (*ids)[KVX_XFER_ID_MAX];
+/* Which side of which mode a transfer is (role x mode). */
+enum kvx_xfer_kind {
+	KVX_XFER_K_READ = 1,     /* consumer READ: D reads P's blocks, then sends release */
+	KVX_XFER_K_ANNOUNCE = 2, /* consumer WRITE: D announces its blocks, waits for write_done */
+	KVX_XFER_K_WRITE = 3,    /* producer WRITE: P writes into D's blocks, then sends write_done */
+	KVX_XFER_K_SERVE = 4,    /* producer READ: P holds its blocks until D's release */
 };
-int kvx_xfer_readyq_init(struct kvx_xfer_readyq *q, uint32_t cap);
-void kvx_xfer_readyq_fini(struct kvx_xfer_readyq *q);
-int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid);
-/* Pop everything queued, in order, into out (Array[cap]); returns the count. */
-size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap);
+
+/* The lifecycle state of one transfer, kept by its owning poller in the transfer object.
+ * kvx_xfer_step() decides every change of kind-level state (aborted, timed_out, error,
+ * release_sent, fence_pending, quarantine_ns); the poller maintains the facts of its I/O as
+ * inputs (ops_out, next_layer, done_posting, failed) and sets reported / released when it
+ * performs a REPORT / RELEASE action. */
+struct kvx_life {
+	enum kvx_xfer_kind kind;
+	bool reported;      /* its terminal status is out */
+	bool released;      /* its blocks are reusable: it retired */
+	bool aborted;       /* the application (or, for P WRITE, D) aborted it */
+	bool timed_out;
+	bool failed;        /* an op or a post failed (error says why) */
+	bool release_sent;  /* D READ: release (P WRITE: write_done on abort) went out */
+	bool done_posting;  /* D READ: nothing more will be posted */
+	bool fence_pending; /* P READ: timed out, blocks held until every reader is revoked */
+	int error;          /* 0 or negative errno */
+	uint32_t ops_out;   /* op batches in flight */
+	uint32_t next_layer; /* D READ: layers posted so far */
+	uint64_t start_ns;  /* submission time (app thread clock) */
+	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
+};
+
+/* What the owning poller does after a lifecycle decision, in this order: send the
+ * notifications, stop or drive the transfer's ops, report its terminal status, then release
+ * or hold its blocks. */
+enum kvx_xfer_do {
+	KVX_XFER_DO_SEND_RELEASE = 1u << 0,     /* release to P's TP rank paired with ours (D READ) */
+	KVX_XFER_DO_SEND_RELEASE_ALL = 1u << 1, /* release to every P TP rank (D WRITE) */
+	KVX_XFER_DO_SEND_BLOCKS = 1u << 2,      /* remote_blocks to every P TP rank (D WRITE) */
+	KVX_XFER_DO_SEND_WRITE_DONE = 1u << 3,  /* write_done to D (P WRITE): with status DONE to the
+						 * D rank that sent remote_blocks, else (writes over
+						 * after an abort) to our paired D rank */
+	KVX_XFER_DO_STOP_WRITES = 1u << 4,      /* P WRITE: post nothing more (the entry is terminal) */
+	KVX_XFER_DO_PROGRESS = 1u << 5,         /* post what is ready / finish once ops are terminal */
+	KVX_XFER_DO_REPORT = 1u << 6,           /* ends with status / error (once) */
+	KVX_XFER_DO_RELEASE = 1u << 7,          /* blocks reusable now: the transfer retires */
+	KVX_XFER_DO_QUARANTINE = 1u << 8,       /* D WRITE: blocks held until write_done or the defer
+						 * deadline (kvx_xfer_tick()) */
+	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ: blocks held until every reader is revoked */
+	KVX_XFER_DO_POST_LAYER = 1u << 10,      /* P WRITE: the event's layer is to be written */
+};
+
+struct kvx_xfer_out {
+	uint32_t act;                /* enum kvx_xfer_do bits */
+	enum kvx_cpl_status status;  /* with KVX_XFER_DO_REPORT */
+	int error;                   /* with KVX_XFER_DO_REPORT: 0 or negative errno */
+	bool late;                   /* the notification was ignored (count it) */
+};
+
+/* Events the owning poller feeds into a transfer's lifecycle (kvx_xfer_step()). */
+enum kvx_xfer_ev_type {
+	/* The submission reached its poller (PROTOCOL.md §1.3 step 5, §1.4 step 8, §6 items 3,
+	 * 10): a consumer READ posts (nothing to move: release P, DONE); D WRITE announces its
+	 * blocks (none: release every P rank, DONE); a notification that came first (the entry is
+	 * terminal with its fan-in complete) ends it at once: DONE, or for P WRITE ABORTED with a
+	 * write_done telling D that nothing was written. */
+	KVX_XFER_EV_SUBMIT = 1,
+	/* The application aborts (PROTOCOL.md §5.3, §6 item 10): D WRITE tells every P rank to stop
+	 * and quarantines its blocks; P WRITE stops posting (its entry turns terminal) and releases
+	 * once its ops are terminal; D READ releases P once its ops are terminal; P READ releases. */
+	KVX_XFER_EV_ABORT = 2,
+	/* The clock (PROTOCOL.md §5.4, §5.5, §6 item 11): a transfer not yet reported times out once
+	 * now - start > its limit (strict), the defer timeout for a producer holding blocks for a
+	 * peer (SERVE; WRITE before D's allocation), else the transfer timeout. D WRITE: tell P to
+	 * stop, quarantine; P WRITE: stop, release once ops are terminal; P READ: hold the blocks
+	 * until every reader is revoked (fence); D READ: settle once ops are terminal. A reported
+	 * D WRITE leaves quarantine once now > quarantine_ns. */
+	KVX_XFER_EV_TICK = 3,
+	/* D READ: posting went on or an op completed (PROTOCOL.md §1.4 steps 9-10, §5.5). Nothing
+	 * while ops are in flight. Ended already: P is released only if something was posted or
+	 * it was aborted (a producer that never answered gets no late release), then the blocks.
+	 * Every layer posted or failed: release P, DONE or FAILED, blocks reusable. */
+	KVX_XFER_EV_READ_SETTLE = 4,
+	/* Inbound release (PROTOCOL.md §5.6): on a P WRITE, D aborted: stop posting, ABORTED,
+	 * write_done once the ops are terminal. Else one ACK of the fan-in on the entry (a parked
+	 * entry when the transfer is not submitted yet: @p lf NULL); when it completes a P READ:
+	 * DONE, blocks reusable. A bad tp combination is late. */
+	KVX_XFER_EV_RELEASE = 5,
+	/* Inbound write_done: one ACK of the fan-in (parked likewise); when it completes a D WRITE:
+	 * DONE, or after an abort / timeout its blocks leave quarantine. Ignored (late) when nothing
+	 * completes for a transfer that is not submitted. */
+	KVX_XFER_EV_WRITE_DONE = 6,
+	/* P WRITE ended (aborted, timed out, failed) or its entry is terminal: once its ops are
+	 * terminal, tell an aborting D that writes are over, then release the blocks. */
+	KVX_XFER_EV_WRITE_SETTLE = 7,
+	/* The handshake with the peer failed while the transfer has no usable connection: a D
+	 * READ or P WRITE fails (released once its ops are terminal); others keep waiting. */
+	KVX_XFER_EV_PEER_FAILED = 8,
+	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
+	KVX_XFER_EV_FENCED = 9,
+	/* P WRITE: the application says layer `layer` is (or will be, by its event) computed
+	 * (PROTOCOL.md §1.3 step 8): POST_LAYER once per layer; a duplicate is a no-op. */
+	KVX_XFER_EV_LAYER_READY = 10,
+	/* P WRITE: the application seals the transfer at `n_layers` layers (PROTOCOL.md §1.3 step
+	 * 10); if they are all written, write_done is due now: DONE. */
+	KVX_XFER_EV_SEAL = 11,
+	/* P WRITE: one layer's writes all completed successfully (or it had nothing to move);
+	 * once the sealed count is reached, write_done goes out once: DONE. */
+	KVX_XFER_EV_LAYER_WRITTEN = 12,
+	/* P WRITE: a write, its post or its layer's readiness event failed with `error`: nothing
+	 * more is written, FAILED; the blocks are released once the ops in flight are terminal
+	 * (KVX_XFER_EV_WRITE_SETTLE). */
+	KVX_XFER_EV_WRITE_FAILED = 13,
+	/* Inbound remote_blocks (D's allocation, PROTOCOL.md §1.3 step 5b): stored on the entry
+	 * (parked if not submitted yet); a P WRITE then posts what is ready. A duplicate, an empty
+	 * list or one for a finished transfer is late. */
+	KVX_XFER_EV_REMOTE_BLOCKS = 14,
+};
+
+struct kvx_xfer_ev {
+	enum kvx_xfer_ev_type type;
+	uint64_t now_ns;              /* TICK, ABORT (quarantine deadline) */
+	uint64_t transfer_timeout_ns; /* TICK */
+	uint64_t defer_timeout_ns;    /* TICK, ABORT */
+	size_t n_blocks;              /* SUBMIT: the transfer's block count */
+	uint32_t layer;               /* LAYER_READY: the layer index */
+	uint32_t n_layers;            /* SEAL: the final layer count */
+	uint32_t *block_ids;          /* REMOTE_BLOCKS: malloc'ed Array[n_blocks], always taken */
+	int32_t decode_dp_rank;       /* REMOTE_BLOCKS: the D DP rank that sent it */
+	uint64_t alloc_epoch;         /* REMOTE_BLOCKS: its sender's incarnation (0: a MoRIIO peer) */
+	uint32_t consumer_tp;         /* RELEASE / WRITE_DONE: fan-in sizes (PROTOCOL.md §5.6) */
+	uint32_t producer_tp;
+	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
+	bool unbound;                 /* PEER_FAILED: no usable connection */
+	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause */
+};
+
+/* The one entry into a transfer's lifecycle: apply @p ev to @p lf (and to its entry @p t, the
+ * poller's table entry; NULL for a consumer READ or when it has none) and say in @p o what the
+ * poller must do. @p lf is NULL only for a notification whose transfer is not submitted yet
+ * (its entry parks it). No I/O, no clock: time comes in the event. Never fails. Poller
+ * thread. */
+void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		   struct kvx_xfer_out *o);
+
+/* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
+ * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp
+ * combination. A completed transfer becomes terminal. */
+int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp);
 
 /* Test hook (tests/runtime only): while on, a consumer engine posts the READ ops of at most
  * n_layers layers (0 = none) of each transfer, so a test can keep a read provably in flight;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Per-transfer state machines: transfer table with terminal LRU, WRITE producer sealing and
- * write_done-once, READ batch outcome, ACK fan-in, routing helpers (PROTOCOL.md §1.3, §1.4,
- * §2.1, §4.5, §5.6). */
+/* Per-transfer state the polling lcores keep, free of I/O: the transfer table with its terminal
+ * LRU (one-shot ids, parked notifications), WRITE producer sealing and write_done-once, D's
+ * allocation, ACK fan-in, and the deadlines of a clock tick (PROTOCOL.md §1.3, §1.4, §5.4-§5.6). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,14 +18,6 @@ struct kvx_xfer_table {
 	uint32_t live;
 	uint32_t lru_head, lru_tail, lru_count, lru_cap;
 };
-
-static uint32_t hash_tid(const char *s)
-{
-	uint32_t h = 2166136261u; /* FNV-1a */
-	for (; *s; s++)
-		h = (h ^ (uint8_t)*s) * 16777619u;
-	return h;
-}
 
 int kvx_xfer_table_create(size_t capacity, size_t lru_cap, struct kvx_xfer_table **out)
 {
@@ -66,7 +58,7 @@ void kvx_xfer_table_destroy(struct kvx_xfer_table *t)
 
 struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid)
 {
-	uint32_t h = hash_tid(tid);
+	uint32_t h = kvx_xfer_tid_hash(tid);
 	for (uint32_t i = t->bucket[h & (t->nbucket - 1)]; i; i = t->e[i - 1].next) {
 		struct kvx_xfer *x = &t->e[i - 1];
 		if (x->hash == h && !strcmp(x->tid, tid))
@@ -119,7 +111,7 @@ int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **o
 	t->free_head = x->next;
 	memset(x, 0, sizeof(*x));
 	memcpy(x->tid, tid, len + 1);
-	x->hash = hash_tid(tid);
+	x->hash = kvx_xfer_tid_hash(tid);
 	x->state = KVX_XFER_S_LIVE;
 	x->decode_dp_rank = -1;
 	uint32_t *b = &t->bucket[x->hash & (t->nbucket - 1)];
@@ -128,20 +120,6 @@ int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **o
 	t->live++;
 	*out = x;
 	return 0;
-}
-
-struct kvx_xfer *kvx_xfer_get_live(struct kvx_xfer_table *t, const char *tid)
-{
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (x)
-		return x->state == KVX_XFER_S_LIVE ? x : NULL;
-	return kvx_xfer_open(t, tid, &x) == 0 ? x : NULL;
-}
-
-bool kvx_xfer_is_terminal(struct kvx_xfer_table *t, const char *tid)
-{
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	return x && x->state == KVX_XFER_S_TERMINAL;
 }
 
 void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x)
@@ -177,12 +155,9 @@ size_t kvx_xfer_live_count(const struct kvx_xfer_table *t)
 	return t->live;
 }
 
-bool kvx_xfer_schedule_write(struct kvx_xfer_table *t, const char *tid, uint32_t layer)
+bool kvx_xfer_schedule_write(struct kvx_xfer *x, uint32_t layer)
 {
-	if (layer >= KVX_XFER_MAX_LAYERS)
-		return false;
-	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
-	if (!x)
+	if (layer >= KVX_XFER_MAX_LAYERS || x->state != KVX_XFER_S_LIVE)
 		return false;
 	uint64_t bit = 1ull << (layer % 64);
 	if (x->layers_sched[layer / 64] & bit)
@@ -201,24 +176,10 @@ static enum kvx_xfer_action write_check(struct kvx_xfer_table *t, struct kvx_xfe
 	return KVX_XFER_ACT_NOTIFY_WRITE_DONE;
 }
 
-int kvx_xfer_seal_scheduled(struct kvx_xfer_table *t, const char *tid, enum kvx_xfer_action *act)
+int kvx_xfer_seal_count(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t n_layers, enum kvx_xfer_action *act)
 {
 	*act = KVX_XFER_ACT_NONE;
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE)
-		return -ENOENT;
-	x->writes_expected = x->writes_scheduled;
-	x->sealed = true;
-	int n = (int)x->writes_expected;
-	*act = write_check(t, x);
-	return n;
-}
-
-int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_layers, enum kvx_xfer_action *act)
-{
-	*act = KVX_XFER_ACT_NONE;
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE)
+	if (x->state != KVX_XFER_S_LIVE)
 		return -ENOENT;
 	x->writes_expected = n_layers;
 	x->sealed = true;
@@ -226,10 +187,9 @@ int kvx_xfer_seal_count(struct kvx_xfer_table *t, const char *tid, uint32_t n_la
 	return (int)n_layers;
 }
 
-enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const char *tid, bool ok)
+enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct kvx_xfer *x, bool ok)
 {
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE)
+	if (x->state != KVX_XFER_S_LIVE)
 		return KVX_XFER_ACT_NONE;
 	if (!ok) {
 		/* A failed write ends the transfer: the producer frees its blocks (PROTOCOL.md §5.5). */
@@ -241,44 +201,20 @@ enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, const ch
 	return write_check(t, x);
 }
 
-int kvx_xfer_remote_blocks(struct kvx_xfer_table *t, const char *tid, const uint32_t *ids, size_t n,
-			   int32_t decode_dp_rank)
-{
-	if (n == 0)
-		return -EPROTO;
-	if (kvx_xfer_is_terminal(t, tid))
-		return 0;
-	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
-	if (!x)
-		return -ENOBUFS;
-	if (x->has_alloc)
-		return -EEXIST;
-	uint32_t *copy = malloc(n * sizeof(*copy));
-	if (!copy)
-		return -ENOMEM;
-	memcpy(copy, ids, n * sizeof(*copy));
-	x->remote_blocks = copy;
-	x->n_remote_blocks = (uint32_t)n;
-	x->decode_dp_rank = decode_dp_rank;
-	x->has_alloc = true;
-	return 1;
-}
-
-int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint32_t *ids, size_t n,
-				int32_t decode_dp_rank, uint64_t alloc_epoch)
+int kvx_xfer_remote_blocks_take(struct kvx_xfer *x, uint32_t *ids, size_t n, int32_t decode_dp_rank,
+				uint64_t alloc_epoch)
 {
 	if (n == 0) {
 		free(ids);
 		return -EPROTO;
 	}
-	if (kvx_xfer_is_terminal(t, tid)) {
+	if (x->state != KVX_XFER_S_LIVE) {
 		free(ids);
 		return 0;
 	}
-	struct kvx_xfer *x = kvx_xfer_get_live(t, tid);
-	if (!x || x->has_alloc) {
+	if (x->has_alloc) {
 		free(ids);
-		return x ? -EEXIST : -ENOBUFS;
+		return -EEXIST;
 	}
 	x->remote_blocks = ids;
 	x->n_remote_blocks = (uint32_t)n;
@@ -288,39 +224,13 @@ int kvx_xfer_remote_blocks_take(struct kvx_xfer_table *t, const char *tid, uint3
 	return 1;
 }
 
-enum kvx_xfer_batch kvx_xfer_read_state(const struct kvx_xfer *x, uint64_t now_ns, uint64_t timeout_ns)
-{
-	if (x->ops_failed)
-		return x->ops_done + x->ops_failed >= x->ops_posted ? KVX_XFER_BATCH_FAILED : KVX_XFER_BATCH_PENDING;
-	if (x->ops_done >= x->ops_posted)
-		return KVX_XFER_BATCH_DONE;
-	/* Strict '>': pending exactly at the timeout is not yet timed out (PROTOCOL.md §5.5). */
-	if (now_ns > x->start_ns && now_ns - x->start_ns > timeout_ns)
-		return KVX_XFER_BATCH_TIMED_OUT;
-	return KVX_XFER_BATCH_PENDING;
-}
-
-enum kvx_xfer_action kvx_xfer_read_action(enum kvx_xfer_batch b)
-{
-	switch (b) {
-	case KVX_XFER_BATCH_DONE:
-	case KVX_XFER_BATCH_FAILED:
-		return KVX_XFER_ACT_RELEASE;
-	case KVX_XFER_BATCH_TIMED_OUT:
-		return KVX_XFER_ACT_FAIL_NO_RELEASE;
-	default:
-		return KVX_XFER_ACT_NONE;
-	}
-}
-
-int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t consumer_tp, uint32_t producer_tp)
+int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp)
 {
 	uint32_t need;
 	int rc = kvx_ctl_expected_acks(producer_tp, consumer_tp ? consumer_tp : 1, &need);
 	if (rc)
 		return rc;
-	struct kvx_xfer *x = kvx_xfer_find(t, tid);
-	if (!x || x->state != KVX_XFER_S_LIVE || x->ack_completed)
+	if (x->state != KVX_XFER_S_LIVE || x->ack_completed)
 		return 0;
 	if (++x->ack_count < need)
 		return 0;
@@ -330,42 +240,242 @@ int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, const char *tid, uint32_t con
 	return 1;
 }
 
-int kvx_xfer_readyq_init(struct kvx_xfer_readyq *q, uint32_t cap)
+static void out_set(struct kvx_xfer_out *o, uint32_t act, enum kvx_cpl_status st, int error)
 {
-	memset(q, 0, sizeof(*q));
-	if (cap == 0)
-		return -EINVAL;
-	q->ids = calloc(cap, sizeof(*q->ids));
-	if (!q->ids)
-		return -ENOMEM;
-	q->cap = cap;
-	return 0;
+	o->act = act;
+	o->status = st;
+	o->error = error;
 }
 
-void kvx_xfer_readyq_fini(struct kvx_xfer_readyq *q)
-{
-	free(q->ids);
-	q->ids = NULL;
-}
+static const uint32_t DONE_NOW = KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE;
 
-int kvx_xfer_readyq_push(struct kvx_xfer_readyq *q, const char *tid)
+static void on_submit(const struct kvx_xfer *t, const struct kvx_life *lf, size_t n_blocks, struct kvx_xfer_out *o)
 {
-	size_t len = strnlen(tid, KVX_XFER_ID_MAX);
-	if (len == 0 || len >= KVX_XFER_ID_MAX)
-		return -EINVAL;
-	if (q->tail - q->head == q->cap)
-		return -ENOBUFS;
-	memcpy(q->ids[q->tail % q->cap], tid, len + 1);
-	q->tail++;
-	return 0;
-}
-
-size_t kvx_xfer_readyq_drain(struct kvx_xfer_readyq *q, char (*out)[KVX_XFER_ID_MAX], size_t cap)
-{
-	size_t n = 0;
-	while (q->head != q->tail && n < cap) {
-		memcpy(out[n++], q->ids[q->head % q->cap], KVX_XFER_ID_MAX);
-		q->head++;
+	bool acked = t && t->state == KVX_XFER_S_TERMINAL && t->ack_completed;
+	switch (lf->kind) {
+	case KVX_XFER_K_READ:
+		o->act = n_blocks ? KVX_XFER_DO_PROGRESS : KVX_XFER_DO_SEND_RELEASE | DONE_NOW;
+		return;
+	case KVX_XFER_K_ANNOUNCE:
+		o->act = !n_blocks ? KVX_XFER_DO_SEND_RELEASE_ALL | DONE_NOW : acked ? DONE_NOW : KVX_XFER_DO_SEND_BLOCKS;
+		return;
+	case KVX_XFER_K_WRITE:
+		if (acked)
+			out_set(o, KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW, KVX_CPL_ABORTED, -ECANCELED);
+		return;
+	case KVX_XFER_K_SERVE:
+		o->act = acked ? DONE_NOW : 0;
+		return;
 	}
-	return n;
+}
+
+static void terminate_entry(struct kvx_xfer_table *tab, struct kvx_xfer *t)
+{
+	if (t && t->state == KVX_XFER_S_LIVE)
+		kvx_xfer_make_terminal(tab, t);
+}
+
+/* The transfer ends early (abort, timeout): its status is @p st / @p err. */
+static void end_early(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, uint64_t now,
+		      uint64_t defer_ns, enum kvx_cpl_status st, int err, struct kvx_xfer_out *o)
+{
+	lf->error = err;
+	switch (lf->kind) {
+	case KVX_XFER_K_ANNOUNCE:
+		/* Tell P to stop; the blocks stay quarantined until its write_done or a further
+		 * defer timeout (P's ops are bounded by its op timeout). */
+		lf->quarantine_ns = now + defer_ns;
+		out_set(o, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT, st, err);
+		return;
+	case KVX_XFER_K_READ:
+		out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS, st, err);
+		return;
+	case KVX_XFER_K_WRITE:
+		terminate_entry(tab, t);
+		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), st,
+			err);
+		return;
+	case KVX_XFER_K_SERVE:
+		if (st == KVX_CPL_TIMED_OUT) {
+			/* A consumer's one-sided READ may still be in flight: the blocks stay held
+			 * until every reader is revoked at the wire. */
+			terminate_entry(tab, t);
+			lf->fence_pending = true;
+			out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_FENCE, st, err);
+		} else {
+			out_set(o, KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), st, err);
+		}
+		return;
+	}
+}
+
+static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		    struct kvx_xfer_out *o)
+{
+	uint64_t now = ev->now_ns;
+	if (lf->reported) {
+		if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->quarantine_ns && now > lf->quarantine_ns)
+			o->act = KVX_XFER_DO_RELEASE; /* no write_done within the defer timeout */
+		return;
+	}
+	bool holds = lf->kind == KVX_XFER_K_SERVE || (lf->kind == KVX_XFER_K_WRITE && !ev->has_alloc);
+	uint64_t limit = holds ? ev->defer_timeout_ns : ev->transfer_timeout_ns;
+	/* Strict '>': exactly at the limit the transfer is still pending (PROTOCOL.md §5.5); a
+	 * clock reading older than the start (another thread's) is no timeout. */
+	if (now > lf->start_ns && now - lf->start_ns > limit) {
+		lf->timed_out = true;
+		end_early(tab, t, lf, now, ev->defer_timeout_ns, KVX_CPL_TIMED_OUT, -ETIMEDOUT, o);
+	}
+}
+
+static void read_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
+{
+	if (lf->ops_out)
+		return;
+	if (lf->reported) {
+		/* The status is out already: blocks now, and P's release if it is owed. */
+		bool owed = (lf->aborted || lf->next_layer > 0) && !lf->release_sent;
+		o->act = KVX_XFER_DO_RELEASE | (owed ? KVX_XFER_DO_SEND_RELEASE : 0);
+	} else if (lf->done_posting || lf->failed) {
+		out_set(o, KVX_XFER_DO_SEND_RELEASE | DONE_NOW, lf->failed ? KVX_CPL_FAILED : KVX_CPL_DONE,
+			lf->failed ? lf->error : 0);
+	}
+	if (o->act & KVX_XFER_DO_SEND_RELEASE)
+		lf->release_sent = true;
+}
+
+static void write_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
+{
+	if (lf->ops_out)
+		return;
+	uint32_t act = DONE_NOW;
+	if (lf->aborted && !lf->release_sent) {
+		/* D aborted: tell it our writes are terminal so its blocks leave quarantine. */
+		lf->release_sent = true;
+		act |= KVX_XFER_DO_SEND_WRITE_DONE;
+	}
+	out_set(o, act, lf->aborted ? KVX_CPL_ABORTED : lf->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED, lf->error);
+}
+
+/* Inbound notifications: the entry's bookkeeping, then what it means for a live transfer. */
+static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+		      const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o)
+{
+	int rc;
+	switch (ev->type) {
+	case KVX_XFER_EV_REMOTE_BLOCKS:
+		rc = t ? kvx_xfer_remote_blocks_take(t, ev->block_ids, ev->n_blocks, ev->decode_dp_rank, ev->alloc_epoch)
+		       : -ENOBUFS;
+		if (!t)
+			free(ev->block_ids);
+		o->late = rc <= 0;
+		if (lf && lf->kind == KVX_XFER_K_WRITE)
+			o->act = KVX_XFER_DO_PROGRESS;
+		return;
+	case KVX_XFER_EV_RELEASE:
+		if (lf && lf->kind == KVX_XFER_K_WRITE) {
+			/* D aborted a push transfer: stop posting, answer once our writes are terminal. */
+			if (!lf->reported) {
+				lf->aborted = true;
+				lf->error = -ECANCELED;
+				terminate_entry(tab, t);
+				out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT, KVX_CPL_ABORTED, -ECANCELED);
+			}
+			o->act |= KVX_XFER_DO_PROGRESS;
+			return;
+		}
+		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
+		if (rc == 1 && lf && lf->kind == KVX_XFER_K_SERVE)
+			o->act = DONE_NOW;
+		o->late = rc < 0;
+		return;
+	case KVX_XFER_EV_WRITE_DONE:
+		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
+		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE)
+			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
+		o->late = rc == 0 && !lf;
+		return;
+	default:
+		return;
+	}
+}
+
+void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		   struct kvx_xfer_out *o)
+{
+	out_set(o, 0, KVX_CPL_DONE, 0);
+	o->late = false;
+	if (ev->type == KVX_XFER_EV_REMOTE_BLOCKS || ev->type == KVX_XFER_EV_RELEASE ||
+	    ev->type == KVX_XFER_EV_WRITE_DONE) {
+		on_notify(tab, t, lf, ev, o);
+		return;
+	}
+	if (!lf)
+		return;
+	switch (ev->type) {
+	case KVX_XFER_EV_SUBMIT:
+		on_submit(t, lf, ev->n_blocks, o);
+		if (o->act & KVX_XFER_DO_REPORT && o->status == KVX_CPL_ABORTED)
+			lf->aborted = true;
+		return;
+	case KVX_XFER_EV_ABORT:
+		if (lf->reported)
+			return;
+		lf->aborted = true;
+		end_early(tab, t, lf, ev->now_ns, ev->defer_timeout_ns, KVX_CPL_ABORTED, -ECANCELED, o);
+		return;
+	case KVX_XFER_EV_TICK:
+		on_tick(tab, t, lf, ev, o);
+		return;
+	case KVX_XFER_EV_READ_SETTLE:
+		read_settle(lf, o);
+		return;
+	case KVX_XFER_EV_WRITE_SETTLE:
+		write_settle(lf, o);
+		return;
+	case KVX_XFER_EV_PEER_FAILED:
+		if (lf->reported)
+			return;
+		if (ev->unbound && (lf->kind == KVX_XFER_K_READ || lf->kind == KVX_XFER_K_WRITE))
+			out_set(o, KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_FAILED,
+				ev->error ? ev->error : -ECONNREFUSED);
+		else
+			o->act = KVX_XFER_DO_PROGRESS;
+		return;
+	case KVX_XFER_EV_FENCED:
+		if (lf->fence_pending) {
+			lf->fence_pending = false;
+			o->act = KVX_XFER_DO_RELEASE;
+		}
+		return;
+	case KVX_XFER_EV_LAYER_READY:
+		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t && kvx_xfer_schedule_write(t, ev->layer))
+			o->act = KVX_XFER_DO_POST_LAYER;
+		return;
+	case KVX_XFER_EV_SEAL: {
+		enum kvx_xfer_action a;
+		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
+		    kvx_xfer_seal_count(tab, t, ev->n_layers, &a) >= 0 && a == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
+			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;
+		return;
+	}
+	case KVX_XFER_EV_LAYER_WRITTEN:
+		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
+		    kvx_xfer_mark_write_done(tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
+			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;
+		return;
+	case KVX_XFER_EV_WRITE_FAILED:
+		if (lf->kind != KVX_XFER_K_WRITE || lf->reported)
+			return;
+		if (!lf->failed) {
+			lf->failed = true;
+			lf->error = ev->error;
+		}
+		if (t)
+			kvx_xfer_mark_write_done(tab, t, false); /* terminal: nothing more is scheduled */
+		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT, KVX_CPL_FAILED, lf->error);
+		return;
+	default:
+		return; /* notifications: on_notify() */
+	}
 }

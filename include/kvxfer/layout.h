@@ -407,17 +407,6 @@ KVX_API void kvx_plan_cache_reset(struct kvx_plan_cache *c);
 KVX_API int kvx_plan_cache_get(struct kvx_plan_cache *c, const struct kvx_layout_geom *g, const uint32_t *local_ids,
 			       const uint32_t *remote_ids, size_t n, struct kvx_plan *plan);
 
-/**
- * Number of plans computed (cache misses) since creation.
- * @param c  Cache; not NULL. @return Count.
- */
-KVX_API uint64_t kvx_plan_cache_misses(const struct kvx_plan_cache *c);
-
-/**
- * Number of geometries currently cached (since the last reset).
- * @param c  Cache; not NULL. @return 0..KVX_PLAN_CACHE_MAX.
- */
-KVX_API size_t kvx_plan_cache_size(const struct kvx_plan_cache *c);
 
 #ifdef __cplusplus
 }

@@ -22,8 +22,7 @@
  * - **Events** (`struct kvx_mem_event`): a small value type the caller embeds (no allocation):
  *   always-ready, a host counter (ready once `*counter >= threshold`), a wrapped `hipEvent_t`,
  *   or a stream copy. kvx_mem_event_query() never blocks.
- * - **Gate** (`struct kvx_mem_gate`): holds items (a layer's WRITEs) until their event is ready.
- *   The producer's polling lcore posts a layer's WRITEs only after the gate released them, so no
+ *   The engine's producer poller queries a layer's event before posting its WRITEs, so no
  *   host-side synchronize ever runs on the engine thread (PROTOCOL.md §1 WRITE mode).
  * - **Provider internals**, in kvxfer/internal/mem.h (in-tree only: neither installed nor
  *   exported by libkvxfer.so; this header includes it when it is on the include path):
@@ -34,7 +33,7 @@
  *   **registration plan** (kvx_mem_reg_plan()).
  *
  * Threading: a `struct kvx_mem` context is safe to share between threads for alloc/free, IPC
- * export and pointer queries. A stream, its stream events, a stage and a gate belong to one
+ * export and pointer queries. A stream, its stream events and a stage belong to one
  * thread (the polling lcore that created them). Flag events may be completed from any thread.
  *
  * Errors: 0 or a negative errno (include/kvxfer/common.h); -ENODEV means the memory type's
@@ -100,7 +99,6 @@ enum kvx_mem_event_kind {
 
 struct kvx_mem;
 struct kvx_mem_stream;
-struct kvx_mem_gate;
 
 /**
  * A readiness event, embedded by value in the caller's descriptors (no allocation).
@@ -125,12 +123,6 @@ _Static_assert(sizeof(struct kvx_mem_event) == 24, "kvx_mem_event is embedded in
 struct kvx_mem_stream_params {
 	uint32_t depth;         /**< Copies in flight, 1..4096; 0 = KVX_MEM_STREAM_DEFAULT_DEPTH. */
 	size_t host_step_bytes; /**< Host implementation: bytes copied per query step; 0 = default. */
-};
-
-/** An item released by the gate (kvx_mem_gate_poll()). */
-struct kvx_mem_gate_item {
-	void *item; /**< Caller's item, as pushed. */
-	int status; /**< 0 if the event completed; negative errno if its query failed. */
 };
 
 /** Pointer attributes (kvx_mem_ptr_query()). */
@@ -442,62 +434,6 @@ KVX_API void kvx_mem_event_init_ready(struct kvx_mem_event *ev);
  * @par Context  Hot path: no allocation, no blocking, no logging.
  */
 KVX_API int kvx_mem_event_query(const struct kvx_mem_event *ev);
-
-/* ---------------------------------------------------------------- gate */
-
-/**
- * Create a gate holding up to @p capacity items until their events are ready.
- *
- * @param capacity  Items, 1..65536.
- * @param[out] out  New gate; not NULL.
- * @retval 0        Created.
- * @retval -EINVAL  capacity out of range.
- * @retval -ENOMEM  Out of memory.
- * @par Thread safety  The gate belongs to one thread (the polling lcore).  @par Context  Slow path.
- */
-KVX_API int kvx_mem_gate_create(uint32_t capacity, struct kvx_mem_gate **out);
-
-/**
- * Destroy a gate; items still held are dropped (not released). NULL is a no-op.
- *
- * @param g  Gate or NULL.
- */
-KVX_API void kvx_mem_gate_destroy(struct kvx_mem_gate *g);
-
-/**
- * Hold an item until an event is ready. The event is copied.
- *
- * @param g     Gate; not NULL.
- * @param ev    Event; not NULL.
- * @param item  Caller's item (e.g. a layer's WRITE batch); returned by kvx_mem_gate_poll().
- * @retval 0        Held.
- * @retval -ENOBUFS Gate full.
- * @par Thread safety  Owner thread.  @par Context  Hot path: O(1), no allocation.
- */
-KVX_API int kvx_mem_gate_push(struct kvx_mem_gate *g, const struct kvx_mem_event *ev, void *item);
-
-/**
- * Release items whose event is ready (or failed), in push order among the released ones;
- * an item is never released before its event queried ready.
- *
- * Every held item's event is queried once per call (up to @p n released).
- *
- * @param g    Gate; not NULL.
- * @param out  Array[n] receiving the released items.
- * @param n    Capacity of out, elements.
- * @return     Number released, 0..n.
- * @par Thread safety  Owner thread.  @par Context  Hot path: O(held), no allocation.
- */
-KVX_API uint32_t kvx_mem_gate_poll(struct kvx_mem_gate *g, struct kvx_mem_gate_item *out,
-				   uint32_t n);
-
-/**
- * Number of items held.
- *
- * @param g  Gate; not NULL.
- * @return   0..capacity.
- */
-KVX_API uint32_t kvx_mem_gate_count(const struct kvx_mem_gate *g);
 
 #ifdef __cplusplus
 }

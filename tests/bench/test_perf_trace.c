@@ -23,11 +23,13 @@
 
 TestSuite(bench_perf_trace, .timeout = 240.0);
 
-/* A 4-layer split K/V model (2 KV heads x 8, bf16) and a 4-layer MLA model (latent 24). */
+/* A 4-layer split K/V model (2 KV heads x 8, bf16), a 4-layer MLA model (latent 24), and one the
+ * size of Llama-3.1-8B (2 MiB per 16-token block over its 32 layers). */
 #define MODELS "model,num_layers,num_kv_heads,head_dim,mla_latent_dim,attention_chunk_size,source," \
 	       "bytes_per_token_per_layer_bf16,kv_bytes_per_block16_all_layers_bf16\n"          \
 	       "Tiny-GQA,4,2,8,,,test,64,4096\n"                                               \
-	       "Tiny-MLA,4,2,8,24,,test,48,3072\n"
+	       "Tiny-MLA,4,2,8,24,,test,48,3072\n"                                             \
+	       "Big-GQA,32,8,128,,,test,4096,2097152\n"
 /* Requests 2 and 3 share the first 512-token hash block with request 1; request 4 repeats 1. */
 #define TRACE "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [1, 2]}\n" \
 	      "{\"timestamp\": 0, \"input_length\": 700, \"output_length\": 5, \"hash_ids\": [1, 3]}\n"  \
@@ -181,10 +183,11 @@ Test(bench_perf_trace, malformed_trace_is_a_usage_error, .init = setup, .fini = 
 
 Test(bench_perf_trace, timed_out_transfers_fail_loudly_with_their_ids, .init = setup, .fini = teardown)
 {
-	/* A 1 ms deadline cannot cover the first handshake: every transfer must time out, be
-	 * named, and make the exit code 1. */
+	/* A 1 ms deadline cannot cover a handshake plus 63 blocks of 2 MiB (126 MiB: over 100 GB/s
+	 * would be needed): the transfer must time out, be named, and make the exit code 1. (With
+	 * Tiny-GQA's 4 KiB blocks the whole transfer sometimes finished inside 1 ms.) */
 	struct run r;
-	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", g_trace,
+	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Big-GQA", "--trace", g_trace,
 			      "--requests", "1", "--speed", "0", "--timeout-ms", "1", "--quiet", NULL};
 	run_trace(&r, args);
 	cr_assert_eq(r.status, 1, "exit %d\n%s", r.status, r.out);

@@ -1,154 +1,273 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Fault scenarios of the runtime issue, driven through the scheduler and transfer state
- * machines with an injected clock (times are plain ns values). Scenario (g), the per-layer
- * wait, needs the engine and is not covered here. */
+/* Fault scenarios of the runtime issue at the level of the per-transfer state the polling
+ * lcores keep (runtime/xfer.c) and of the planner. The engine-level side of every scenario
+ * (a-j, with real engines and sockets) is in test_engine.c and test_engine_faults.c. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvxfer/layout.h"
-#include "kvxfer/sched.h"
 #include "runtime/runtime_internal.h"
 
 TestSuite(runtime_faults, .timeout = 30.0);
 
-static struct kvx_sched *mk(enum kvx_sched_role role, enum kvx_sched_mode mode)
+static struct kvx_xfer_table *table(void)
 {
-	struct kvx_sched_params p = {.role = role, .mode = mode, .block_size = 16, .defer_timeout_ns = 60,
-				     .transfer_timeout_ns = 30, .max_requests = 16};
-	struct kvx_sched *s;
-	cr_assert_eq(kvx_sched_create(&p, &s), 0);
-	return s;
+	struct kvx_xfer_table *t;
+	cr_assert_eq(kvx_xfer_table_create(8, 4, &t), 0);
+	return t;
 }
 
-Test(runtime_faults, a_request_id_rewritten_completion_keyed_by_transfer)
+/* One event into a transfer's lifecycle, as its poller feeds it. */
+static struct kvx_xfer_out step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+				struct kvx_xfer_ev ev)
 {
-	struct kvx_sched *s = mk(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-a", .request_id = "cmpl-1", .block_ids = (uint32_t[]){3},
-				    .n_blocks = 1, .num_prompt_tokens = 10};
-	cr_assert_eq(kvx_sched_alloc(s, &a, 0, &res), 0);
-	cr_assert_eq(kvx_sched_rename(s, "tx-a", "cmpl-1-0-deadbeef"), 0);
-	cr_assert_eq(kvx_sched_finished(s, "tx-a", true, 1), 1);
-	cr_assert_eq(kvx_sched_ack(s, "tx-a", 2), 0);
-	struct kvx_sched_event ev[4];
-	cr_assert_eq(kvx_sched_update(s, 2, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_SENDING);
-	cr_assert_str_eq(ev[0].transfer_id, "tx-a");
-	cr_assert_str_eq(ev[0].request_id, "cmpl-1-0-deadbeef");
-	kvx_sched_destroy(s);
+	struct kvx_xfer_out o;
+	memset(&o, 0xa5, sizeof(o));
+	kvx_xfer_step(tab, t, lf, &ev, &o);
+	return o;
+}
+
+/* What the poller does after performing REPORT / RELEASE (its state, not a decision). */
+static void performed(struct kvx_life *lf, struct kvx_xfer_out o)
+{
+	if (o.act & KVX_XFER_DO_REPORT)
+		lf->reported = true;
+	if (o.act & KVX_XFER_DO_RELEASE)
+		lf->released = true;
 }
 
 Test(runtime_faults, b_write_done_before_registration_parked_then_applied)
 {
-	struct kvx_sched *s = mk(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	struct kvx_sched_event ev[4];
-	cr_assert_eq(kvx_sched_ack(s, "tx-b", 10), 1); /* parked */
-	cr_assert_eq(kvx_sched_update(s, 11, ev, 4), 0);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-b", .block_ids = (uint32_t[]){7, 8}, .n_blocks = 2};
-	cr_assert_eq(kvx_sched_alloc(s, &a, 12, &res), 0);
-	cr_assert_eq(res.action, KVX_SCHED_ACT_SEND_REMOTE_BLOCKS);
-	cr_assert_eq(kvx_sched_update(s, 13, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_RECVING);
-	cr_assert_str_eq(ev[0].transfer_id, "tx-b");
-	struct kvx_sched_stats st;
-	kvx_sched_get_stats(s, &st);
-	cr_assert_eq(st.parked, 1);
-	cr_assert_eq(st.stale_dropped, 0);
-	kvx_sched_destroy(s);
+	/* D's poller gets write_done for a transfer whose announcement it has not processed yet:
+	 * the entry is opened (parked) and the fan-in completes it; the submission that follows
+	 * finds it terminal and complete: DONE at once, no remote_blocks sent. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x, *y;
+	struct kvx_xfer_ev wd = {.type = KVX_XFER_EV_WRITE_DONE, .consumer_tp = 1, .producer_tp = 1};
+	cr_assert_eq(kvx_xfer_open(t, "tx-b", &x), 0);
+	struct kvx_xfer_out p = step(t, x, NULL, wd); /* no transfer yet: parked on the entry */
+	cr_assert_eq(p.act, 0);
+	cr_assert_not(p.late);
+	cr_assert(step(t, x, NULL, wd).late, "a second write_done for it is late");
+	cr_assert_eq(kvx_xfer_open(t, "tx-b", &y), -EEXIST);
+	y = kvx_xfer_find(t, "tx-b");
+	cr_assert_eq(y, x);
+	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
+	cr_assert(y->ack_completed);
+	struct kvx_life lf = {.kind = KVX_XFER_K_ANNOUNCE};
+	struct kvx_xfer_out o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = 2});
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	/* A duplicate write_done changes nothing. */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, y, 1, 1), 0);
+	/* remote_blocks: stored once; a duplicate, or one for a finished transfer, is late. */
+	struct kvx_xfer *z;
+	cr_assert_eq(kvx_xfer_open(t, "tx-b2", &z), 0);
+	uint32_t *ids = malloc(2 * sizeof(*ids)), *dup = malloc(2 * sizeof(*dup));
+	cr_assert(ids && dup);
+	ids[0] = dup[0] = 7;
+	ids[1] = dup[1] = 8;
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	o = step(t, z, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = ids, .n_blocks = 2,
+						 .decode_dp_rank = 1});
+	cr_assert_eq(o.act, KVX_XFER_DO_PROGRESS);
+	cr_assert_not(o.late);
+	cr_assert(z->has_alloc && z->n_remote_blocks == 2 && z->decode_dp_rank == 1);
+	o = step(t, z, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = dup, .n_blocks = 2});
+	cr_assert(o.late);
+	kvx_xfer_table_destroy(t);
 }
 
 Test(runtime_faults, c_full_prefix_hit_read_releases_without_rdma)
 {
-	struct kvx_sched *d = mk(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-c", .n_blocks = 0, .cached_blocks = 4, .n_remote_blocks = 4};
-	cr_assert_eq(kvx_sched_alloc(d, &a, 0, &res), 0);
-	cr_assert_eq(res.action, KVX_SCHED_ACT_SEND_RELEASE);
-	cr_assert_eq(res.n_pairs, 0);
-	cr_assert_eq(kvx_sched_live(d), 0);
-	kvx_sched_destroy(d);
-	/* Producer: the release ACK frees its deferred blocks at the next update, no reaping wait. */
-	struct kvx_sched *p = mk(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
-	struct kvx_sched_alloc ap = {.transfer_id = "tx-c", .block_ids = (uint32_t[]){1, 2, 3, 4}, .n_blocks = 4,
-				     .num_prompt_tokens = 64};
-	cr_assert_eq(kvx_sched_alloc(p, &ap, 0, &res), 0);
-	cr_assert_eq(kvx_sched_finished(p, "tx-c", true, 0), 1);
-	cr_assert_eq(kvx_sched_ack(p, "tx-c", 1), 0);
-	struct kvx_sched_event ev[2];
-	cr_assert_eq(kvx_sched_update(p, 1, ev, 2), 1);
-	cr_assert_not(ev[0].reaped);
-	kvx_sched_destroy(p);
+	struct kvx_xfer_ev sub0 = {.type = KVX_XFER_EV_SUBMIT, .n_blocks = 0}, sub4 = {.type = KVX_XFER_EV_SUBMIT,
+											.n_blocks = 4};
+	/* D READ with nothing to move: P is released at once, DONE, nothing posted. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, sub0);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	/* D WRITE with nothing to receive: every P rank is released, no remote_blocks. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	o = step(NULL, NULL, &lf, sub0);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	/* With blocks: a READ posts, an announcement sends remote_blocks and waits. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ};
+	cr_assert_eq(step(NULL, NULL, &lf, sub4).act, KVX_XFER_DO_PROGRESS);
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-c", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	cr_assert_eq(step(t, x, &lf, sub4).act, KVX_XFER_DO_SEND_BLOCKS);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_SERVE};
+	cr_assert_eq(step(t, x, &lf, sub4).act, 0, "P READ waits for D's release");
+	/* P READ: the consumer's release came first (parked): DONE at submission. */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 1, 1), 1);
+	o = step(t, x, &lf, sub4);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	/* P WRITE: D's release came first (D aborted): nothing written, write_done tells D so. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	o = step(t, x, &lf, sub4);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
+	cr_assert(lf.aborted);
+	kvx_xfer_table_destroy(t);
 }
 
 Test(runtime_faults, d_read_producer_silent_times_out_no_late_release)
 {
-	struct kvx_sched *d = mk(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ); /* transfer timeout 30 */
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-d", .block_ids = (uint32_t[]){5, 6}, .n_blocks = 2,
-				    .n_remote_blocks = 2};
-	cr_assert_eq(kvx_sched_alloc(d, &a, 100, &res), 0);
-	cr_assert_eq(res.action, KVX_SCHED_ACT_START_READ);
-	struct kvx_sched_event ev[4];
-	cr_assert_eq(kvx_sched_update(d, 130, ev, 4), 0); /* exactly at the timeout: not yet */
-	cr_assert_eq(kvx_sched_update(d, 131, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FAILED);
-	cr_assert_eq(ev[0].error, -ETIMEDOUT);
-	/* Blocks stay quarantined while our reads may still land; nothing further is reported. */
-	cr_assert_eq(kvx_sched_update(d, 500, ev, 4), 0);
-	cr_assert_eq(kvx_sched_set_wire_busy(d, "tx-d", false), 0); /* endpoints torn down */
-	cr_assert_eq(kvx_sched_update(d, 501, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FREE_BLOCKS);
-	/* The batch state says: fail, no release. */
-	struct kvx_xfer x = {.ops_posted = 2, .start_ns = 100};
-	cr_assert_eq(kvx_xfer_read_action(kvx_xfer_read_state(&x, 131, 30)), KVX_XFER_ACT_FAIL_NO_RELEASE);
-	/* A late ACK (producer answers after all) is dropped: the transfer is finished. */
-	cr_assert_eq(kvx_sched_ack(d, "tx-d", 600), 2);
-	kvx_sched_destroy(d);
+	/* D READ, transfer timeout 30 from start 100: not yet at 130, timed out at 131; the
+	 * producer's defer timeout (60) plays no part on the consumer. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .start_ns = 100};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 130, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 60};
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	tick.now_ns = 131;
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(o.error, -ETIMEDOUT);
+	performed(&lf, o);
+	/* Nothing posted (the producer never answered): the blocks are freed, no late release. */
+	struct kvx_xfer_ev settle = {.type = KVX_XFER_EV_READ_SETTLE};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, KVX_XFER_DO_RELEASE);
+	cr_assert_not(lf.release_sent);
+	/* Timed out after posting: once the ops are terminal, P is released, once. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .reported = true, .timed_out = true, .next_layer = 1,
+			       .ops_out = 1};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0);
+	lf.ops_out = 0;
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, KVX_XFER_DO_RELEASE);
 }
 
 Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 {
-	struct kvx_sched *d = mk(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-e", .block_ids = (uint32_t[]){9, 10}, .n_blocks = 2};
-	cr_assert_eq(kvx_sched_alloc(d, &a, 0, &res), 0);
-	enum kvx_sched_action act;
-	cr_assert_eq(kvx_sched_abort(d, "tx-e", 1, &act), 0);
-	cr_assert_eq(act, KVX_SCHED_ACT_SEND_RELEASE);
-	struct kvx_sched_event ev[4];
-	cr_assert_eq(kvx_sched_update(d, 2, ev, 4), 0); /* P writes may be in flight */
-	struct kvx_sched_stats st;
-	kvx_sched_get_stats(d, &st);
-	cr_assert_eq(st.quarantined, 1);
-	cr_assert_eq(kvx_sched_ack(d, "tx-e", 3), 0); /* P's terminal write_done */
-	cr_assert_eq(kvx_sched_update(d, 3, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FREE_BLOCKS);
-	cr_assert_eq(kvx_sched_update(d, 4, ev, 4), 0); /* exactly once */
-	/* Abort before allocation also releases P. */
-	cr_assert_eq(kvx_sched_abort(d, "tx-e2", 5, &act), 0);
-	cr_assert_eq(act, KVX_SCHED_ACT_SEND_RELEASE);
-	kvx_sched_destroy(d);
+	/* D WRITE aborted at 10, defer timeout 60: every P rank is told to stop, ABORTED, the
+	 * blocks are held until P's write_done or 70 has passed. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_ANNOUNCE};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf,
+				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT, .now_ns = 10, .defer_timeout_ns = 60});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
+	cr_assert_eq(lf.quarantine_ns, 70);
+	performed(&lf, o);
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 70, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 60};
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	/* P's write_done (the fan-in completes on the entry): the blocks leave quarantine now. */
+	struct kvx_xfer_table *t0 = table();
+	struct kvx_xfer *x0;
+	cr_assert_eq(kvx_xfer_open(t0, "tx-e0", &x0), 0);
+	o = step(t0, x0, &lf,
+		 (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_DONE, .consumer_tp = 1, .producer_tp = 1});
+	cr_assert(o.act & KVX_XFER_DO_RELEASE);
+	cr_assert_not(o.late);
+	kvx_xfer_table_destroy(t0);
+	/* Without it, the quarantine ends after the defer timeout. */
+	tick.now_ns = 71;
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, KVX_XFER_DO_RELEASE);
+	/* P WRITE aborted with writes in flight: stop posting, report, hold; once the writes are
+	 * terminal, write_done tells D, then the blocks are free. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-e", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 2};
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT);
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
+	cr_assert_not(kvx_xfer_schedule_write(x, 0)); /* nothing more is scheduled */
+	performed(&lf, o);
+	struct kvx_xfer_ev wsettle = {.type = KVX_XFER_EV_WRITE_SETTLE};
+	cr_assert_eq(step(t, x, &lf, wsettle).act, 0);
+	lf.ops_out = 0;
+	o = step(t, x, &lf, wsettle);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(step(t, x, &lf, wsettle).act & KVX_XFER_DO_SEND_WRITE_DONE, 0, "write_done once");
+	/* D aborting a P WRITE (its release): the same, decided on P. */
+	struct kvx_xfer *y;
+	cr_assert_eq(kvx_xfer_open(t, "tx-e2", &y), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_RELEASE, .consumer_tp = 1, .producer_tp = 1});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
+	/* D READ abort: reported now; P released once the ops are terminal (always, on abort). */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .ops_out = 1};
+	o = step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
+	performed(&lf, o);
+	lf.ops_out = 0;
+	cr_assert_eq(step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE}).act,
+		     KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_RELEASE);
+	/* A second abort of a reported transfer does nothing. */
+	cr_assert_eq(step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT}).act, 0);
+	kvx_xfer_table_destroy(t);
 }
 
 Test(runtime_faults, f_defer_timeout_does_not_free_under_reader)
 {
-	struct kvx_sched *p = mk(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ); /* defer 60 */
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-f", .block_ids = (uint32_t[]){1, 2}, .n_blocks = 2,
-				    .num_prompt_tokens = 32};
-	cr_assert_eq(kvx_sched_alloc(p, &a, 0, &res), 0);
-	cr_assert_eq(kvx_sched_finished(p, "tx-f", true, 0), 1);
-	cr_assert_eq(kvx_sched_set_wire_busy(p, "tx-f", true), 0); /* a READ is being served */
-	struct kvx_sched_event ev[4];
-	cr_assert_eq(kvx_sched_update(p, 60, ev, 4), 0);
-	cr_assert_eq(kvx_sched_update(p, 1000, ev, 4), 0);
-	cr_assert_eq(kvx_sched_set_wire_busy(p, "tx-f", false), 0);
-	cr_assert_eq(kvx_sched_update(p, 1001, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_SENDING);
-	cr_assert(ev[0].reaped);
-	kvx_sched_destroy(p);
+	/* P READ (serve) holds blocks for the defer timeout (60), not the transfer timeout (30);
+	 * when it passes the blocks stay held until every reader is revoked (fence). */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-f", &x), 0);
+	struct kvx_life lf = {.kind = KVX_XFER_K_SERVE};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 31, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 60};
+	cr_assert_eq(step(t, x, &lf, tick).act, 0);
+	tick.now_ns = 60;
+	cr_assert_eq(step(t, x, &lf, tick).act, 0);
+	tick.now_ns = 61;
+	struct kvx_xfer_out o = step(t, x, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_FENCE, "no release before the fence");
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	cr_assert(lf.fence_pending);
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL); /* a late release is ignored */
+	performed(&lf, o);
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED});
+	cr_assert_eq(o.act, KVX_XFER_DO_RELEASE);
+	cr_assert_not(lf.fence_pending);
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED}).act, 0);
+	/* P WRITE before D's allocation holds blocks for the defer timeout too; with it, the
+	 * transfer timeout bounds it. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	tick.now_ns = 31;
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	tick.has_alloc = true;
+	o = step(NULL, NULL, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_faults, g_handshake_failure_fails_only_unbound_movers)
+{
+	/* The handshake with the peer failed: a D READ / P WRITE without a usable connection fails
+	 * with the handshake's errno (released when no op is in flight); one still bound, or a
+	 * kind that moves nothing, keeps going. */
+	struct kvx_xfer_ev failed = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = -EHOSTUNREACH};
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, failed);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -EHOSTUNREACH);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
+	failed.error = 0;
+	o = step(NULL, NULL, &lf, failed);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.error, -ECONNREFUSED);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_SERVE};
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ};
+	failed.unbound = false;
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
 }
 
 Test(runtime_faults, h_consumer_extra_block_pairs_by_position)
@@ -160,80 +279,65 @@ Test(runtime_faults, h_consumer_extra_block_pairs_by_position)
 	/* Partial hit: 2 cached, P 6 blocks, D 5 new -> local[0..4) <- remote[2..6). */
 	cr_assert_eq(kvx_plan_pair_by_position(5, 6, 2, &start), 4);
 	cr_assert_eq(start, 2);
-	struct kvx_sched *d = mk(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	struct kvx_sched_alloc_result res;
-	const uint32_t local[5] = {20, 21, 22, 23, 24};
-	struct kvx_sched_alloc a = {.transfer_id = "tx-h", .block_ids = local, .n_blocks = 5, .cached_blocks = 2,
-				    .n_remote_blocks = 6};
-	cr_assert_eq(kvx_sched_alloc(d, &a, 0, &res), 0);
-	cr_assert_eq(res.action, KVX_SCHED_ACT_START_READ);
-	cr_assert_eq(res.n_pairs, 4);
-	cr_assert_eq(res.remote_start, 2);
 	/* The plan for those pairs is in bounds on both sides (MLA [32,4,3], peer num_blocks 8). */
+	const uint32_t local[5] = {20, 21, 22, 23, 24};
 	struct kvx_layout_spec mla = {.block_size = 4, .is_mla = true};
 	struct kvx_layout_tensor t = {.ndim = 3, .shape = {32, 4, 3}, .stride = {12, 3, 1}, .elem_size = 2};
 	struct kvx_layout_geom g;
 	cr_assert_eq(kvx_layout_geometry(&mla, &t, 8, &g, NULL, 0), 0);
 	const uint32_t remote[6] = {0, 1, 2, 3, 4, 5};
 	uint64_t l[8], r[8], s[8];
-	cr_assert_eq(kvx_plan_offsets(&g, local, res.n_pairs, remote + res.remote_start, res.n_pairs, l, r, s, 8), 4);
+	cr_assert_eq(kvx_plan_offsets(&g, local, 4, remote + start, 4, l, r, s, 8), 4);
 	cr_assert_eq(l[0], 20 * 24);
 	cr_assert_eq(r[0], 2 * 24);
 	cr_assert_eq(r[3] + s[3], 6 * 24); /* ends at the peer's last paired block */
-	kvx_sched_destroy(d);
 }
 
 Test(runtime_faults, i_chunk_without_new_block)
 {
-	struct kvx_sched *p = mk(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-i", .block_ids = (uint32_t[]){4, 5}, .n_blocks = 2,
-				    .num_prompt_tokens = 40};
-	cr_assert_eq(kvx_sched_alloc(p, &a, 0, &res), 0);
-	const uint32_t *b;
-	size_t n;
-	cr_assert_eq(kvx_sched_step(p, "tx-i", NULL, 0, 16, &b, &n), 0); /* no new block */
-	cr_assert_eq(kvx_sched_step(p, "tx-i", (uint32_t[]){6}, 1, 32, &b, &n), 0);
-	/* Blocks are all allocated but only 32 of 40 tokens computed: not the final chunk. */
-	cr_assert_eq(kvx_sched_step(p, "tx-i", NULL, 0, 39, &b, &n), 0);
-	cr_assert_eq(kvx_sched_step(p, "tx-i", NULL, 0, 40, &b, &n), 1);
-	cr_assert_eq(n, 3);
-	cr_assert(b[0] == 4 && b[1] == 5 && b[2] == 6);
-	cr_assert_eq(kvx_sched_step(p, "tx-i", NULL, 0, 40, &b, &n), 0); /* save emitted once */
-	/* The write state machine seals with the layers actually scheduled. */
-	struct kvx_xfer_table *t;
-	cr_assert_eq(kvx_xfer_table_create(8, 4, &t), 0);
-	enum kvx_xfer_action act;
-	cr_assert(kvx_xfer_schedule_write(t, "tx-i", 0));
-	cr_assert_eq(kvx_xfer_seal_scheduled(t, "tx-i", &act), 1);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, "tx-i", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
+	/* A prefill chunk that adds no block re-announces layers already scheduled: each layer
+	 * is written once, and write_done is due once, after the sealed count. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-i", &x), 0);
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_ev ready0 = {.type = KVX_XFER_EV_LAYER_READY, .layer = 0};
+	struct kvx_xfer_ev written = {.type = KVX_XFER_EV_LAYER_WRITTEN};
+	cr_assert_eq(step(t, x, &lf, ready0).act, KVX_XFER_DO_POST_LAYER);
+	cr_assert_eq(step(t, x, &lf, ready0).act, 0); /* the chunk without a new block */
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1}).act, 0);
+	struct kvx_xfer_out o = step(t, x, &lf, written);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1}).act, 0);
+	/* A failed write ends it FAILED: nothing more is scheduled, released once ops are done. */
+	struct kvx_xfer *y;
+	cr_assert_eq(kvx_xfer_open(t, "tx-i2", &y), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 1};
+	step(t, y, &lf, ready0);
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = -EIO});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -EIO);
+	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
+	performed(&lf, o);
+	lf.ops_out = 0;
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE, "no write_done after a failure");
 	kvx_xfer_table_destroy(t);
-	kvx_sched_destroy(p);
 }
 
 Test(runtime_faults, j_duplicate_transfer_id_rejected_first_intact)
 {
-	struct kvx_sched *d = mk(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-j", .request_id = "r1", .block_ids = (uint32_t[]){1},
-				    .n_blocks = 1};
-	struct kvx_sched_alloc b = {.transfer_id = "tx-j", .request_id = "r2", .block_ids = (uint32_t[]){2},
-				    .n_blocks = 1};
-	cr_assert_eq(kvx_sched_alloc(d, &a, 0, &res), 0);
-	cr_assert_eq(kvx_sched_alloc(d, &b, 0, &res), -EEXIST);
-	cr_assert_eq(kvx_sched_ack(d, "tx-j", 1), 0);
-	struct kvx_sched_event ev[4];
-	cr_assert_eq(kvx_sched_update(d, 1, ev, 4), 1);
-	cr_assert_str_eq(ev[0].request_id, "r1");
-	/* One-shot: reusing the id after completion is also rejected. */
-	cr_assert_eq(kvx_sched_alloc(d, &b, 2, &res), -EEXIST);
-	kvx_sched_destroy(d);
-	struct kvx_xfer_table *t;
+	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x, *y;
-	cr_assert_eq(kvx_xfer_table_create(8, 4, &t), 0);
 	cr_assert_eq(kvx_xfer_open(t, "tx-j", &x), 0);
-	x->ops_posted = 3;
+	cr_assert(kvx_xfer_schedule_write(x, 3));
 	cr_assert_eq(kvx_xfer_open(t, "tx-j", &y), -EEXIST);
-	cr_assert_eq(x->ops_posted, 3);
+	cr_assert_eq(x->writes_scheduled, 1);
+	/* One-shot: the id stays taken once terminal, while it is in the terminal LRU. */
+	kvx_xfer_make_terminal(t, x);
+	cr_assert_eq(kvx_xfer_open(t, "tx-j", &y), -EEXIST);
+	cr_assert_eq(kvx_xfer_open(t, "", &y), -EINVAL);
 	kvx_xfer_table_destroy(t);
 }

@@ -6,11 +6,11 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvxfer/control.h"
 #include "kvxfer/layout.h"
-#include "kvxfer/sched.h"
 #include "runtime/runtime_internal.h"
 
 TestSuite(runtime_vectors, .timeout = 30.0);
@@ -251,16 +251,12 @@ Test(runtime_vectors, t15_plan_cached_per_geometry)
 	cr_assert_eq(kvx_plan_cache_get(c, &dense, g_local, g_remote, 2, &p0), 1);
 	cr_assert_eq(kvx_plan_cache_get(c, &dense, g_local, g_remote, 2, &p1), 0);
 	cr_assert_eq(kvx_plan_cache_get(c, &indexer, g_local, g_remote, 2, &p2), 1);
-	cr_assert_eq(kvx_plan_cache_misses(c), 2);
-	cr_assert_eq(kvx_plan_cache_size(c), 2);
 	cr_assert_eq(p0.loc, p1.loc);
 	cr_assert_eq(p0.n, 4);
 	cr_assert_eq(p0.bytes, 4 * 48);
 	cr_assert_eq(p2.n, 2);
 	kvx_plan_cache_destroy(c);
 }
-
-static struct kvx_sched *sched(enum kvx_sched_role role, enum kvx_sched_mode mode);
 
 static struct kvx_xfer_table *table(void)
 {
@@ -269,41 +265,90 @@ static struct kvx_xfer_table *table(void)
 	return t;
 }
 
+/* The transfer's entry, opened as the owning poller does at submission (or on the first
+ * notification naming it). */
+static struct kvx_xfer *entry(struct kvx_xfer_table *t, const char *tid)
+{
+	struct kvx_xfer *x = kvx_xfer_find(t, tid);
+	if (!x)
+		cr_assert_eq(kvx_xfer_open(t, tid, &x), 0);
+	return x;
+}
+
+static uint32_t *ids(const uint32_t *v, size_t n)
+{
+	uint32_t *c = malloc(n * sizeof(*c));
+	cr_assert_not_null(c);
+	memcpy(c, v, n * sizeof(*c));
+	return c;
+}
+
+/* One event into a transfer's lifecycle, as its poller feeds it. */
+static struct kvx_xfer_out step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+				struct kvx_xfer_ev ev)
+{
+	struct kvx_xfer_out o;
+	memset(&o, 0xa5, sizeof(o));
+	kvx_xfer_step(tab, t, lf, &ev, &o);
+	return o;
+}
+
+static struct kvx_xfer_ev ready(uint32_t layer)
+{
+	return (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_READY, .layer = layer};
+}
+
 Test(runtime_vectors, t16_write_schedule_dedup_and_seal)
 {
 	struct kvx_xfer_table *t = table();
-	cr_assert(kvx_xfer_schedule_write(t, "xfer", 0));      /* dense0 */
-	cr_assert_not(kvx_xfer_schedule_write(t, "xfer", 0));  /* dense0 again */
-	cr_assert(kvx_xfer_schedule_write(t, "xfer", 2));      /* indexer */
-	struct kvx_xfer *x = kvx_xfer_find(t, "xfer");
+	struct kvx_xfer *x = entry(t, "xfer");
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	cr_assert_eq(step(t, x, &lf, ready(0)).act, KVX_XFER_DO_POST_LAYER); /* dense0 */
+	cr_assert_eq(step(t, x, &lf, ready(0)).act, 0);                      /* dense0 again */
+	cr_assert_eq(step(t, x, &lf, ready(2)).act, KVX_XFER_DO_POST_LAYER); /* indexer */
+	cr_assert_eq(step(t, x, &lf, ready(KVX_XFER_MAX_LAYERS)).act, 0);
 	cr_assert_eq(x->writes_scheduled, 2);
-	enum kvx_xfer_action act;
-	cr_assert_eq(kvx_xfer_seal_scheduled(t, "xfer", &act), 2);
+	struct kvx_xfer_out o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 2});
+	cr_assert_eq(o.act, 0);
 	cr_assert_eq(x->writes_expected, 2);
 	cr_assert(x->sealed);
-	cr_assert_eq(act, KVX_XFER_ACT_NONE);
 	kvx_xfer_table_destroy(t);
 }
 
 Test(runtime_vectors, t17_write_done_notified_once)
 {
 	struct kvx_xfer_table *t = table();
-	cr_assert_eq(kvx_xfer_remote_blocks(t, "xfer", g_remote, 2, 0), 1);
-	kvx_xfer_schedule_write(t, "xfer", 0);
-	kvx_xfer_schedule_write(t, "xfer", 1);
-	enum kvx_xfer_action act;
-	cr_assert_eq(kvx_xfer_seal_scheduled(t, "xfer", &act), 2);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NONE);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
+	struct kvx_xfer *x = entry(t, "xfer");
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_ev written = {.type = KVX_XFER_EV_LAYER_WRITTEN};
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0, 0), 1);
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0, 0), -EEXIST); /* duplicate */
+	step(t, x, &lf, ready(0));
+	step(t, x, &lf, ready(1));
+	cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 2}).act, 0);
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	struct kvx_xfer_out o = step(t, x, &lf, written);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
 	/* write_done target: D dp 0, P tp_rank 2, notify base 7000 -> 7002 */
 	uint32_t rtp, off;
 	cr_assert_eq(kvx_ctl_remote_tp_rank(2, 4, 4, &rtp, NULL, 0), 0);
 	cr_assert_eq(kvx_ctl_port_offset(KVX_CTL_PORT_INJECTIVE, kvx_ctl_fold_local_rank(0, 0), rtp, 4, &off), 0);
 	cr_assert_eq(7000 + off, 7002);
-	cr_assert(kvx_xfer_is_terminal(t, "xfer"));
-	cr_assert_eq(kvx_xfer_find(t, "xfer")->remote_blocks, NULL); /* alloc dropped */
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
+	cr_assert_eq(x->remote_blocks, NULL); /* alloc dropped */
+	cr_assert_eq(x->decode_dp_rank, 0);   /* where write_done goes */
 	/* A late duplicate completion never notifies twice. */
-	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", true), KVX_XFER_ACT_NONE);
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	lf.reported = true;
+	cr_assert_eq(step(t, x, &lf, written).act, 0);
+	/* Sealing after every layer was written notifies at the seal. */
+	struct kvx_xfer *y = entry(t, "xfer2");
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	step(t, y, &lf, ready(0));
+	cr_assert_eq(step(t, y, &lf, written).act, 0);
+	o = step(t, y, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	kvx_xfer_table_destroy(t);
 }
 
@@ -311,12 +356,12 @@ Test(runtime_vectors, t18_completion_scoped_per_transfer)
 {
 	struct kvx_xfer_table *t = table();
 	enum kvx_xfer_action act;
-	kvx_xfer_schedule_write(t, "a", 0);
-	kvx_xfer_schedule_write(t, "b", 0);
-	kvx_xfer_seal_scheduled(t, "a", &act);
-	kvx_xfer_seal_scheduled(t, "b", &act);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, "b", true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
-	struct kvx_xfer *a = kvx_xfer_find(t, "a");
+	struct kvx_xfer *a = entry(t, "a"), *b = entry(t, "b");
+	kvx_xfer_schedule_write(a, 0);
+	kvx_xfer_schedule_write(b, 0);
+	kvx_xfer_seal_count(t, a, 1, &act);
+	kvx_xfer_seal_count(t, b, 1, &act);
+	cr_assert_eq(kvx_xfer_mark_write_done(t, b, true), KVX_XFER_ACT_NOTIFY_WRITE_DONE);
 	cr_assert_eq(a->state, KVX_XFER_S_LIVE);
 	cr_assert_eq(a->writes_done, 0);
 	kvx_xfer_table_destroy(t);
@@ -326,21 +371,22 @@ Test(runtime_vectors, t19_failed_write_terminal_and_cleared)
 {
 	struct kvx_xfer_table *t = table();
 	enum kvx_xfer_action act;
-	kvx_xfer_schedule_write(t, "xfer", 0);
-	kvx_xfer_schedule_write(t, "xfer", 1);
-	kvx_xfer_seal_scheduled(t, "xfer", &act);
-	cr_assert_eq(kvx_xfer_mark_write_done(t, "xfer", false), KVX_XFER_ACT_NONE);
-	struct kvx_xfer *x = kvx_xfer_find(t, "xfer");
+	struct kvx_xfer *x = entry(t, "xfer");
+	kvx_xfer_schedule_write(x, 0);
+	kvx_xfer_schedule_write(x, 1);
+	kvx_xfer_seal_count(t, x, 2, &act);
+	cr_assert_eq(kvx_xfer_mark_write_done(t, x, false), KVX_XFER_ACT_NONE);
 	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
 	cr_assert(x->failed);
 	cr_assert_eq(x->writes_scheduled, 0);
 	cr_assert_not(x->sealed);
 	cr_assert_eq(x->layers_sched[0], 0);
-	cr_assert_not(kvx_xfer_schedule_write(t, "xfer", 3));
+	cr_assert_not(kvx_xfer_schedule_write(x, 3));
 	cr_assert_eq(kvx_xfer_live_count(t), 0);
-	/* T20: remote_blocks for a terminal transfer is ignored. */
-	cr_assert_eq(kvx_xfer_remote_blocks(t, "xfer", g_remote, 2, 0), 0);
+	/* T20: remote_blocks for a terminal transfer is ignored (the ids are freed). */
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids(g_remote, 2), 2, 0, 0), 0);
 	cr_assert_not(x->has_alloc);
+	cr_assert_eq(kvx_xfer_find(t, "xfer"), x); /* the id stays known (terminal LRU) */
 	kvx_xfer_table_destroy(t);
 }
 
@@ -444,18 +490,17 @@ Test(runtime_vectors, t25_expected_acks)
 Test(runtime_vectors, t26_resolve_ack_fan_in)
 {
 	struct kvx_xfer_table *t = table();
-	struct kvx_xfer *x;
-	cr_assert_eq(kvx_xfer_open(t, "tx-plain", &x), 0);
-	cr_assert_eq(kvx_xfer_open(t, "tx-fanin", &x), 0);
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-plain", 0, 4), 1); /* plain string = Ack(tid, 1) */
-	cr_assert(kvx_xfer_is_terminal(t, "tx-plain"));
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 0);
+	struct kvx_xfer *plain = entry(t, "tx-plain"), *x = entry(t, "tx-fanin");
+	cr_assert_eq(kvx_xfer_resolve_ack(t, plain, 0, 4), 1); /* plain string = Ack(tid, 1) */
+	cr_assert_eq(plain->state, KVX_XFER_S_TERMINAL);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 8, 4), 0);
 	cr_assert_eq(x->ack_count, 1);
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 1);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 8, 4), 1);
 	cr_assert_eq(x->ack_count, 0);
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 0); /* duplicate */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 8, 4), 0); /* duplicate */
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 6, 4), -EINVAL); /* no whole fan-in: rejected */
+	/* An unknown id is never created by a lookup. */
 	size_t live = kvx_xfer_live_count(t);
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-unknown", 8, 4), 0);
 	cr_assert_eq(kvx_xfer_find(t, "tx-unknown"), NULL);
 	cr_assert_eq(kvx_xfer_live_count(t), live);
 	kvx_xfer_table_destroy(t);
@@ -464,39 +509,81 @@ Test(runtime_vectors, t26_resolve_ack_fan_in)
 Test(runtime_vectors, t27_fan_in_two_ticks)
 {
 	/* P worker get_finished over two ticks, each with one Ack(tx-fanin, 8), world_size 4:
-	 * (empty, empty) then ({req-fanin}, empty). The transfer table does the fan-in; the
-	 * scheduler turns the completed ACK into the finished request id. */
+	 * (empty, empty) then ({tx-fanin}, empty). The transfer's entry does the fan-in. */
 	struct kvx_xfer_table *t = table();
-	struct kvx_sched *s = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = "tx-fanin", .request_id = "req-fanin",
-				    .block_ids = (uint32_t[]){2}, .n_blocks = 1, .num_prompt_tokens = 16};
-	cr_assert_eq(kvx_sched_alloc(s, &a, 0, &res), 0);
-	cr_assert_eq(kvx_sched_finished(s, "tx-fanin", true, 0), 1);
-	struct kvx_xfer *x;
-	cr_assert_eq(kvx_xfer_open(t, "tx-fanin", &x), 0);
-	struct kvx_sched_event ev[4];
+	struct kvx_xfer *x = entry(t, "tx-fanin");
 	/* tick 1 */
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 0);
-	cr_assert_eq(kvx_sched_update(s, 1, ev, 4), 0, "tick 1: nothing finished");
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 8, 4), 0, "tick 1: nothing finished");
+	cr_assert_eq(x->state, KVX_XFER_S_LIVE);
 	/* tick 2 */
-	cr_assert_eq(kvx_xfer_resolve_ack(t, "tx-fanin", 8, 4), 1);
-	cr_assert_eq(kvx_sched_ack(s, "tx-fanin", 2), 0);
-	cr_assert_eq(kvx_sched_update(s, 2, ev, 4), 1);
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_SENDING);
-	cr_assert_str_eq(ev[0].request_id, "req-fanin");
-	cr_assert_str_eq(ev[0].transfer_id, "tx-fanin");
-	cr_assert_not(ev[0].reaped);
-	kvx_sched_destroy(s);
+	cr_assert_eq(kvx_xfer_resolve_ack(t, x, 8, 4), 1);
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
+	cr_assert(x->ack_completed);
 	kvx_xfer_table_destroy(t);
 }
 
 Test(runtime_vectors, t28_read_batch_done_releases)
 {
-	struct kvx_xfer x = {.ops_posted = 3, .ops_done = 3, .start_ns = 0};
-	enum kvx_xfer_batch b = kvx_xfer_read_state(&x, 1000, 120000000000ull);
-	cr_assert_eq(b, KVX_XFER_BATCH_DONE);
-	cr_assert_eq(kvx_xfer_read_action(b), KVX_XFER_ACT_RELEASE);
+	/* Every layer posted, every op terminal and successful: release P, DONE, blocks free. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .next_layer = 2, .done_posting = true};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	cr_assert_eq(o.error, 0);
+	cr_assert(lf.release_sent);
+}
+
+Test(runtime_vectors, t30_read_batch_pending_sends_nothing)
+{
+	struct kvx_xfer_ev settle = {.type = KVX_XFER_EV_READ_SETTLE};
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .next_layer = 2, .done_posting = true, .ops_out = 1};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0); /* one batch in flight */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .next_layer = 1};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0); /* layers left to post */
+	cr_assert_not(lf.release_sent);
+	/* Any failed + all terminal -> FAILED, still releases P and the blocks. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .next_layer = 1, .done_posting = true, .failed = true,
+			       .error = -ECONNRESET, .ops_out = 2};
+	cr_assert_eq(step(NULL, NULL, &lf, settle).act, 0, "never while ops may still land");
+	lf.ops_out = 0;
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, settle);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ECONNRESET);
+}
+
+Test(runtime_vectors, t31_timeout_boundary_strict)
+{
+	/* Transfer timeout 120 s from start 5 s: pending exactly at the limit, timed out 1 ns
+	 * later, for both consumer kinds and for a producer WRITE that has D's allocation. */
+	const uint64_t s = 1000000000ull, tmo = 120 * s, dfr = 600 * s;
+	const enum kvx_xfer_kind kinds[] = {KVX_XFER_K_READ, KVX_XFER_K_ANNOUNCE, KVX_XFER_K_WRITE};
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+		struct kvx_life lf = {.kind = kinds[i], .start_ns = 5 * s};
+		struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 5 * s + tmo, .transfer_timeout_ns = tmo,
+					   .defer_timeout_ns = dfr, .has_alloc = true};
+		cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+		cr_assert_not(lf.timed_out);
+		tick.now_ns++;
+		struct kvx_xfer_out o = step(NULL, NULL, &lf, tick);
+		cr_assert(o.act & KVX_XFER_DO_REPORT);
+		cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+		cr_assert_eq(o.error, -ETIMEDOUT);
+		cr_assert(lf.timed_out);
+		/* Reported: a later tick never reports it twice. */
+		lf.reported = true;
+		tick.now_ns = 5 * s + 2 * dfr;
+		cr_assert_eq(step(NULL, NULL, &lf, tick).act & KVX_XFER_DO_REPORT, 0);
+	}
+	/* A clock reading older than the start (another thread's) is not a timeout. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .start_ns = 5 * s};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 4 * s, .transfer_timeout_ns = tmo,
+				   .defer_timeout_ns = dfr};
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+}
+
+Test(runtime_vectors, t28_read_release_target_and_frame_bytes)
+{
 	/* release target: 127.0.0.1, notify base 7000 + port_offset(0, remote_tp_rank(0,8,1)) */
 	uint32_t rtp, off;
 	cr_assert_eq(kvx_ctl_remote_tp_rank(0, 8, 1, &rtp, NULL, 0), 0);
@@ -515,122 +602,6 @@ Test(runtime_vectors, t28_read_batch_done_releases)
 	int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
 	cr_assert_eq(n, (int)sizeof(want) - 1);
 	cr_assert_arr_eq(buf, want, sizeof(want) - 1);
-}
-
-Test(runtime_vectors, t30_read_batch_pending_sends_nothing)
-{
-	struct kvx_xfer x = {.ops_posted = 2, .ops_done = 1, .start_ns = 0};
-	enum kvx_xfer_batch b = kvx_xfer_read_state(&x, 1000, 120000000000ull);
-	cr_assert_eq(b, KVX_XFER_BATCH_PENDING);
-	cr_assert_eq(kvx_xfer_read_action(b), KVX_XFER_ACT_NONE);
-	x.ops_failed = 1; /* any failed + all terminal -> FAILED, still releases */
-	cr_assert_eq(kvx_xfer_read_state(&x, 1000, 120000000000ull), KVX_XFER_BATCH_FAILED);
-}
-
-Test(runtime_vectors, t31_timeout_boundary_strict)
-{
-	const uint64_t s = 1000000000ull;
-	struct kvx_xfer x = {.ops_posted = 2, .ops_done = 1, .start_ns = 5 * s};
-	cr_assert_eq(kvx_xfer_read_state(&x, 5 * s + 121 * s, 120 * s), KVX_XFER_BATCH_TIMED_OUT);
-	cr_assert_eq(kvx_xfer_read_action(KVX_XFER_BATCH_TIMED_OUT), KVX_XFER_ACT_FAIL_NO_RELEASE);
-	cr_assert_eq(kvx_xfer_read_state(&x, 5 * s + 120 * s, 120 * s), KVX_XFER_BATCH_PENDING);
-}
-
-static struct kvx_sched *sched(enum kvx_sched_role role, enum kvx_sched_mode mode)
-{
-	struct kvx_sched_params p = {.role = role, .mode = mode, .block_size = 16, .defer_timeout_ns = 60,
-				     .transfer_timeout_ns = 30, .max_requests = 64};
-	struct kvx_sched *s;
-	cr_assert_eq(kvx_sched_create(&p, &s), 0);
-	return s;
-}
-
-Test(runtime_vectors, t44_matched_tokens)
-{
-	uint64_t n;
-	bool async;
-	struct kvx_sched_req r = {.num_prompt_tokens = 8, .has_params = true, .do_remote_prefill = true};
-	struct kvx_sched *p = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	kvx_sched_matched_tokens(p, NULL, &r, &n, &async);
-	cr_assert(n == 0 && !async);
-	kvx_sched_destroy(p);
-	p = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
-	kvx_sched_matched_tokens(p, NULL, &r, &n, &async);
-	cr_assert(n == 0 && !async);
-	kvx_sched_destroy(p);
-
-	struct kvx_sched *dw = sched(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	kvx_sched_matched_tokens(dw, NULL, &r, &n, &async);
-	cr_assert(n == 8 && async);
-	kvx_sched_destroy(dw);
-
-	struct kvx_sched *dr = sched(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	kvx_sched_matched_tokens(dr, NULL, &r, &n, &async);
-	cr_assert(n == 7 && async); /* #54301 async variant */
-	r.num_prompt_tokens = 1;
-	kvx_sched_matched_tokens(dr, NULL, &r, &n, &async);
-	cr_assert(n == 0 && !async);
-	struct kvx_sched_req none = {.num_prompt_tokens = 32};
-	kvx_sched_matched_tokens(dr, NULL, &none, &n, &async);
-	cr_assert(n == 0 && !async);
-	struct kvx_sched_req empty = {.num_prompt_tokens = 32, .has_params = true};
-	kvx_sched_matched_tokens(dr, NULL, &empty, &n, &async);
-	cr_assert(n == 0 && !async);
-	struct kvx_sched_req on = {.num_prompt_tokens = 32, .has_params = true, .do_remote_prefill = true};
-	kvx_sched_matched_tokens(dr, NULL, &on, &n, &async);
-	cr_assert_eq(n, 31);
-	kvx_sched_destroy(dr);
-}
-
-Test(runtime_vectors, t45_metadata_chunked_prefill)
-{
-	struct kvx_sched *p = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	struct kvx_sched_alloc_result res;
-	const uint32_t b40[3] = {10, 11, 12};
-	struct kvx_sched_alloc a = {.transfer_id = "tx-40", .block_ids = b40, .n_blocks = 3, .num_prompt_tokens = 40};
-	cr_assert_eq(kvx_sched_alloc(p, &a, 0, &res), 0);
-	const uint32_t *blocks;
-	size_t nb;
-	cr_assert_eq(kvx_sched_step(p, "tx-40", NULL, 0, 40, &blocks, &nb), 1);
-	cr_assert_eq(nb, 3);
-	cr_assert_arr_eq(blocks, b40, sizeof(b40));
-
-	/* budget 64, prompt 160: saves per step (0, 0, 1) */
-	uint32_t c1[4] = {0, 1, 2, 3}, c2[4] = {4, 5, 6, 7}, c3[2] = {8, 9};
-	struct kvx_sched_alloc ac = {.transfer_id = "tx-160", .block_ids = c1, .n_blocks = 4, .num_prompt_tokens = 160};
-	cr_assert_eq(kvx_sched_alloc(p, &ac, 0, &res), 0);
-	cr_assert_eq(kvx_sched_step(p, "tx-160", NULL, 0, 64, &blocks, &nb), 0);
-	cr_assert_eq(kvx_sched_step(p, "tx-160", c2, 4, 128, &blocks, &nb), 0);
-	cr_assert_eq(kvx_sched_step(p, "tx-160", c3, 2, 160, &blocks, &nb), 1);
-	cr_assert_eq(nb, 10);
-	for (uint32_t i = 0; i < 10; i++)
-		cr_assert_eq(blocks[i], i);
-	kvx_sched_destroy(p);
-
-	/* READ D with remote ids = its blocks -> one read of all pairs */
-	struct kvx_sched *d = sched(KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	struct kvx_sched_alloc ad = {.transfer_id = "tx-r", .block_ids = c1, .n_blocks = 4, .n_remote_blocks = 4};
-	cr_assert_eq(kvx_sched_alloc(d, &ad, 0, &res), 0);
-	cr_assert_eq(res.action, KVX_SCHED_ACT_START_READ);
-	cr_assert_eq(res.n_pairs, 4);
-	cr_assert_eq(res.remote_start, 0);
-	kvx_sched_destroy(d);
-}
-
-Test(runtime_vectors, t47_ready_queue_drained_whole)
-{
-	struct kvx_xfer_readyq q;
-	cr_assert_eq(kvx_xfer_readyq_init(&q, 8), 0);
-	cr_assert_eq(kvx_xfer_readyq_push(&q, "direct"), 0);
-	cr_assert_eq(kvx_xfer_readyq_push(&q, "ready-1"), 0);
-	cr_assert_eq(kvx_xfer_readyq_push(&q, "ready-2"), 0);
-	char out[8][KVX_XFER_ID_MAX];
-	cr_assert_eq(kvx_xfer_readyq_drain(&q, out, 8), 3);
-	cr_assert_str_eq(out[0], "direct");
-	cr_assert_str_eq(out[1], "ready-1");
-	cr_assert_str_eq(out[2], "ready-2");
-	cr_assert_eq(kvx_xfer_readyq_drain(&q, out, 8), 0);
-	kvx_xfer_readyq_fini(&q);
 }
 
 Test(runtime_vectors, t51_merge)
@@ -652,61 +623,6 @@ Test(runtime_vectors, t51_merge)
 	/* Unsorted input without scratch is rejected. */
 	uint64_t l5[] = {4, 0}, r5[] = {4, 0}, s5[] = {4, 4};
 	cr_assert_eq(kvx_plan_merge(l5, r5, s5, 2, NULL), -EINVAL);
-}
-
-static size_t upd(struct kvx_sched *s, uint64_t now, struct kvx_sched_event *ev)
-{
-	return kvx_sched_update(s, now, ev, 8);
-}
-
-static void p_alloc(struct kvx_sched *s, const char *tid)
-{
-	struct kvx_sched_alloc_result res;
-	struct kvx_sched_alloc a = {.transfer_id = tid, .request_id = tid, .block_ids = (uint32_t[]){1},
-				    .n_blocks = 1, .num_prompt_tokens = 16};
-	cr_assert_eq(kvx_sched_alloc(s, &a, 0, &res), 0);
-}
-
-Test(runtime_vectors, t53_reconciliation)
-{
-	struct kvx_sched_event ev[8];
-	struct kvx_sched *s = sched(KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ); /* D = 60 */
-	/* (a) ACK while deferred */
-	p_alloc(s, "Ra");
-	cr_assert_eq(kvx_sched_finished(s, "Ra", true, 0), 1);
-	cr_assert_eq(kvx_sched_ack(s, "Ra", 5), 0);
-	cr_assert_eq(upd(s, 5, ev), 1);
-	cr_assert_str_eq(ev[0].transfer_id, "Ra");
-	cr_assert_eq(ev[0].kind, KVX_SCHED_EV_FINISHED_SENDING);
-	cr_assert_not(ev[0].reaped);
-	/* (b) ACK at t0=100 before request_finished; finished at 130 < 160 */
-	p_alloc(s, "Rb");
-	cr_assert_eq(kvx_sched_ack(s, "Rb", 100), 0);
-	cr_assert_eq(upd(s, 100, ev), 0);
-	cr_assert_eq(kvx_sched_finished(s, "Rb", true, 130), 1);
-	cr_assert_eq(upd(s, 131, ev), 1);
-	cr_assert_str_eq(ev[0].transfer_id, "Rb");
-	/* (c) deferred, no ACK: surfaced at t_finish + D, not before */
-	p_alloc(s, "Rc");
-	cr_assert_eq(kvx_sched_finished(s, "Rc", true, 200), 1);
-	cr_assert_eq(upd(s, 259, ev), 0);
-	cr_assert_eq(upd(s, 260, ev), 1);
-	cr_assert(ev[0].reaped);
-	/* (d) ACK that never matches: dropped at t0 + D */
-	cr_assert_eq(kvx_sched_ack(s, "Rd", 300), 1);
-	cr_assert_eq(upd(s, 359, ev), 0);
-	struct kvx_sched_stats st;
-	kvx_sched_get_stats(s, &st);
-	cr_assert_eq(st.stale_dropped, 0);
-	cr_assert_eq(upd(s, 360, ev), 0);
-	kvx_sched_get_stats(s, &st);
-	cr_assert_eq(st.stale_dropped, 1);
-	cr_assert_eq(st.reaped, 1);
-	/* Exactly one free per transfer: a late ACK after the free is dropped. */
-	cr_assert_eq(kvx_sched_ack(s, "Ra", 400), 2);
-	cr_assert_eq(upd(s, 400, ev), 0);
-	cr_assert_eq(kvx_sched_live(s), 0);
-	kvx_sched_destroy(s);
 }
 
 /* ---- MoRIIO handshake form for split K/V layers (PROTOCOL.md §3.1, §4.1) ----------------- */

@@ -1,0 +1,346 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef KVX_ENGINE_INTERNAL_H
+#define KVX_ENGINE_INTERNAL_H
+/*
+ * Module-private: the engine's shared types (runtime/engine.c, peer.c, poller.c, api.c) and the
+ * functions one of those files calls in another. Which thread writes which field is said at
+ * each struct; the threads are described at the top of engine.c.
+ */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvxfer/control.h"
+#include "kvxfer/engine.h"
+#include "kvxfer/lcore.h"
+#include "kvxfer/mem.h"
+#include "kvxfer/transport.h"
+#include "runtime_internal.h"
+
+enum msg_type {
+	M_SUBMIT = 1,
+	M_LAYER_READY = 2,
+	M_SEAL = 3,
+	M_ABORT = 4,
+	M_NOTIFY = 5,
+	M_PEER_READY = 6,
+	M_PEER_FAILED = 7,
+	M_PEER_CHECKED = 8, /* a metadata-only epoch check of the peer finished */
+};
+
+/* app -> poller k (`sub` ring): a submission hands over the transfer object; every later
+ * message names it by handle (pool slot + generation), never by id. */
+struct smsg {
+	uint32_t type;  /* M_SUBMIT, M_LAYER_READY, M_SEAL, M_ABORT */
+	uint32_t u32;   /* layer / n_layers */
+	uint32_t slot;  /* handle: pool slot ... */
+	uint32_t gen;   /* ... and generation (stale handles are ignored) */
+	const void *ptr; /* M_SUBMIT: the struct xf; M_LAYER_READY: legacy ready flag */
+	struct kvx_mem_event ev; /* M_LAYER_READY: the layer's readiness event (by value) */
+};
+
+/* control -> poller k (`cin` ring): inbound notifications (by transfer id: the control lcore
+ * is the edge where ids are resolved, on the owning poller's table) and peer events. */
+struct emsg {
+	uint32_t type;
+	uint32_t u32;   /* notify type */
+	int32_t status; /* error / decode rank */
+	uint32_t n;     /* block count */
+	void *ptr;      /* peer*, malloc'ed block ids */
+	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
+	char tid[KVX_ENGINE_ID_MAX];
+	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
+};
+_Static_assert(sizeof(struct emsg) == 256, "ring element size");
+
+struct cmsg {
+	struct kvx_completion c;
+	void *xf;
+	uint32_t last;
+	uint32_t pad;
+};
+
+enum hs_state {
+	HS_IDLE = 0,
+	HS_PENDING = 1,
+	HS_READY = 2,
+	HS_FAILED = 3,
+};
+
+struct layer {
+	char name[KVX_ENGINE_NAME_MAX];
+	void *base;
+	struct kvx_layout_tensor t;
+	struct kvx_layout_spec spec;
+	struct kvx_layout_geom geom;
+	uint64_t span;
+	struct kvx_xport_mr *mr[2]; /* per transport context (engine xctx[]) */
+	enum kvx_engine_mem mem;
+	int device_id;
+};
+
+_Static_assert((int)KVX_ENGINE_MEM_HOST == (int)KVX_XPORT_MEM_HOST &&
+		       (int)KVX_ENGINE_MEM_HIP == (int)KVX_XPORT_MEM_HIP &&
+		       (int)KVX_ENGINE_MEM_HOSTDEV == (int)KVX_XPORT_MEM_HOSTDEV,
+	       "engine and transport memory types share values");
+
+struct kvx_engine;
+struct poller;
+struct conn;
+
+/* A peer worker's identity and handshake state. Writers, by field:
+ *  - identity (e .. n_pods): the app thread, once, before the first submission naming the peer
+ *    (published to the pollers by that submission's ring enqueue); read-only afterwards.
+ *  - hs_state: CAS IDLE/FAILED/READY -> PENDING by whichever thread starts a handshake (app
+ *    thread in eng_peer_get(), a poller in xf_conn()/conn_stale()/rehs_scan()); stored
+ *    READY/FAILED/IDLE by the control thread when the job ends (on_hs_done()). The CAS makes
+ *    one starter win; the job itself always runs on the control lcore.
+ *  - hs_error, hs_ep, epoch, gen: the control thread only.
+ *  - check_busy: CAS false -> true by a poller (eng_epoch_check_start()), reset by the control
+ *    thread (on_epoch_checked()); check_started: that poller; check_done, checked_epoch: the
+ *    control thread.
+ *  - bytes, ops, transfers, failures: counters, relaxed adds by the pollers; read by any. */
+struct peer {
+	struct kvx_engine *e;
+	uint64_t id; /* key in the engine's RCU table of connections */
+	char host[KVX_ENGINE_HOST_MAX];
+	uint16_t hs_port, notify_port;
+	uint32_t dp_rank, dp_size_local, tp_size;
+	/* Multi-pod (PROTOCOL.md §5.8): per-pod hosts; ranks [k*dp_size_local, (k+1)*dp_size_local)
+	 * live on pod_host[k]. Part of the peer's identity, so a transfer's routing is fixed at
+	 * submission and a later transfer with other hosts is another peer. */
+	char pod_host[KVX_ENGINE_MAX_PODS][KVX_ENGINE_HOST_MAX];
+	const char *pod_ptr[KVX_ENGINE_MAX_PODS];
+	uint32_t n_pods;
+	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
+	atomic_int hs_error; /* control thread: the failed handshake's errno, stored before HS_FAILED */
+	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
+	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
+	uint64_t epoch; /* control thread: epoch of the last published connection */
+	uint64_t gen;   /* control thread: connections published */
+	/* Epoch check (P WRITE, consumer restart): a metadata-only handshake; a poller starts one
+	 * (check_busy CAS) and numbers it (check_started); the control thread stores the epoch it
+	 * saw (0: failed) and then the number of the finished job in check_done (release). */
+	atomic_bool check_busy;
+	_Atomic uint64_t check_started, check_done, checked_epoch;
+	_Atomic uint64_t bytes, ops, transfers, failures;
+};
+
+/* One polling lcore's endpoint of a connection. ep and rmr: written by the control thread
+ * before the connection is published, read-only afterwards; the rest: poller k only. */
+struct clink {
+	struct kvx_xport_ep *ep;
+	struct kvx_xport_rmr **rmr; /* Array[n_layers] */
+	/* Owned by poller k. */
+	uint32_t outstanding;
+	bool listed;
+	uint64_t last_ok_ns; /* last successful completion on this link */
+	struct conn *next; /* poller k's poll list */
+};
+
+/* A peer connection (one handshake's result), built by the control thread and published in
+ * the RCU table; immutable once published except: refs (any thread that takes or drops a
+ * reference: pollers, the RCU callback thread, the app thread at stop), stale (set once by the
+ * poller that sees an endpoint fail), next_dead (the thread that dropped the last reference),
+ * and link[k]'s poller fields (poller k). The control thread destroys it (eng_on_ctl_work()). */
+struct conn {
+	struct kvx_engine *e;
+	struct peer *pr;
+	uint64_t epoch, gen;
+	uint32_t xi; /* index of the endpoints' context in the engine's xctx[] */
+	uint32_t n_links;
+	uint64_t remote_num_blocks;
+	struct kvx_layout_geom *geom; /* Array[n_layers] */
+	_Atomic uint32_t refs;        /* 1 for the table + transfers + poll lists */
+	atomic_bool stale;            /* an endpoint entered error state: no new transfer binds */
+	struct conn *next_dead;       /* link in the engine's `dead` stack (pushed once refs hit 0) */
+	struct clink link[];
+};
+
+/* Layer readiness (P WRITE): the legacy host flag or an event. */
+struct lgate {
+	const atomic_uint *flag;
+	struct kvx_mem_event ev;
+};
+
+/* The transfer object, one per transfer, from a pool preallocated at start. Writers:
+ *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, reg, next_free: the app thread, at
+ *    submission (before the M_SUBMIT ring enqueue that hands the object to its poller) and
+ *    when the last completion gives it back.
+ *  - layer_done, final, final_error: the owning poller (release stores); the app thread reads.
+ *  - lf (the lifecycle state, runtime/xfer.c decides its changes) and everything from `t` on:
+ *    the owning poller only, from M_SUBMIT until it enqueues the object's last completion. */
+struct xf {
+	char tid[KVX_ENGINE_ID_MAX];
+	struct kvx_life lf;
+	struct peer *peer;
+	struct poller *po;  /* owning poller */
+	struct conn *conn;  /* poller: bound connection (a reference), or NULL */
+	uint32_t *lblocks;  /* Array[max_blocks] in the engine's arena */
+	uint32_t *rblocks;  /* Array[max_blocks] in the engine's arena */
+	size_t n;
+	uint32_t consumer_tp;
+	/* App-visible: per-layer completion bits and the final outcome (release stores). */
+	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
+	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */
+	atomic_int final_error;
+	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
+	struct kvx_xfer *reg; /* app thread: its registry entry (live until the last completion) */
+	/* Poller-owned. */
+	struct kvx_xfer *t; /* its entry in the poller's table (NULL for a consumer READ) */
+	uint32_t live_idx;
+	uint32_t slot; /* index in the engine's pool; used in completion cookies */
+	bool live;
+	uint32_t *layer_batches; /* Array[n_layers] */
+	struct lgate *gate;      /* Array[n_layers] */
+	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
+	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
+	uint64_t fence_ticket;
+	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
+	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
+	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
+	atomic_bool alloc_known_pub; /* the same, for the runtime_internal.h test hook */
+	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
+	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
+	uint64_t bytes;
+	uint32_t next_free; /* app thread free list */
+};
+
+/* One polling lcore. Set up by the app thread at start (before the lcore runs); afterwards
+ * every field is the poller's own, except the rings (their producer/consumer sides are
+ * named at struct kvx_engine's top comment in engine.c) and the st_* counters (relaxed adds by
+ * the poller; read by any thread). */
+struct poller {
+	struct kvx_engine *e;
+	uint32_t k;
+	struct kvx_lcore *lc;
+	struct kvx_ring *sub, *cin, *cpl;
+	struct kvx_ctl_inbox *ib;
+	struct kvx_xfer_table *tab;
+	struct xf **live;
+	uint32_t n_live;
+	uint32_t *owned; /* Array[max_transfers]: gen of the live transfer in that pool slot, 0 */
+	struct kvx_plan_cache *pc;
+	struct kvx_xport_op *ops;
+	struct conn *plist; /* connections with ops outstanding on link k */
+	uint64_t next_scan_ns;
+	uint32_t n_fence_pending;
+	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
+};
+
+/* A transport context's async-event fd watched by the control lcore. */
+struct evwatch {
+	struct kvx_engine *e;
+	uint32_t k; /* index in xctx[] */
+	int fd;
+};
+
+/* The engine. Fields written before kvx_engine_start() launches the lcores (parameters,
+ * layers, contexts, pools, rings) are read-only afterwards; the others say their writer. */
+struct kvx_engine {
+	struct kvx_engine_params p;
+	char host[KVX_ENGINE_HOST_MAX];
+	char transport[16];
+	char lcores[128];
+	char proxy[128], http[128];
+	bool started, stopped;
+	uint32_t n_layers;
+	struct layer layers[KVX_ENGINE_MAX_LAYERS];
+	struct kvx_lcore_set *set;
+	/* xctx[0]: the provider named by `transport` (auto: verbs if usable, else tcp); xctx[1]:
+	 * auto only, shm for same-host peers when CMA is permitted (NULL otherwise). */
+	struct kvx_xport_ctx *xctx[2];
+	struct kvx_xport_caps caps[2];
+	uint32_t n_xctx;
+	bool has_hip; /* a layer is device memory (HIP or hostdev): `auto` does not add shm */
+	int hip_probe; /* app thread: 0 not probed, 1 HIP device usable, else -errno */
+	char hip_why[KVX_MEM_WHY_LEN];
+	_Atomic(const char *) last_xport; /* control thread: provider of the latest connection */
+	struct kvx_ctl *ctl;
+	struct evwatch evw[2];
+	struct kvx_ctl_inbox *app_ib;
+	struct poller *po[KVX_ENGINE_MAX_POLLERS];
+	uint32_t n_po;
+	struct kvx_rcu_table *conns; /* peer id -> struct conn (control publishes, pollers read) */
+	/* app thread */
+	struct kvx_xfer_table *reg;
+	struct peer peers[KVX_ENGINE_MAX_PEERS];
+	uint32_t n_peers;
+	struct xf *xpool;         /* Array[max_transfers] */
+	uint32_t xfree;           /* free list head, index+1 */
+	uint32_t *arena;          /* block ids: Array[max_transfers * 2 * max_blocks], mmap'ed */
+	size_t arena_bytes;
+	uint32_t *lb_pool;        /* Array[max_transfers * n_layers] */
+	struct lgate *gate_pool;  /* Array[max_transfers * n_layers] */
+	uint32_t cpl_rr;
+	/* Control-path transport work runs on the control lcore only (transport.h: endpoint
+	 * create/accept/connect/destroy one thread at a time), so no lock guards it:
+	 *  - accepted[]: target endpoints; written by the control thread only.
+	 *  - dead: unreferenced connections to destroy; a lock-free stack (push: any thread that
+	 *    drops the last reference, a poller or the RCU callback thread; take-all: the control
+	 *    thread in eng_on_ctl_work(), the app thread once the control lcore is stopped).
+	 *  - fences (P READ defer timeout): fence_req is raised by any poller; the control thread
+	 *    destroys accepted[] and stores fence_cut; poller 0 stores fence_done = fence_cut after
+	 *    its next kvx_xport_progress() call (a call that began before the cut may still have
+	 *    been serving a reader); pollers release fenced blocks once fence_done covers them.
+	 *  - ctl_efd: eventfd doorbell, written by whoever queued work; watched by the control
+	 *    lcore (eng_on_ctl_work()). */
+	struct kvx_xport_ep **accepted;
+	uint32_t n_accepted, cap_accepted;
+	_Atomic(struct conn *) dead;
+	_Atomic uint64_t fence_req, fence_cut, fence_done;
+	int ctl_efd;
+	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
+	bool app_w_init;
+	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
+	/* Counters: relaxed adds by the pollers and the control thread; read by any thread. */
+	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
+		st_peer_resets;
+	uint64_t st_dup, st_nobufs; /* app thread */
+	struct kvx_ratelimit rl_nobufs;
+};
+
+/* Polling lcore that owns a transfer id (kvx_xfer_tid_hash(), the same on every thread). */
+static inline uint32_t eng_tid_poller(const struct kvx_engine *e, const char *tid)
+{
+	return e->n_po > 1 ? kvx_xfer_tid_hash(tid) % e->n_po : 0;
+}
+
+static inline uint64_t ms_ns(uint32_t ms)
+{
+	return (uint64_t)ms * 1000000ull;
+}
+
+/* peer.c: control-thread callbacks (handshakes, connection blobs, inbound notifications). */
+void eng_on_notify(void *arg, const struct kvx_msg_notify *msg);
+int eng_on_connect(void *arg, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b, size_t *len_b);
+void eng_on_xport_events(void *arg);
+/* peer.c: connections (RCU entries) and their lifetime. */
+void eng_conn_table_free(void *value, void *ctx);
+void eng_hs_eps_destroy(struct peer *pr);
+void eng_conn_destroy(struct conn *c);
+/* Drop a reference (any thread); the last one hands the connection to the control lcore. */
+void eng_conn_put(struct conn *c);
+/* Ask the control lcore for a reader fence (any poller); returns its ticket. */
+uint64_t eng_fence_request(struct kvx_engine *e);
+/* Control thread (watch callback of ctl_efd): destroy dead connections, cut fences. */
+void eng_on_ctl_work(void *arg);
+/* App thread, control lcore stopped: destroy what is left on the dead stack. */
+void eng_conn_reap_stopped(struct kvx_engine *e);
+/* App thread, control lcore stopped: drop a reference, destroying at once on the last. */
+void eng_conn_put_stopped(struct conn *c);
+/* peer.c: handshake orchestration (any thread that owns an inbox: app or poller). */
+int eng_hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from);
+void eng_epoch_check_start(struct poller *po, struct peer *pr);
+/* peer.c: app thread, a peer identity for a submission. */
+struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp, bool handshake, int *rc);
+
+/* poller.c: the polling lcores' loop and its completion ring. */
+int eng_poll_fn(void *arg);
+void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c, enum kvx_cpl_kind kind,
+		   enum kvx_cpl_status st, int error, bool last);
+void eng_push_cpl(struct poller *po, const struct cmsg *c, unsigned n);
+void eng_remove_live(struct poller *po, struct xf *x);
+
+
+#endif /* KVX_ENGINE_INTERNAL_H */

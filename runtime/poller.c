@@ -1,0 +1,904 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The polling lcores: the poll loop and its glue (submissions, control messages, completions,
+ * timeouts, reader fences), posting through the providers, and outbound notifications through
+ * the poller's own control inbox. Every function here runs on the polling lcore that owns the
+ * transfer (eng_tid_poller()), except eng_cpl_build() / eng_push_cpl() / eng_remove_live(),
+ * which kvx_engine_stop() also calls once the pollers are joined. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* Pollers                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+static uint32_t port_off(const struct kvx_engine *e, uint32_t dp, uint32_t tp, uint32_t tp_size)
+{
+	uint32_t off = 0;
+	kvx_ctl_port_offset(e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE, dp, tp, tp_size,
+			    &off);
+	return off;
+}
+
+static uint32_t peer_tp(const struct kvx_engine *e, const struct peer *pr)
+{
+	return pr->tp_size ? pr->tp_size : e->p.tp_size;
+}
+
+/* Host of the peer's DP rank @p dp: its pod's host, else the peer host (PROTOCOL.md §5.8). */
+static const char *peer_host_of(const struct peer *pr, uint32_t dp)
+{
+	const char *host;
+	uint32_t local;
+	kvx_ctl_dp_target(dp, pr->dp_size_local, pr->n_pods ? pr->pod_ptr : NULL, pr->n_pods, pr->host, &host,
+			  &local);
+	return host;
+}
+
+/* Notify port of the peer TP rank this worker pairs with (PROTOCOL.md §2.4 targets). */
+static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *pr, uint32_t rtp)
+{
+	uint32_t ptp = peer_tp(e, pr);
+	return (uint16_t)(pr->notify_port + port_off(e, kvx_ctl_fold_local_rank(pr->dp_rank, pr->dp_size_local), rtp, ptp));
+}
+
+static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
+			   const char *tid, const uint32_t *blocks, uint32_t n);
+
+/* To the peer's own DP rank (its pod host). */
+static void send_notify(struct poller *po, const struct peer *pr, uint16_t port, enum kvx_msg_type t,
+			const char *tid, const uint32_t *blocks, uint32_t n)
+{
+	send_notify_to(po, peer_host_of(pr, pr->dp_rank), port, t, tid, blocks, n);
+}
+
+static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
+			   const char *tid, const uint32_t *blocks, uint32_t n)
+{
+	struct kvx_engine *e = po->e;
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = t;
+	strcpy(m.transfer_id, tid);
+	if (t == KVX_MSG_RELEASE) {
+		m.consumer_tp_size = e->p.tp_size;
+		m.has_consumer_tp_size = true;
+	} else if (t == KVX_MSG_REMOTE_BLOCKS) {
+		m.block_ids = (uint32_t *)blocks;
+		m.num_blocks = n;
+		m.decode_rank = e->p.dp_rank;
+		m.sender_epoch = kvx_ctl_epoch(e->ctl); /* names this incarnation (kvxfer peers) */
+	}
+	if (kvx_ctl_send_notify(po->ib, host, port, &m))
+		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
+}
+
+static void send_to_paired_rank(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid)
+{
+	struct kvx_engine *e = po->e;
+	uint32_t rtp = 0;
+	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, peer_tp(e, pr), &rtp, NULL, 0);
+	send_notify(po, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0);
+}
+
+/* D WRITE: remote_blocks / release go to every P TP rank, from TP rank 0 only (PROTOCOL.md
+ * §1.3 step 5b: the scheduler of the D DP rank sends once). */
+static void send_to_all_ranks(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid,
+			      const uint32_t *blocks, uint32_t n)
+{
+	struct kvx_engine *e = po->e;
+	if (e->p.tp_rank != 0)
+		return;
+	for (uint32_t r = 0; r < peer_tp(e, pr); r++)
+		send_notify(po, pr, peer_notify_port(e, pr, r), t, tid, blocks, n);
+}
+
+void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c, enum kvx_cpl_kind kind,
+		  enum kvx_cpl_status st, int error, bool last)
+{
+	memset(c, 0, sizeof(*c));
+	strcpy(c->c.transfer_id, x->tid);
+	c->c.kind = kind;
+	c->c.role = e->p.role;
+	c->c.status = st;
+	c->c.error = error;
+	c->c.bytes = x->bytes;
+	c->c.duration_ns = kvx_now_ns() - x->lf.start_ns;
+	c->xf = (void *)x;
+	c->last = last;
+}
+
+/* The ring holds 4 entries per transfer slot; at most 2 per transfer are ever queued. After a
+ * `last` entry is enqueued the application may reuse the xf: the caller must not touch it. */
+void eng_push_cpl(struct poller *po, const struct cmsg *c, unsigned n)
+{
+	kvx_ring_enqueue_elem_burst_sp(po->cpl, c, n, NULL);
+}
+
+void eng_remove_live(struct poller *po, struct xf *x)
+{
+	uint32_t i = x->live_idx;
+	po->live[i] = po->live[--po->n_live];
+	po->live[i]->live_idx = i;
+	x->live = false;
+	po->owned[x->slot] = 0;
+	if (x->t && x->t->user == x)
+		x->t->user = NULL;
+	x->t = NULL;
+	eng_conn_put(x->conn); /* retiring: no op of x is outstanding */
+	x->conn = NULL;
+}
+
+/* The transfer's entry in the poller's table while it still belongs to it (an entry made
+ * terminal stays until the LRU evicts it; evicted or reused, it no longer names x). */
+static struct kvx_xfer *xf_entry(struct xf *x)
+{
+	return x->t && x->t->user == x ? x->t : NULL;
+}
+
+/* The live transfer a handle names on this poller, or NULL (retired, reused). */
+static struct xf *handle_xf(struct poller *po, uint32_t slot, uint32_t gen)
+{
+	if (slot >= po->e->p.max_transfers || po->owned[slot] != gen)
+		return NULL;
+	return &po->e->xpool[slot];
+}
+
+static void count_terminal(struct poller *po, struct xf *x, enum kvx_cpl_status st)
+{
+	struct kvx_engine *e = po->e;
+	_Atomic uint64_t *c = st == KVX_CPL_DONE ? &e->st_done
+			      : st == KVX_CPL_ABORTED ? &e->st_aborted
+			      : st == KVX_CPL_TIMED_OUT ? &e->st_timed_out
+							: &e->st_failed;
+	atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&po->st_transfers, 1, memory_order_relaxed);
+	if (st == KVX_CPL_FAILED || st == KVX_CPL_TIMED_OUT)
+		atomic_fetch_add_explicit(&po->st_failures, 1, memory_order_relaxed);
+	if (x->peer) {
+		atomic_fetch_add_explicit(&x->peer->transfers, 1, memory_order_relaxed);
+		if (st != KVX_CPL_DONE)
+			atomic_fetch_add_explicit(&x->peer->failures, 1, memory_order_relaxed);
+	}
+}
+
+/* Report the terminal state once; if release_now the blocks are reusable too and the xf
+ * retires: it is unlinked first and the completions are enqueued last, so the poller never
+ * touches an xf the application may already have reused. */
+static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int error, bool release_now)
+{
+	struct kvx_engine *e = po->e;
+	struct cmsg c[2];
+	unsigned n = 0;
+	if (!x->lf.reported) {
+		x->lf.reported = true;
+		atomic_store_explicit(&x->final_error, error, memory_order_relaxed);
+		atomic_store_explicit(&x->final, 1 + (int)st, memory_order_release);
+		kvx_waiter_wake(&e->app_w);
+		count_terminal(po, x, st);
+		bool release_cpl = x->lf.kind == KVX_XFER_K_WRITE || x->lf.kind == KVX_XFER_K_SERVE || st != KVX_CPL_DONE;
+		eng_cpl_build(e, x, &c[n++], KVX_CPL_TRANSFER, st, error, release_now && !release_cpl);
+		if (release_now && release_cpl)
+			eng_cpl_build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
+		else if (release_cpl)
+			atomic_fetch_add_explicit(&e->st_quar, 1, memory_order_relaxed);
+	} else if (release_now && !x->lf.released) {
+		eng_cpl_build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
+	} else {
+		return;
+	}
+	if (release_now && !x->lf.released) {
+		x->lf.released = true;
+		kvx_ctl_mark_terminal(po->ib, x->tid);
+		eng_remove_live(po, x);
+	}
+	eng_push_cpl(po, c, n);
+}
+
+static void progress(struct poller *po, struct xf *x);
+static struct kvx_xfer *xf_entry(struct xf *x);
+
+/* P WRITE done: write_done to the D DP rank that sent remote_blocks (its decode rank, else the
+ * peer's), its TP rank paired with ours. */
+static void send_write_done(struct poller *po, struct xf *x)
+{
+	struct kvx_engine *e = po->e;
+	struct peer *pr = x->peer;
+	struct kvx_xfer *t = xf_entry(x);
+	int32_t decode_dp = t ? t->decode_dp_rank : -1;
+	uint32_t rtp = 0, dtp = peer_tp(e, pr);
+	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, dtp, &rtp, NULL, 0);
+	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
+	uint16_t port = (uint16_t)(pr->notify_port +
+				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
+	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
+}
+
+/* Perform what a lifecycle decision of xfer.c asks for (enum kvx_xfer_do, in its order). The
+ * transfer may retire here (KVX_XFER_DO_RELEASE): the caller must not touch it afterwards. */
+static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
+{
+	uint32_t a = o->act;
+	if (a & KVX_XFER_DO_SEND_RELEASE)
+		send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
+	if (a & KVX_XFER_DO_SEND_RELEASE_ALL)
+		send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+	if (a & KVX_XFER_DO_SEND_BLOCKS) {
+		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
+		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
+	}
+	if (a & KVX_XFER_DO_SEND_WRITE_DONE) {
+		if (a & KVX_XFER_DO_REPORT && o->status == KVX_CPL_DONE)
+			send_write_done(po, x);
+		else
+			send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+	}
+	if (a & KVX_XFER_DO_STOP_WRITES)
+		memset(x->want_post, 0, sizeof(x->want_post));
+	if (a & KVX_XFER_DO_FENCE) {
+		x->fence_ticket = eng_fence_request(po->e);
+		po->n_fence_pending++;
+	}
+	if (a & KVX_XFER_DO_REPORT) {
+		report(po, x, o->status, o->error, a & KVX_XFER_DO_RELEASE);
+		if (a & KVX_XFER_DO_RELEASE)
+			return;
+	} else if (a & KVX_XFER_DO_RELEASE) {
+		report(po, x, KVX_CPL_ABORTED, 0, true); /* reported already: releases only */
+		return;
+	}
+	if (a & KVX_XFER_DO_PROGRESS)
+		progress(po, x);
+}
+
+/* Feed one event into the transfer's lifecycle (kvx_xfer_step()) and perform its actions.
+ * Returns true if the transfer retired: the caller must not touch it afterwards. */
+static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
+{
+	struct kvx_engine *e = po->e;
+	struct kvx_xfer_out o;
+	ev.transfer_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
+	ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
+	if (ev.type == KVX_XFER_EV_ABORT)
+		ev.now_ns = kvx_now_ns(); /* the quarantine deadline; a tick brings its own */
+	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+	apply(po, x, &o);
+	return o.act & KVX_XFER_DO_RELEASE;
+}
+
+/* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
+ * unless a reference is taken). */
+static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
+{
+	return kvx_rcu_table_lookup_u64(po->e->conns, pr->id);
+}
+
+static void conn_stale(struct poller *po, struct conn *c);
+
+static void conn_bind(struct xf *x, struct conn *c)
+{
+	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* the table's ref is held */
+	x->conn = c;
+}
+
+/* 1 if x has a usable connection to post on (binding the peer's current one if needed), 0 to
+ * wait (no connection yet, re-handshake in progress, own ops still draining), or a negative
+ * errno: a WRITE bound to a connection whose peer has since restarted (new epoch: the
+ * consumer's allocation is gone, never write into the new process), or a transfer with no
+ * connection whose handshake failed (the failure can reach this poller before the submission
+ * that started it: M_PEER_FAILED then found no transfer to fail). */
+static int xf_conn(struct poller *po, struct xf *x)
+{
+	struct conn *c = x->conn;
+	if (c && !atomic_load_explicit(&c->stale, memory_order_acquire))
+		return 1;
+	if (c && x->lf.ops_out)
+		return 0;
+	if (c && x->lf.kind == KVX_XFER_K_READ) {
+		/* Bytes may have landed from the old endpoint: rehs_decide() settles it. */
+		x->await_rehs = true;
+		return 0;
+	}
+	struct conn *n = conn_lookup(po, x->peer);
+	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
+	if (!n && !c && hs == HS_FAILED) {
+		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
+		return err < 0 ? err : -ECONNREFUSED;
+	}
+	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) && hs == HS_READY)
+		eng_hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
+	else if (!n && hs == HS_IDLE)
+		eng_hs_start(po->e, po->ib, x->peer, HS_IDLE); /* the first one was refused (-EBUSY) */
+	if (!n || n == c || atomic_load_explicit(&n->stale, memory_order_acquire))
+		return 0;
+	if (c && x->lf.kind == KVX_XFER_K_WRITE && n->epoch != c->epoch)
+		return -ECONNRESET;
+	if (x->lf.kind == KVX_XFER_K_WRITE && x->alloc_epoch && n->epoch != x->alloc_epoch)
+		return -ECONNRESET; /* the allocation belongs to a consumer incarnation that is gone */
+	eng_conn_put(c);
+	conn_bind(x, n);
+	return 1;
+}
+
+
+/* How recent a successful completion on the link must be to vouch for the peer's epoch. */
+#define KVX_EPOCH_FRESH_NS 20000000ull
+
+/* P WRITE: which incarnation of the consumer made the allocation (remote_blocks)? tcp/shm do
+ * not watch idle connections, so a consumer that died and restarted on the same ports is not
+ * noticed until an op fails. Before a transfer's first post: if the link carried a successful
+ * op in the last KVX_EPOCH_FRESH_NS the connection's epoch is current; else the peer's
+ * metadata is fetched again (a handshake without connection setup, on the control lcore) and
+ * its epoch is the allocation's. If it differs from the connection's, the consumer restarted:
+ * the connection is marked stale and re-handshaken, and the transfer binds the new one. A
+ * transfer that ends up on a connection of another epoch than its allocation's fails with
+ * -ECONNRESET: nothing is written into a restarted consumer for an allocation it never made.
+ * A kvxfer consumer names its incarnation in remote_blocks (`kvx_epoch`, @p sent_epoch): that
+ * settles it at once, with no guess; the check above is for MoRIIO peers (sent_epoch 0).
+ * Returns true once alloc_epoch is settled. */
+static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_epoch)
+{
+	struct peer *pr = x->peer;
+	if (x->alloc_known)
+		return true;
+	struct conn *c = conn_lookup(po, pr);
+	bool stale = c && atomic_load_explicit(&c->stale, memory_order_acquire);
+	if (sent_epoch) {
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = sent_epoch;
+		if (c && !stale && c->epoch != sent_epoch)
+			conn_stale(po, c); /* the consumer restarted: re-handshake now */
+		return true;
+	}
+	if (x->check_wait && stale) {
+		/* A re-handshake runs anyway: its connection has the epoch current after the
+		 * allocation arrived. */
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = 0;
+		return true;
+	}
+	if (x->check_wait && atomic_load_explicit(&pr->check_done, memory_order_acquire) < x->check_need) {
+		eng_epoch_check_start(po, pr); /* no-op while one runs; a job that started before the
+					    * allocation arrived does not count */
+		return false;
+	}
+	if (x->check_wait) {
+		x->check_wait = false;
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = atomic_load_explicit(&pr->checked_epoch, memory_order_relaxed);
+		if (!x->alloc_epoch)
+			x->alloc_epoch = c ? c->epoch : 0; /* the check failed: trust the connection */
+		if (c && x->alloc_epoch != c->epoch)
+			conn_stale(po, c); /* restarted: re-handshake now */
+		return true;
+	}
+	if (!c || stale || kvx_now_ns() - c->link[po->k].last_ok_ns < KVX_EPOCH_FRESH_NS) {
+		/* No connection yet (the handshake in flight gives the current epoch), one being
+		 * replaced, or fresh proof of life. */
+		x->alloc_known = true;
+		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
+		x->alloc_epoch = c && !stale ? c->epoch : 0;
+		return true;
+	}
+	x->check_need = atomic_load_explicit(&pr->check_started, memory_order_acquire) + 1;
+	x->check_wait = true;
+	eng_epoch_check_start(po, pr);
+	return false;
+}
+
+
+static void list_link(struct poller *po, struct conn *c)
+{
+	struct clink *l = &c->link[po->k];
+	if (l->listed)
+		return;
+	l->listed = true;
+	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* held by a bound xf */
+	l->next = po->plist;
+	po->plist = c;
+}
+
+/* Post one layer of a transfer on its connection's link of this poller: plan (cached per
+ * geometry), one batch per caps.max_batch ops. */
+static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_xport_opcode op,
+		      const uint32_t *lids, const uint32_t *rids, size_t n)
+{
+	struct kvx_engine *e = po->e;
+	struct conn *c = x->conn;
+	struct clink *l = &c->link[po->k];
+	struct kvx_plan plan;
+	int rc = kvx_plan_cache_get(po->pc, &c->geom[layer], lids, rids, n, &plan);
+	if (rc < 0)
+		return rc;
+	uint32_t maxb = e->caps[c->xi].max_batch ? e->caps[c->xi].max_batch : 1;
+	uint32_t nb = (uint32_t)((plan.n + maxb - 1) / maxb);
+	if (nb == 0)
+		return 0;
+	for (size_t i = 0; i < plan.n; i++) {
+		po->ops[i] = (struct kvx_xport_op){.lmr = e->layers[layer].mr[c->xi], .rmr = l->rmr[layer],
+						   .loff = plan.loc[i], .roff = plan.rem[i], .len = plan.size[i]};
+	}
+	uint64_t cookie = ((uint64_t)x->slot << 16) | layer;
+	for (uint32_t b = 0; b < nb; b++) {
+		size_t first = (size_t)b * maxb;
+		uint32_t cnt = (uint32_t)(plan.n - first < maxb ? plan.n - first : maxb);
+		rc = kvx_xport_post_bulk(l->ep, op, po->ops + first, cnt, cookie);
+		if (rc) {
+			if (b == 0)
+				return rc; /* -ENOBUFS: retry the layer later */
+			/* A partial layer cannot be retried without double-posting: fail it. */
+			x->lf.failed = true;
+			x->lf.error = rc;
+			break;
+		}
+		x->lf.ops_out++;
+		x->layer_batches[layer]++;
+		l->outstanding++;
+		list_link(po, c);
+		atomic_fetch_add_explicit(&po->st_ops, cnt, memory_order_relaxed);
+		atomic_fetch_add_explicit(&x->peer->ops, cnt, memory_order_relaxed);
+	}
+	return 0;
+}
+
+/* After a re-handshake: retry a READ that moved nothing only against a new peer epoch (the old
+ * incarnation's blocks are gone either way); the same epoch means the producer fenced us (its
+ * defer timeout) or the link failed, and the blocks may have been reused: fail. */
+static void rehs_decide(struct poller *po, struct xf *x, struct conn *n)
+{
+	x->await_rehs = false;
+	if (n->epoch != x->peer_epoch && x->bytes == 0 && x->lf.ops_out == 0) {
+		x->lf.next_layer = 0;
+		x->lf.done_posting = false;
+		memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
+		eng_conn_put(x->conn);
+		conn_bind(x, n);
+		x->peer_epoch = n->epoch;
+		return;
+	}
+	x->lf.failed = true;
+	x->lf.error = -ECONNRESET;
+	x->lf.done_posting = true;
+}
+
+static void read_progress(struct poller *po, struct xf *x)
+{
+	struct kvx_engine *e = po->e;
+	if (x->lf.reported) {
+		/* Terminal (timed out / aborted): release P and the blocks once the ops are terminal. */
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+		return;
+	}
+	if (x->await_rehs) {
+		if (x->lf.ops_out)
+			return;
+		struct conn *n = conn_lookup(po, x->peer);
+		if (!n || n == x->conn || atomic_load_explicit(&n->stale, memory_order_acquire))
+			return; /* the re-handshake is still running */
+		rehs_decide(po, x, n);
+	}
+	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
+	if (!x->lf.failed && !x->lf.done_posting) {
+		int cr = xf_conn(po, x);
+		if (cr < 0) {
+			/* Its handshake failed before it had a connection: FAILED with that error. */
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = cr});
+			return;
+		}
+		if (cr == 0)
+			return;
+	}
+	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
+	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
+	if (x->lf.next_layer == 0 && x->conn)
+		x->peer_epoch = x->conn->epoch;
+	if (!x->lf.failed)
+		kvx_plan_cache_reset(po->pc);
+	while (!x->lf.failed && x->lf.next_layer < limit) {
+		if (post_layer(po, x, x->lf.next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
+			break;
+		x->lf.next_layer++;
+	}
+	if (x->lf.next_layer == e->n_layers || x->lf.failed)
+		x->lf.done_posting = true;
+	if (x->lf.done_posting && !x->lf.ops_out) /* else the step has nothing to decide */
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+}
+
+/* 1 the layer may be written, 0 not yet, negative errno if its event failed (hipEventQuery
+ * error). Never blocks (kvx_mem_event_query() is a load or one hipEventQuery). */
+static int layer_gate_open(const struct xf *x, uint32_t layer)
+{
+	const struct lgate *g = &x->gate[layer];
+	if (g->flag)
+		return atomic_load_explicit(g->flag, memory_order_acquire) != 0;
+	return kvx_mem_event_query(&g->ev);
+}
+
+/* The transfer may retire here: the caller must not touch it afterwards. */
+static void write_fail(struct poller *po, struct xf *x, int err)
+{
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = err});
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
+}
+
+static void write_progress(struct poller *po, struct xf *x)
+{
+	struct kvx_xfer *t = xf_entry(x);
+	if (x->lf.reported || !t || t->state != KVX_XFER_S_LIVE) {
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
+		return;
+	}
+	if (!t->has_alloc || !alloc_epoch_settle(po, x, t->alloc_epoch))
+		return;
+	int cr = xf_conn(po, x);
+	if (cr < 0) {
+		write_fail(po, x, cr);
+		return;
+	}
+	if (cr == 0)
+		return;
+	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
+	 * block (first generated token) stays unpaired (PROTOCOL.md §6 item 8). */
+	size_t nl = x->n, nr = t->n_remote_blocks, n = nl < nr ? nl : nr;
+	const uint32_t *lids = x->lblocks + (nl > nr ? nl - nr : 0);
+	kvx_plan_cache_reset(po->pc);
+	for (uint32_t w = 0; w < KVX_ENGINE_MAX_LAYERS / 64; w++) {
+		uint64_t bits = x->want_post[w];
+		while (bits) {
+			uint32_t layer = w * 64 + (uint32_t)__builtin_ctzll(bits);
+			bits &= bits - 1;
+			int g = layer_gate_open(x, layer);
+			if (g == 0)
+				continue;
+			if (g < 0) {
+				/* The producer's event failed: nothing of this layer is known to be
+				 * computed, so nothing more is written; the transfer fails. */
+				write_fail(po, x, g);
+				return;
+			}
+			if (post_layer(po, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
+				return;
+			x->want_post[w] &= ~(1ull << (layer % 64));
+			if (x->layer_batches[layer] == 0 && !x->lf.failed) {
+				/* Nothing to move for this layer (empty plan): it is done. */
+				if (step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN}))
+					return; /* write_done sent, retired */
+			}
+		}
+	}
+}
+
+static void progress(struct poller *po, struct xf *x)
+{
+	switch (x->lf.kind) {
+	case KVX_XFER_K_READ:
+		read_progress(po, x);
+		break;
+	case KVX_XFER_K_WRITE:
+		write_progress(po, x);
+		break;
+	case KVX_XFER_K_ANNOUNCE:
+	case KVX_XFER_K_SERVE:
+		break; /* driven by notifications and timeouts */
+	}
+}
+
+/* The poller's entry for a transfer id: found, or opened (a notification that arrives before
+ * its transfer is submitted is parked there). NULL if the table is full. */
+static struct kvx_xfer *tab_get(struct poller *po, const char *tid)
+{
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, tid);
+	if (!t && kvx_xfer_open(po->tab, tid, &t))
+		return NULL;
+	return t;
+}
+
+/* Attach x to its entry (announce, write, serve: the kinds that receive notifications). */
+static struct kvx_xfer *attach(struct poller *po, struct xf *x)
+{
+	struct kvx_xfer *t = tab_get(po, x->tid);
+	if (t) {
+		t->user = x;
+		x->t = t;
+	}
+	return t;
+}
+
+static void handle_submit(struct poller *po, struct xf *x)
+{
+	x->live_idx = po->n_live;
+	po->live[po->n_live++] = x;
+	x->live = true;
+	x->t = NULL;
+	po->owned[x->slot] = x->gen;
+	/* The kinds that receive notifications get their entry (found parked, or opened). */
+	if (x->lf.kind != KVX_XFER_K_READ && (x->n || x->lf.kind != KVX_XFER_K_ANNOUNCE))
+		attach(po, x);
+	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = x->n});
+}
+
+/* Inbound notification for a transfer id: the one place on a poller where an id is resolved
+ * (its table: the live transfer attached to the entry, or a parked entry). */
+static void handle_notify(struct poller *po, struct emsg *m)
+{
+	struct kvx_engine *e = po->e;
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
+	struct xf *x = t ? t->user : NULL;
+	struct kvx_xfer_ev ev = {.n_blocks = m->n, .block_ids = m->ptr, .decode_dp_rank = m->status};
+	switch (m->u32) {
+	case KVX_MSG_REMOTE_BLOCKS:
+		ev.type = KVX_XFER_EV_REMOTE_BLOCKS;
+		ev.alloc_epoch = m->u64;
+		break;
+	case KVX_MSG_RELEASE:
+		ev.type = KVX_XFER_EV_RELEASE;
+		ev.consumer_tp = (uint32_t)m->u64;
+		ev.producer_tp = e->p.tp_size;
+		break;
+	case KVX_MSG_WRITE_DONE:
+		ev.type = KVX_XFER_EV_WRITE_DONE;
+		ev.consumer_tp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
+		ev.producer_tp = e->p.tp_size;
+		break;
+	default:
+		return;
+	}
+	if (!t && !(x && x->lf.kind == KVX_XFER_K_WRITE))
+		t = tab_get(po, m->tid); /* before its submission: parked on the entry (faults b) */
+	if (x) {
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, t, &x->lf, &ev, &o);
+		if (o.late)
+			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
+		apply(po, x, &o);
+		return;
+	}
+	struct kvx_xfer_out o;
+	kvx_xfer_step(po->tab, t, NULL, &ev, &o);
+	if (o.late)
+		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
+}
+
+/* A connection's endpoint is in error state (transport.h: every op on it fails from now on):
+ * no new transfer binds it, and the peer is re-handshaken at once (a new connection with new
+ * endpoints; the old one drains and is freed when unreferenced) (PROTOCOL.md §6 item 18). */
+static void conn_stale(struct poller *po, struct conn *c)
+{
+	if (atomic_exchange_explicit(&c->stale, true, memory_order_acq_rel))
+		return;
+	atomic_fetch_add_explicit(&po->e->st_peer_resets, 1, memory_order_relaxed);
+	int rc = eng_hs_start(po->e, po->ib, c->pr, HS_READY);
+	(void)rc; /* -EALREADY: a handshake is already running; -ENOBUFS: retried by rehs_scan() */
+}
+
+static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xport_cpl *c)
+{
+	struct kvx_engine *e = po->e;
+	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
+	cn->link[po->k].outstanding--;
+	/* The cookie's slot names a transfer of this poller only while it is live here. */
+	if (slot >= e->p.max_transfers || !po->owned[slot] || layer >= e->n_layers)
+		return;
+	struct xf *x = &e->xpool[slot];
+	x->lf.ops_out--;
+	x->layer_batches[layer]--;
+	x->bytes += c->bytes;
+	atomic_fetch_add_explicit(&po->st_bytes, c->bytes, memory_order_relaxed);
+	atomic_fetch_add_explicit(&x->peer->bytes, c->bytes, memory_order_relaxed);
+	if (c->status == 0)
+		cn->link[po->k].last_ok_ns = kvx_now_ns();
+	if (c->status) {
+		bool ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0;
+		if (ep_dead)
+			conn_stale(po, cn);
+		/* Nothing of this READ landed and the endpoint is dead: the peer may have restarted
+		 * before the first op (a new epoch at re-handshake makes a retry equivalent to a fresh
+		 * transfer); decided in rehs_decide(). */
+		if (x->lf.kind == KVX_XFER_K_READ && ep_dead && x->bytes == 0 && !x->lf.failed)
+			x->await_rehs = true;
+		else if (!x->lf.failed) {
+			x->lf.failed = true;
+			x->lf.error = c->status;
+		}
+	}
+	if (x->layer_batches[layer] == 0 && !x->lf.failed) {
+		if (x->lf.kind == KVX_XFER_K_READ) {
+			/* Per-layer barrier: release pairs with the acquire in kvx_xfer_layer_poll(). */
+			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
+			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
+		} else if (x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported) {
+			if (step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN}))
+				return; /* write_done sent, retired */
+		}
+	}
+	if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported)
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = x->lf.error});
+	progress(po, x);
+}
+
+static void handle_sub(struct poller *po, struct smsg *m)
+{
+	if (m->type == M_SUBMIT) {
+		handle_submit(po, (struct xf *)m->ptr);
+		return;
+	}
+	struct xf *x = handle_xf(po, m->slot, m->gen);
+	if (!x || x->lf.reported)
+		return;
+	switch (m->type) {
+	case M_LAYER_READY: {
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, xf_entry(x), &x->lf,
+			      &(struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_READY, .layer = m->u32}, &o);
+		if (!(o.act & KVX_XFER_DO_POST_LAYER))
+			return; /* duplicate (transfer, layer): no-op */
+		x->gate[m->u32].flag = m->ptr;
+		x->gate[m->u32].ev = m->ev;
+		x->want_post[m->u32 / 64] |= 1ull << (m->u32 % 64);
+		write_progress(po, x);
+		return;
+	}
+	case M_SEAL:
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = m->u32});
+		return;
+	case M_ABORT:
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
+		return;
+	default:
+		return;
+	}
+}
+
+static void handle_cin(struct poller *po, struct emsg *m)
+{
+	struct peer *pr = m->ptr;
+	if (m->type == M_NOTIFY) {
+		handle_notify(po, m);
+		return;
+	}
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		if (x->peer == pr && !x->lf.reported) {
+			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
+			if (m->type == M_PEER_FAILED)
+				step(po, x,
+				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound, .error = m->status});
+			else
+				progress(po, x);
+		}
+		if (po->n_live == before)
+			i++;
+	}
+}
+
+/* P READ defer timeout (PROTOCOL.md §5.4 with §6 item 11): the producer cannot see one-sided
+ * reads, so it revokes them: destroying the target endpoints makes every consumer's further
+ * access impossible (verbs: the QPs are gone; tcp: the context's progress stops serving them at
+ * its next call), and only then are the blocks reported reusable. shm cannot be revoked by the
+ * target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
+ * endpoints (eng_on_ctl_work(): fence_cut); poller 0, the thread of kvx_xport_progress(),
+ * confirms once a progress call that began after the cut has returned (fence_done). */
+static void fence_confirm(struct poller *po, uint64_t cut)
+{
+	struct kvx_engine *e = po->e;
+	if (cut != atomic_load_explicit(&e->fence_done, memory_order_relaxed))
+		atomic_store_explicit(&e->fence_done, cut, memory_order_release);
+}
+
+/* Serve transfers whose fence is done: their blocks are reusable now. */
+static void fence_release(struct poller *po)
+{
+	uint64_t done = atomic_load_explicit(&po->e->fence_done, memory_order_acquire);
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		if (x->lf.fence_pending && x->fence_ticket <= done) {
+			po->n_fence_pending--;
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED});
+		}
+		if (po->n_live == before)
+			i++;
+	}
+}
+
+static void scan_timeouts(struct poller *po, uint64_t now)
+{
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? xf_entry(x) : NULL;
+		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK, .now_ns = now, .has_alloc = tw && tw->has_alloc});
+		if (po->n_live == before)
+			i++;
+	}
+	if (po->n_fence_pending)
+		fence_release(po);
+}
+
+/* A stale connection whose re-handshake could not be queued (inbox full): retry. */
+static void rehs_scan(struct poller *po)
+{
+	for (struct conn *c = po->plist; c; c = c->link[po->k].next)
+		if (atomic_load_explicit(&c->stale, memory_order_relaxed) &&
+		    atomic_load_explicit(&c->pr->hs_state, memory_order_acquire) == HS_READY &&
+		    conn_lookup(po, c->pr) == c)
+			eng_hs_start(po->e, po->ib, c->pr, HS_READY);
+}
+
+int eng_poll_fn(void *arg)
+{
+	struct poller *po = arg;
+	struct kvx_engine *e = po->e;
+	int busy = 0;
+	struct smsg sm[16];
+	unsigned n = kvx_ring_dequeue_elem_burst_sc(po->sub, sm, 16, NULL);
+	for (unsigned i = 0; i < n; i++)
+		handle_sub(po, &sm[i]);
+	busy |= n != 0;
+	struct emsg m[8];
+	n = kvx_ring_dequeue_elem_burst_sc(po->cin, m, 8, NULL);
+	for (unsigned i = 0; i < n; i++)
+		handle_cin(po, &m[i]);
+	busy |= n != 0;
+	/* Completions on this poller's link of every connection with ops outstanding. New
+	 * connections are listed at the head, so they are not visited this round. */
+	struct kvx_xport_cpl c[32];
+	for (struct conn *cn = po->plist; cn;) {
+		struct clink *l = &cn->link[po->k];
+		struct conn *next = l->next;
+		if (l->outstanding) {
+			int k = kvx_xport_poll_burst(l->ep, c, 32);
+			for (int i = 0; i < k; i++)
+				handle_cpl(po, cn, &c[i]);
+			busy |= k > 0 || l->outstanding != 0;
+		}
+		cn = next;
+	}
+	for (struct conn **pp = &po->plist; *pp;) {
+		struct conn *cn = *pp;
+		struct clink *l = &cn->link[po->k];
+		if (l->outstanding) {
+			pp = &l->next;
+			continue;
+		}
+		*pp = l->next;
+		l->listed = false;
+		eng_conn_put(cn);
+	}
+	/* Transfers waiting on the send queue, a connection or a layer's readiness event. */
+	for (uint32_t i = 0; i < po->n_live;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		if (!x->lf.reported && ((x->lf.kind == KVX_XFER_K_READ && !x->lf.done_posting) || x->lf.kind == KVX_XFER_K_WRITE))
+			progress(po, x);
+		if (po->n_live == before)
+			i++;
+	}
+	if (po->k == 0) {
+		/* Loaded before the progress calls: the cut's endpoints are out of any call below. */
+		uint64_t cut = atomic_load_explicit(&e->fence_cut, memory_order_acquire);
+		for (uint32_t i = 0; i < e->n_xctx; i++)
+			if (e->caps[i].needs_progress)
+				busy |= kvx_xport_progress(e->xctx[i]) > 0;
+		fence_confirm(po, cut);
+	}
+	uint64_t now = kvx_now_ns();
+	if (now >= po->next_scan_ns) {
+		po->next_scan_ns = now + 1000000ull;
+		scan_timeouts(po, now);
+		rehs_scan(po);
+	}
+	/* Idle sleeps are capped at 1 ms (kvx_engine_start), which bounds how late a deadline
+	 * or a tcp target request is noticed. */
+	return busy ? KVX_POLL_BUSY : KVX_POLL_IDLE;
+}
