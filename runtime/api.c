@@ -332,13 +332,6 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 	return got;
 }
 
-bool kvx_engine_test_alloc_settled(struct kvx_engine *e, const char *transfer_id)
-{
-	struct kvx_xfer *r = kvx_xfer_find(e->reg, transfer_id);
-	struct xf *x = r && r->state == KVX_XFER_S_LIVE ? r->user : NULL;
-	return x && atomic_load_explicit(&x->alloc_known_pub, memory_order_acquire);
-}
-
 void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers)
 {
 	atomic_store_explicit(&e->test_hold_layers, on ? n_layers : UINT32_MAX, memory_order_relaxed);

@@ -199,7 +199,6 @@ struct xf {
 	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
 	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
 	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
-	atomic_bool alloc_known_pub; /* the same, for the runtime_internal.h test hook */
 	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
 	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
 	uint64_t bytes;

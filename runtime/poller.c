@@ -349,7 +349,6 @@ static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_ep
 	if (sent_epoch) {
 		x->check_wait = false;
 		x->alloc_known = true;
-		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
 		x->alloc_epoch = sent_epoch;
 		if (c && !stale && c->epoch != sent_epoch)
 			conn_stale(po, c); /* the consumer restarted: re-handshake now */
@@ -360,7 +359,6 @@ static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_ep
 		 * allocation arrived. */
 		x->check_wait = false;
 		x->alloc_known = true;
-		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
 		x->alloc_epoch = 0;
 		return true;
 	}
@@ -372,7 +370,6 @@ static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_ep
 	if (x->check_wait) {
 		x->check_wait = false;
 		x->alloc_known = true;
-		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
 		x->alloc_epoch = atomic_load_explicit(&pr->checked_epoch, memory_order_relaxed);
 		if (!x->alloc_epoch)
 			x->alloc_epoch = c ? c->epoch : 0; /* the check failed: trust the connection */
@@ -384,7 +381,6 @@ static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_ep
 		/* No connection yet (the handshake in flight gives the current epoch), one being
 		 * replaced, or fresh proof of life. */
 		x->alloc_known = true;
-		atomic_store_explicit(&x->alloc_known_pub, true, memory_order_release);
 		x->alloc_epoch = c && !stale ? c->epoch : 0;
 		return true;
 	}

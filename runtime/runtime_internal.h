@@ -259,9 +259,5 @@ int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t 
  * off lifts the hold. Any thread; takes effect at the poller's next iteration. */
 struct kvx_engine;
 void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers);
-/* Test hook (tests/runtime only): true once the producer's poller attributed the consumer
- * allocation (remote_blocks) of a live WRITE transfer to a consumer epoch (engine.c
- * alloc_epoch_settle()). Application thread. */
-bool kvx_engine_test_alloc_settled(struct kvx_engine *e, const char *transfer_id);
 
 #endif /* KVX_RUNTIME_INTERNAL_H */
