@@ -500,7 +500,8 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 				 t->error ? kvx_strerror(t->error) : "");
 			fold_reason(D, txt);
 		}
-		logv(D, "%s soak-%" PRIu64 " %s %s%s%s", proc_name[which], t->idx, status_name(t->status),
+		if (t->status != KVX_CPL_DONE)
+			logv(D, "%s soak-%" PRIu64 " %s %s%s%s", proc_name[which], t->idx, status_name(t->status),
 		     t->error ? kvx_strerror(t->error) : "", t->detail[0] ? ": " : "", t->detail);
 		if (s->hung) /* late, but terminal: still counted hung (it passed 2x its deadline) */
 			logv(D, "hung %s soak-%" PRIu64 " became terminal", proc_name[which], t->idx);
