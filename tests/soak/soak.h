@@ -79,6 +79,7 @@ struct soak_req {
 
 struct soak_idx {
 	uint64_t idx;
+	uint64_t t_ns; /**< Sender's CLOCK_MONOTONIC at the event (SUBMITTED: the submission), ns. */
 };
 
 /** Verification verdict of a DONE transfer on the consumer. */
@@ -91,6 +92,7 @@ struct soak_term {
 	uint64_t bytes;
 	uint32_t verify; /**< enum soak_verify. */
 	uint32_t bad_planes;
+	uint64_t t_ns;   /**< Role's CLOCK_MONOTONIC when it polled the completion, ns. */
 	char detail[160];
 };
 
@@ -126,6 +128,8 @@ struct soak_role_opts {
 	uint16_t hs_port, nt_port; /**< 0 = ephemeral (first incarnation). */
 	uint32_t timeout_ms;
 	uint32_t pool_blocks, max_blocks;
+	uint32_t corrupt_every; /**< Checker self-test: producer fills every Nth request with another
+	                             request's pattern; consumer scribbles into a block it just freed. */
 	int ctl_fd;
 };
 

@@ -46,6 +46,7 @@ struct opts {
 	const char *trace;
 	uint32_t trace_tokens;   /* tokens per block when mapping a trace's input length */
 	const char *log;
+	uint32_t corrupt_every;
 	bool verbose;
 };
 
@@ -113,13 +114,15 @@ struct driver {
 	uint64_t injected[F_N];
 	bool skipped[F_N];
 	/* results */
-	uint64_t requests, done_verified, corrupt, hung, leaked, foreign, crashed, lost[2], disagree;
+	uint64_t requests, done_verified, corrupt, hung, hung_late, leaked, foreign, crashed, lost[2], disagree;
 	uint64_t never_started;
 	struct reason reasons[MAX_REASONS];
 	size_t nreasons;
 	char first_corrupt[256];
 	uint64_t t0;
 };
+
+static bool side_hung(const struct driver *D, int w, const struct side *s, uint64_t now);
 
 static volatile sig_atomic_t g_interrupted;
 static void on_signal(int s)
@@ -170,7 +173,7 @@ static int spawn(struct driver *D, int which)
 		return -errno;
 	int role = which == PX_P ? P : which == PX_C ? C : which;
 	const char *ns = D->use_net ? (role == P ? D->net.ns[0] : D->net.ns[1]) : NULL;
-	char fdbuf[16], hs[16], nt[16], to[16], pb[16], mb[16], fwd[16];
+	char fdbuf[16], hs[16], nt[16], to[16], pb[16], mb[16], fwd[16], ce[16];
 	snprintf(fdbuf, sizeof(fdbuf), "%d", sv[1]);
 	snprintf(hs, sizeof(hs), "%u", p->hs);
 	snprintf(nt, sizeof(nt), "%u", p->nt);
@@ -178,6 +181,7 @@ static int spawn(struct driver *D, int which)
 	snprintf(pb, sizeof(pb), "%u", D->o.pool_blocks);
 	snprintf(mb, sizeof(mb), "%u", D->o.max_req_blocks);
 	snprintf(fwd, sizeof(fwd), "%u", D->pr[role].nt);
+	snprintf(ce, sizeof(ce), "%u", D->o.corrupt_every);
 	const char *argv[32];
 	int a = 0;
 	argv[a++] = D->self;
@@ -198,6 +202,8 @@ static int spawn(struct driver *D, int which)
 		argv[a++] = pb;
 		argv[a++] = "--max-blocks";
 		argv[a++] = mb;
+		argv[a++] = "--corrupt-every";
+		argv[a++] = ce;
 	} else {
 		argv[a++] = "proxy";
 		argv[a++] = "--fwd-port";
@@ -428,7 +434,6 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 		}
 		return;
 	}
-	const uint64_t now = soak_now_ns();
 	switch (h->type) {
 	case SOAK_HELLO: {
 		const struct soak_hello *m = pl;
@@ -450,11 +455,12 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 		if (!r || r->s[which].st != S_SENT)
 			return;
 		r->s[which].st = S_SUB;
-		r->s[which].sub_ns = now;
+		/* The role's clock: a driver that reads late does not make a transfer look slow. */
+		r->s[which].sub_ns = ((const struct soak_idx *)pl)->t_ns;
 		r->s[which].stop_at_sub = p->stop_total;
 		if (which == P && D->abort_armed) {
 			/* abort right after serve / write_begin (issue 14 items 1 and 6) */
-			struct soak_idx m = {r->idx};
+			struct soak_idx m = {r->idx, 0};
 			soak_send(p->fd, SOAK_ABORT, &m, sizeof(m), NULL, 0);
 			D->abort_armed = false;
 			D->injected[F_ABORT_P]++;
@@ -479,6 +485,15 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 		if (!r || (r->s[which].st != S_SUB && r->s[which].st != S_SENT))
 			return;
 		struct side *s = &r->s[which];
+		if (s->st == S_SUB && !s->hung && side_hung(D, which, s, t->t_ns)) {
+			s->hung = true;
+			D->hung++;
+			fprintf(stderr, "kvx-soak: HUNG %s soak-%" PRIu64 " (%u blocks): terminal only %.1f s after "
+					"submission (%s)\n", proc_name[which], r->idx, r->blocks,
+				(double)(t->t_ns - s->sub_ns) / 1e9, status_name(t->status));
+		}
+		if (s->hung)
+			D->hung_late++;
 		s->st = S_TERM;
 		s->status = t->status;
 		s->error = t->error;
@@ -503,8 +518,6 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 		if (t->status != KVX_CPL_DONE)
 			logv(D, "%s soak-%" PRIu64 " %s %s%s%s", proc_name[which], t->idx, status_name(t->status),
 		     t->error ? kvx_strerror(t->error) : "", t->detail[0] ? ": " : "", t->detail);
-		if (s->hung) /* late, but terminal: still counted hung (it passed 2x its deadline) */
-			logv(D, "hung %s soak-%" PRIu64 " became terminal", proc_name[which], t->idx);
 		return;
 	}
 	case SOAK_FREED: {
@@ -633,7 +646,18 @@ static void recover(struct driver *D, uint64_t now, bool force)
 	}
 }
 
-/* Sides past 2x their deadline (SIGSTOP time of their role excluded) are hung. */
+/* Sides still open at @p now (or terminal only at @p now) more than 2x their deadline after
+ * submission, SIGSTOP time of their role excluded, are hung. Deadlines: consumer
+ * transfer_timeout, producer defer_timeout (2x: it may wait that long for the consumer). */
+static bool side_hung(const struct driver *D, int w, const struct side *s, uint64_t now)
+{
+	const uint64_t T = timeout_ns(D);
+	const struct proc *p = &D->pr[w];
+	uint64_t stopped = p->stop_total - s->stop_at_sub + (p->stopped ? now - p->stop_since : 0);
+	uint64_t deadline = w == P ? 2 * T : T;
+	return now > s->sub_ns && now - s->sub_ns > 2 * deadline + stopped;
+}
+
 static void check_hung(struct driver *D, uint64_t now)
 {
 	const uint64_t T = timeout_ns(D);
@@ -645,11 +669,8 @@ static void check_hung(struct driver *D, uint64_t now)
 			struct side *s = &r->s[w];
 			if (s->st != S_SUB || s->hung)
 				continue;
-			const struct proc *p = &D->pr[w];
-			uint64_t stopped = p->stop_total - s->stop_at_sub + (p->stopped ? now - p->stop_since : 0);
-			/* Deadlines: consumer transfer_timeout; producer defer_timeout (2x). */
 			uint64_t deadline = w == P ? 2 * T : T;
-			if (now - s->sub_ns > 2 * deadline + stopped) {
+			if (side_hung(D, w, s, now)) {
 				s->hung = true;
 				D->hung++;
 				fprintf(stderr, "kvx-soak: HUNG %s soak-%" PRIu64 " (%u blocks): not terminal %.1f s "
@@ -898,13 +919,13 @@ static void summary(struct driver *D)
 	printf("kvx-soak: seed=%" PRIu64 " mode=%s -t %s timeout=%ums duration=%.0fs | faults=%" PRIu64
 	       " (%s)%s%s%s | requests=%" PRIu64 " done=%" PRIu64 " (all verified) failed/timed-out=%" PRIu64
 	       " (%s) lost-to-kill=P:%" PRIu64 "/C:%" PRIu64 " disagree=%" PRIu64 " | corrupt=%" PRIu64
-	       " (foreign-writes=%" PRIu64 ") hung=%" PRIu64 " leaked=%" PRIu64 " crashed=%" PRIu64
+	       " (foreign-writes=%" PRIu64 ") hung=%" PRIu64 " (terminal-late=%" PRIu64 ") leaked=%" PRIu64 " crashed=%" PRIu64
 	       " never-started=%" PRIu64 " | %s\n",
 	       D->o.seed, D->o.write_mode ? "write" : "read", D->o.transport, D->o.timeout_ms,
 	       (double)(soak_now_ns() - D->t0) / 1e9, total, faults[0] ? faults : "none",
 	       skipped[0] ? " skipped=(" : "", skipped, skipped[0] ? ")" : "", D->requests,
 	       D->done_verified, failed, reasons[0] ? reasons : "none", D->lost[P], D->lost[C], D->disagree,
-	       D->corrupt, D->foreign, D->hung, D->leaked, D->crashed, D->never_started,
+	       D->corrupt, D->foreign, D->hung, D->hung_late, D->leaked, D->crashed, D->never_started,
 	       pass ? "PASS" : "FAIL");
 	if (D->first_corrupt[0])
 		printf("kvx-soak: first corruption: %s\n", D->first_corrupt);
@@ -919,9 +940,11 @@ static void usage(FILE *f)
 		"usage: kvx-soak [--seed N] [--duration S] [--mode read|write] [-t tcp|shm]\n"
 		"                [--faults LIST|all|none] [--timeout-ms MS] [--concurrency N]\n"
 		"                [--pool-blocks N] [--max-req-blocks N] [--gap MIN,MAX] [--trace FILE]\n"
-		"                [--trace-tokens N] [--log FILE] [-v]\n"
+		"                [--trace-tokens N] [--log FILE] [--corrupt-every N] [-v]\n"
 		"faults: kill-producer kill-consumer stop-producer stop-consumer partition-long\n"
 		"        partition-short dup-notify drop-notify abort-producer\n"
+		"--corrupt-every N: checker self-test (every Nth request is filled with another\n"
+		"request's bytes and the consumer scribbles into a block it freed): must FAIL.\n"
 		"Prints one summary line; exit 0 only with 0 corrupt, 0 hung, 0 leaked, 0 crashed.\n");
 }
 
@@ -962,7 +985,7 @@ int main(int argc, char **argv)
 	struct soak_role_opts ro = {.transport = "tcp", .ctl_fd = -1};
 	uint16_t fwd = 0;
 	enum { O_SEED = 256, O_DUR, O_MODE, O_FAULTS, O_TO, O_CONC, O_POOL, O_MAXB, O_GAP, O_TRACE, O_TTOK, O_LOG,
-	       O_ROLE, O_HOST, O_HS, O_NT, O_CTL, O_FWD, O_MB };
+	       O_ROLE, O_HOST, O_HS, O_NT, O_CTL, O_FWD, O_MB, O_CE };
 	static const struct option lo[] = {
 		{"seed", 1, 0, O_SEED}, {"duration", 1, 0, O_DUR}, {"mode", 1, 0, O_MODE},
 		{"faults", 1, 0, O_FAULTS}, {"timeout-ms", 1, 0, O_TO}, {"concurrency", 1, 0, O_CONC},
@@ -970,6 +993,7 @@ int main(int argc, char **argv)
 		{"trace", 1, 0, O_TRACE}, {"trace-tokens", 1, 0, O_TTOK}, {"log", 1, 0, O_LOG},
 		{"role", 1, 0, O_ROLE}, {"host", 1, 0, O_HOST}, {"hs-port", 1, 0, O_HS}, {"nt-port", 1, 0, O_NT},
 		{"ctl-fd", 1, 0, O_CTL}, {"fwd-port", 1, 0, O_FWD}, {"max-blocks", 1, 0, O_MB},
+		{"corrupt-every", 1, 0, O_CE},
 		{"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "t:vh", lo, NULL)) != -1) {
@@ -998,6 +1022,7 @@ int main(int argc, char **argv)
 		case O_CONC: o->concurrency = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_POOL: o->pool_blocks = ro.pool_blocks = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_MAXB: o->max_req_blocks = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case O_CE: o->corrupt_every = ro.corrupt_every = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_MB: ro.max_blocks = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_GAP:
 			if (sscanf(optarg, "%lf,%lf", &o->gap_min, &o->gap_max) != 2 || o->gap_min <= 0 ||

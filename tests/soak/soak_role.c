@@ -36,6 +36,7 @@ struct rx {
 	uint32_t *ids, *remote;
 	uint32_t next_layer; /* WRITE producer: next layer to mark ready */
 	bool sealed, got_term, got_rel;
+	uint64_t t_term; /* when the terminal completion was polled */
 	int status;
 	char tid[40];
 };
@@ -133,11 +134,15 @@ static struct rx *rx_get(struct role *R, uint64_t idx)
 /* Blocks back to the pool (poisoned on the consumer), record freed, driver told. */
 static void rx_finish(struct role *R, struct rx *x)
 {
-	if (!R->o->producer)
+	if (!R->o->producer && x->ids) {
 		poison(R, x->ids, x->blocks);
+		/* --corrupt-every N (checker self-test): a write into a block that is now free. */
+		if (R->o->corrupt_every && x->idx % R->o->corrupt_every == 1)
+			blk(R, SOAK_LAYERS - 1, 1, x->ids[0])[SOAK_BLOCK_BYTES - 1] ^= 0x5a;
+	}
 	if (x->ids && perf_pool_free(R->pool, x->ids, x->blocks))
 		fatal(R, "the pool rejected a free (double free)");
-	struct soak_idx m = {x->idx};
+	struct soak_idx m = {x->idx, soak_now_ns()};
 	free(x->ids);
 	free(x->remote);
 	memset(x, 0, sizeof(*x));
@@ -148,14 +153,14 @@ static void send_term(struct role *R, const struct rx *x, int32_t status, int32_
 		      uint32_t verdict, uint32_t bad, const char *detail)
 {
 	struct soak_term t = {.idx = x->idx, .status = status, .error = error, .bytes = bytes,
-			      .verify = verdict, .bad_planes = bad};
+			      .verify = verdict, .bad_planes = bad, .t_ns = x->t_term};
 	snprintf(t.detail, sizeof(t.detail), "%s", detail ? detail : "");
 	report(R, SOAK_TERM, &t, sizeof(t), NULL, 0);
 }
 
 static void submitted(struct role *R, struct rx *x)
 {
-	struct soak_idx m = {x->idx};
+	struct soak_idx m = {x->idx, soak_now_ns()};
 	report(R, SOAK_SUBMITTED, &m, sizeof(m), NULL, 0);
 }
 
@@ -170,10 +175,12 @@ static void rejected(struct role *R, struct rx *x, int rc, const char *what)
 
 static void fill(struct role *R, const struct rx *x)
 {
+	/* --corrupt-every N (checker self-test): every Nth request carries the next one's bytes. */
+	uint64_t req = R->o->corrupt_every && x->idx % R->o->corrupt_every == 0 ? x->idx + 1 : x->idx;
 	for (uint32_t l = 0; l < SOAK_LAYERS; l++)
 		for (uint32_t i = 0; i < x->blocks; i++)
 			for (uint32_t p = 0; p < 2; p++) {
-				struct perf_pattern_key k = key_of(x->idx, l, p, i);
+				struct perf_pattern_key k = key_of(req, l, p, i);
 				perf_pattern_fill(blk(R, l, p, x->ids[i]), SOAK_BLOCK_BYTES, &k);
 			}
 }
@@ -301,6 +308,7 @@ static void handle_cpl(struct role *R, const struct kvx_completion *c)
 			return;
 		}
 		x->got_term = true;
+		x->t_term = soak_now_ns();
 		x->status = (int)c->status;
 		if (x->st == RX_LAYERS)
 			x->st = RX_SUBMITTED;
