@@ -410,8 +410,9 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 			}
 		} else if (t->status != KVX_CPL_DONE) {
 			char txt[64];
-			snprintf(txt, sizeof(txt), "%s %s %s", which == P ? "P" : "C", status_name(t->status),
-				 t->error ? kvx_strerror(t->error) : "");
+			const char *en = t->error < 0 ? strerrorname_np(-t->error) : NULL;
+			snprintf(txt, sizeof(txt), "%s:%s%s%s", which == P ? "P" : "C", status_name(t->status),
+				 en ? "/" : "", en ? en : "");
 			fold_reason(D, txt);
 		}
 		if (t->status != KVX_CPL_DONE)

@@ -44,22 +44,22 @@ static void summary(struct driver *D)
 		snprintf(faults + strlen(faults), sizeof(faults) - strlen(faults), "%s%s=%" PRIu64,
 			 faults[0] ? " " : "", soak_fault_name[f], D->injected[f]);
 	}
-	uint64_t failed = 0;
+	uint64_t failed[2] = {0, 0};
 	for (size_t i = 0; i < D->nreasons; i++) {
-		failed += D->reasons[i].n;
+		failed[D->reasons[i].text[0] == 'C'] += D->reasons[i].n;
 		snprintf(reasons + strlen(reasons), sizeof(reasons) - strlen(reasons), "%s%s=%" PRIu64,
 			 reasons[0] ? ", " : "", D->reasons[i].text, D->reasons[i].n);
 	}
 	bool pass = !D->corrupt && !D->hung && !D->leaked && !D->crashed;
 	printf("kvx-soak: seed=%" PRIu64 " mode=%s -t %s timeout=%ums duration=%.0fs | faults=%" PRIu64
-	       " (%s)%s%s%s | requests=%" PRIu64 " done=%" PRIu64 " (all verified) failed/timed-out=%" PRIu64
+	       " (%s)%s%s%s | requests=%" PRIu64 " done=%" PRIu64 " (all verified) failed/timed-out=C:%" PRIu64 "/P:%" PRIu64
 	       " (%s) lost-to-kill=P:%" PRIu64 "/C:%" PRIu64 " disagree=%" PRIu64 " | corrupt=%" PRIu64
 	       " (foreign-writes=%" PRIu64 ") hung=%" PRIu64 " (terminal-late=%" PRIu64 ") leaked=%" PRIu64 " crashed=%" PRIu64
 	       " never-started=%" PRIu64 " | %s\n",
 	       D->o.seed, D->o.write_mode ? "write" : "read", D->o.transport, D->o.timeout_ms,
 	       (double)(soak_now_ns() - D->t0) / 1e9, total, faults[0] ? faults : "none",
 	       skipped[0] ? " skipped=(" : "", skipped, skipped[0] ? ")" : "", D->requests,
-	       D->done_verified, failed, reasons[0] ? reasons : "none", D->lost[P], D->lost[C], D->disagree,
+	       D->done_verified, failed[1], failed[0], reasons[0] ? reasons : "none", D->lost[P], D->lost[C], D->disagree,
 	       D->corrupt, D->foreign, D->hung, D->hung_late, D->leaked, D->crashed, D->never_started,
 	       pass ? "PASS" : "FAIL");
 	if (D->first_corrupt[0])
