@@ -525,6 +525,10 @@ int soak_role_main(const struct soak_role_opts *o)
 	}
 	exit_code = 0;
 	kvx_engine_destroy(R.e);
+	for (size_t i = 0; i < MAX_RX; i++) {
+		free(R.rx[i].ids);
+		free(R.rx[i].remote);
+	}
 	for (uint32_t l = 0; l < SOAK_LAYERS; l++)
 		munmap(R.layer[l], R.layer_bytes);
 	perf_pool_destroy(R.pool);
