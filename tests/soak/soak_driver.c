@@ -498,7 +498,7 @@ static void inject(struct driver *D, uint64_t now)
 			return;
 		}
 		D->active_fault = f;
-		D->recover_at_ns = now + (uint64_t)((double)T * (f == F_PART_LONG ? rnd_unit(D, 1.3, 2.5)
+		D->recover_at_ns = now + (uint64_t)((double)T * (f == F_PART_LONG ? rnd_unit(D, 1.5, 4.0)
 										   : rnd_unit(D, 0.1, 0.6)));
 		break;
 	case F_DUP:
