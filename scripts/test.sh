@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command (2): install dependencies, build, and run every test.
-#   1. release build + all Criterion tests through ctest
+#   1. release build + all tests through ctest: the Criterion tests and the fault soak's short form
+#      (tests/soak, ctest label "soak": READ/WRITE x tcp/shm with the fault kinds that pass today)
 #   2. ASan+UBSan build + all tests
 #   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan")
 #   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
