@@ -584,6 +584,26 @@ static void check_hung(struct driver *D, uint64_t now)
 
 /* ---- main loop --------------------------------------------------------------------------- */
 
+/* Child @p w exited with wait status @p st: account it, and schedule a role's restart (a
+ * restart that found its fixed port still held is retried 200 ms later, at most 50 times). */
+static void child_exited(struct driver *D, int w, int st)
+{
+	struct proc *p = &D->pr[w];
+	bool retry = w <= C && !p->up && WIFEXITED(st) && WEXITSTATUS(st) == SOAK_EXIT_ADDRINUSE &&
+		     p->addrinuse_retries < 50;
+	if (retry) {
+		p->addrinuse_retries++;
+		p->expect_death = true;
+	}
+	if (w > C && !p->expect_death) {
+		fprintf(stderr, "kvx-soak: %s died\n", proc_name[w]);
+		D->crashed++;
+	}
+	role_died(D, w, st);
+	if (retry)
+		p->restart_at = soak_now_ns() + ms_ns(200);
+}
+
 static void reap(struct driver *D)
 {
 	for (;;) {
@@ -591,25 +611,9 @@ static void reap(struct driver *D)
 		pid_t pid = waitpid(-1, &st, WNOHANG);
 		if (pid <= 0)
 			return;
-		for (int w = 0; w < NPROC; w++) {
-			struct proc *p = &D->pr[w];
-			if (p->pid != pid)
-				continue;
-			if (w <= C && !p->up && WIFEXITED(st) && WEXITSTATUS(st) == SOAK_EXIT_ADDRINUSE &&
-			    p->addrinuse_retries < 50) {
-				/* Our fixed port is still held (or was taken): retry shortly. */
-				p->addrinuse_retries++;
-				p->expect_death = true;
-				role_died(D, w, st);
-				p->restart_at = soak_now_ns() + ms_ns(200);
-			} else {
-				role_died(D, w, st);
-				if (w > C) {
-					fprintf(stderr, "kvx-soak: %s died\n", proc_name[w]);
-					D->crashed++;
-				}
-			}
-		}
+		for (int w = 0; w < NPROC; w++)
+			if (D->pr[w].pid == pid)
+				child_exited(D, w, st);
 	}
 }
 
@@ -632,23 +636,10 @@ static void pump(struct driver *D, int wait_ms)
 			struct soak_hdr h;
 			void *pl;
 			if (soak_recv(p->fd, &h, &pl)) {
-				/* EOF: the process is gone; reap() accounts it once waitpid sees it. */
+				/* EOF: the process is gone (it closes its end only by exiting). */
 				int st = 0;
-				if (waitpid(p->pid, &st, 0) == p->pid) {
-					pid_t pid = p->pid;
-					(void)pid;
-					if (who[i] <= C && !p->up && WIFEXITED(st) &&
-					    WEXITSTATUS(st) == SOAK_EXIT_ADDRINUSE && p->addrinuse_retries < 50) {
-						p->addrinuse_retries++;
-						p->expect_death = true;
-						role_died(D, who[i], st);
-						p->restart_at = soak_now_ns() + ms_ns(200);
-					} else {
-						role_died(D, who[i], st);
-						if (who[i] > C)
-							D->crashed++;
-					}
-				}
+				if (waitpid(p->pid, &st, 0) == p->pid)
+					child_exited(D, who[i], st);
 				break;
 			}
 			on_msg(D, who[i], &h, pl);
