@@ -43,12 +43,20 @@ static void logv(struct driver *D, const char *fmt, ...)
 	va_end(ap);
 }
 
-static uint64_t rnd(struct driver *D)
+/* splitmix64 step of one random stream. */
+static uint64_t rnd_next(uint64_t *state)
 {
-	uint64_t z = (D->rng += 0x9E3779B97F4A7C15ull);
+	uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
 	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
 	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
 	return z ^ (z >> 31);
+}
+
+/* The fault stream (kinds, gaps, durations, proxy direction): its own stream, so the fault
+ * sequence of a seed does not depend on how many requests ran between faults. */
+static uint64_t rnd(struct driver *D)
+{
+	return rnd_next(&D->rng);
 }
 
 /* Uniform in [a, b]. */
@@ -267,7 +275,7 @@ static uint32_t next_blocks(struct driver *D)
 		const struct perf_trace_req *q = &D->trace->reqs[D->trace_pos++ % D->trace->n];
 		b = (q->input_tokens + D->o.trace_tokens - 1) / D->o.trace_tokens;
 	} else {
-		b = 1 + (uint32_t)(rnd(D) % D->o.max_req_blocks);
+		b = 1 + (uint32_t)(rnd_next(&D->rng_req) % D->o.max_req_blocks);
 	}
 	if (b < 1)
 		b = 1;

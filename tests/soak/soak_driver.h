@@ -96,7 +96,8 @@ struct driver {
 	struct proc pr[NPROC];
 	struct req *reqs;
 	size_t nreqs;
-	uint64_t next_idx, rng;
+	uint64_t next_idx;
+	uint64_t rng, rng_req; /* random streams: faults, request sizes */
 	struct perf_trace *trace;
 	size_t trace_pos;
 	/* faults */

@@ -199,6 +199,7 @@ int main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	D.rng = o->seed * 0x2545F4914F6CDD1Dull + 1;
+	D.rng_req = o->seed * 0x9E6C63D0676A9A99ull + 7;
 	ssize_t sl = readlink("/proc/self/exe", D.self, sizeof(D.self) - 1);
 	if (sl <= 0)
 		return 1;
