@@ -471,13 +471,27 @@ static void schedule_next_fault(struct driver *D, uint64_t now)
 
 static void inject(struct driver *D, uint64_t now)
 {
-	int kinds[F_N], nk = 0;
-	for (int f = 0; f < F_N; f++)
-		if (D->o.fault_on[f] && !D->skipped[f])
-			kinds[nk++] = f;
-	if (!nk || !D->pr[P].up || !D->pr[C].up)
+	if (!D->pr[P].up || !D->pr[C].up)
 		return;
-	int f = kinds[rnd(D) % (uint64_t)nk];
+	/* Kinds come from a deck: every enabled kind once, in a seeded shuffled order, then a new
+	 * shuffle, so even a short run covers every kind. */
+	while (D->deck_pos < D->deck_n && D->skipped[D->deck[D->deck_pos]])
+		D->deck_pos++;
+	if (D->deck_pos >= D->deck_n) {
+		D->deck_n = 0;
+		for (int k = 0; k < F_N; k++)
+			if (D->o.fault_on[k] && !D->skipped[k])
+				D->deck[D->deck_n++] = k;
+		for (int i = D->deck_n - 1; i > 0; i--) {
+			int j = (int)(rnd(D) % (uint64_t)(i + 1)), t = D->deck[i];
+			D->deck[i] = D->deck[j];
+			D->deck[j] = t;
+		}
+		D->deck_pos = 0;
+		if (!D->deck_n)
+			return;
+	}
+	int f = D->deck[D->deck_pos++];
 	const uint64_t T = timeout_ns(D);
 	switch (f) {
 	case F_KILL_P:

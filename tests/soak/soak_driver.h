@@ -103,6 +103,7 @@ struct driver {
 	/* faults */
 	uint64_t next_fault_ns, recover_at_ns;
 	int active_fault; /* -1 none */
+	int deck[F_N], deck_n, deck_pos; /* shuffled enabled kinds, next one */
 	bool abort_armed;
 	uint64_t injected[F_N];
 	bool skipped[F_N];
