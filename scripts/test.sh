@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # README command (2): install dependencies, build, and run every test.
-#   1. release build + all Criterion tests through ctest, then the Python package (kvxfer and its
-#      vLLM connector) installed with pip against that build + its pytest suite (scripts/test-python.sh)
+#   1. release build + all tests through ctest: the Criterion tests and the fault soak's short form
+#      (tests/soak, ctest label "soak": READ/WRITE x tcp/shm with the fault kinds that pass today),
+#      then the Python package (kvxfer and its vLLM connector) installed with pip against that
+#      build + its pytest suite (scripts/test-python.sh)
 #   2. ASan+UBSan build + all tests
 #   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan")
 #   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
