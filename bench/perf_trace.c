@@ -22,6 +22,7 @@
 
 #include "kvxfer/common.h"
 #include "perf.h"
+#include "perf_util.h"
 #include "trace_lcores.h"
 #include "trace_load.h"
 #include "trace_prefix.h"
@@ -30,11 +31,7 @@
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 
-#ifndef KVX_BENCH_DATA_DIR
-#define KVX_BENCH_DATA_DIR "bench/data"
-#endif
-
-#define DEFAULT_TRACE KVX_BENCH_DATA_DIR "/traces/mooncake_fast25_conversation_trace.head3MB.jsonl"
+#define DEFAULT_TRACE "traces/mooncake_fast25_conversation_trace.head3MB.jsonl" /* in perf_data_dir() */
 #define DEFAULT_PORT 7500
 
 static void usage(FILE *f)
@@ -45,8 +42,8 @@ static void usage(FILE *f)
 "(real model layout, bf16) through the kvxfer engine API, verified byte for byte.\n"
 "\n"
 "  --model NAME         row of models.csv (default Llama-3.1-8B); split K/V, or MLA latent\n"
-"  --models-csv FILE    model table (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
-"  --trace FILE         Mooncake JSONL or Azure CSV trace (default the Mooncake conversation trace)\n"
+"  --models-csv FILE    model table (default %s/models.csv)\n"
+"  --trace FILE         Mooncake JSONL or Azure CSV trace (default %s/%s)\n"
 "  --requests N         replay the first N requests (default 6; 0 = all)\n"
 "  --block-size N       tokens per KV block (default 16)\n"
 "  --speed X            scale arrival times: X=2 replays twice as fast; 0 = back to back (default 1)\n"
@@ -74,7 +71,7 @@ static void usage(FILE *f)
 "  --mem host|hip[:DEVICE]|hostdev  KV pool memory (default host); device pools are filled and\n"
 "                       verified through kvx_mem copies; refused up front when the provider's\n"
 "                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n",
-		DEFAULT_PORT);
+		perf_data_dir(), perf_data_dir(), DEFAULT_TRACE, DEFAULT_PORT);
 }
 
 enum {
@@ -184,8 +181,8 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 	};
 	*o = (struct trace_opts){
 		.model = "Llama-3.1-8B",
-		.models_csv = KVX_BENCH_DATA_DIR "/models.csv",
-		.trace = DEFAULT_TRACE,
+		.models_csv = perf_data_path("models.csv"),
+		.trace = perf_data_path(DEFAULT_TRACE),
 		.block_tokens = 16,
 		.requests = 6,
 		.speed = 1,
@@ -398,6 +395,13 @@ static int check_out_path(const char *opt, const char *path)
 		return 0;
 	struct stat st;
 	char dir[4096];
+	if (!strcmp(path, "-")) {
+		if (!strcmp(opt, "--plot")) {
+			fprintf(stderr, "kvxfer-perf trace: --plot -: a PNG needs a file name\n");
+			return 2;
+		}
+		return 0; /* stdout (the human-readable summary then goes to stderr) */
+	}
 	if (!path[0]) {
 		fprintf(stderr, "kvxfer-perf trace: %s: empty path\n", opt);
 		return 2;
@@ -419,25 +423,6 @@ static int check_out_path(const char *opt, const char *path)
 		return 2;
 	}
 	return 0;
-}
-
-/* --plot draws with gnuplot at the end of the run: it must be on PATH now. 0, or 2 with a message. */
-static int check_gnuplot(const char *plot)
-{
-	if (!plot)
-		return 0;
-	const char *path = getenv("PATH");
-	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", path && path[0] ? path : "/usr/bin:/bin");
-	for (char *save = NULL, *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-		char exe[4352];
-		snprintf(exe, sizeof(exe), "%s/gnuplot", dir[0] ? dir : ".");
-		if (access(exe, X_OK) == 0)
-			return 0;
-	}
-	fprintf(stderr, "kvxfer-perf trace: --plot %s needs gnuplot, which is not on PATH (install "
-			"gnuplot-nox, or drop --plot)\n", plot);
-	return 2;
 }
 
 /*
@@ -796,8 +781,12 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	char err[512] = "";
 	int exit_code = 1;
 	if (check_out_path("--json", o->json) || check_out_path("--csv", o->csv) ||
-	    check_out_path("--plot", o->plot) || check_gnuplot(o->plot))
+	    check_out_path("--plot", o->plot) || perf_check_gnuplot("trace", o->plot))
 		return 2;
+	if (o->json && o->csv && !strcmp(o->json, "-") && !strcmp(o->csv, "-")) {
+		fprintf(stderr, "kvxfer-perf trace: --json - and --csv -: only one of them can be stdout\n");
+		return 2;
+	}
 	if (o->lcores || o->control_lcore != UINT32_MAX) {
 		/* The whole list once (grammar, CPUs exist and are allowed, no duplicates). */
 		struct trace_opts whole = *o;
@@ -1004,25 +993,20 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	struct perf_trace_summary sum;
 	perf_trace_summarize(D.rec, D.n, &sum);
 	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .verify_enabled = o->verify};
-	bool have_ctl = true;
 	for (int s = 0; s < 2; s++) {
 		const struct trace_msg_stats *st = &D.s[s].stats;
-		if (!D.s[s].have_stats) {
-			have_ctl = false;
-			continue;
-		}
+		if (!D.s[s].have_stats)
+			continue; /* that role died or was killed: its side is n/a, the other still counts */
+		c.reported[s] = true;
 		c.lcore_util[s] = st->lcore_util;
 		c.verify_bad += st->verify_bad;
 		if (st->ctl_sent == UINT64_MAX || st->ctl_recv == UINT64_MAX || st->ctl_dropped == UINT64_MAX)
-			have_ctl = false;
-		else {
-			c.ctl_sent += st->ctl_sent;
-			c.ctl_recv += st->ctl_recv;
-			c.ctl_dropped += st->ctl_dropped;
-		}
+			continue;
+		c.ctl_reported[s] = true;
+		c.ctl_sent += st->ctl_sent;
+		c.ctl_recv += st->ctl_recv;
+		c.ctl_dropped += st->ctl_dropped;
 	}
-	if (!have_ctl)
-		c.ctl_sent = c.ctl_recv = c.ctl_dropped = UINT64_MAX;
 	/* The provider the engines report after the run (both ends agree on it per connection);
 	 * "P/D" if they differ, the request only if no role reported. */
 	char xport[64];
@@ -1040,7 +1024,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		.mode = o->write_mode ? "WRITE" : "READ", .transport = xport,
 		.block_tokens = o->block_tokens, .block_bytes = D.block_bytes,
 		.pool_blocks = hp->pool_blocks, .concurrency = o->concurrency, .speed = o->speed,
-		.prefix_cache = o->prefix_cache,
+		.prefix_cache = o->prefix_cache, .argc = argc, .argv = argv,
 	};
 	reap(&D);
 	perf_trace_print_summary(stdout, &info, &sum, &c, D.rec, D.n);
