@@ -64,6 +64,8 @@ static void usage(FILE *f)
 "  --verify, --no-verify  check every transferred byte (default on with --local)\n"
 "  --pool-blocks N      KV blocks per side, made resident at start (default: the largest\n"
 "                       request + 25%%, at most a quarter of the available memory)\n"
+"  --oversize stream|skip|error  a request larger than the pool: moved in pool-sized pieces\n"
+"                       one after the other (default), left out and counted, or a usage error\n"
 "  --layer-us N         WRITE: simulated compute per layer on the producer, us (default 0)\n"
 "  --timeout-ms N       per-transfer deadline, ms (default 120000)\n"
 "  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot on PATH)\n"
@@ -78,7 +80,7 @@ enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
-	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM,
+	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -176,6 +178,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"ctl-fd", required_argument, 0, OPT_CTL_FD},
 		{"max-blocks", required_argument, 0, OPT_MAX_BLOCKS},
 		{"mem", required_argument, 0, OPT_MEM},
+		{"oversize", required_argument, 0, OPT_OVERSIZE},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -304,6 +307,19 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			o->timeout_ms = (uint32_t)v;
 			break;
 		case OPT_QUIET: o->quiet = true; break;
+		case OPT_OVERSIZE:
+			if (!strcmp(optarg, "stream"))
+				o->oversize = TRACE_OVERSIZE_STREAM;
+			else if (!strcmp(optarg, "skip"))
+				o->oversize = TRACE_OVERSIZE_SKIP;
+			else if (!strcmp(optarg, "error"))
+				o->oversize = TRACE_OVERSIZE_ERROR;
+			else {
+				fprintf(stderr, "kvxfer-perf trace: --oversize '%s': expected stream, skip or error\n",
+					optarg);
+				return -EINVAL;
+			}
+			break;
 		case OPT_ROLE:
 			if (!strcmp(optarg, "producer"))
 				o->role = TRACE_ROLE_PRODUCER;
@@ -461,10 +477,13 @@ struct side {
 	struct trace_msg_hello hello;
 	struct trace_msg_stats stats;
 	bool have_stats;
+	bool gone;      /* its channel closed (the process died or was killed) */
 };
 
 struct dreq {
 	bool dispatched, p_done, d_done, complete;
+	uint32_t pieces, piece;  /* --oversize stream: pieces of this request (0 = not streamed), current (1-based) */
+	uint64_t piece_left;     /* blocks still to send in later pieces */
 	int p_status, d_status;
 	uint64_t dispatch_ns;
 	uint64_t p_first_layer_ns, d_first_layer_ns;
@@ -481,6 +500,8 @@ struct driver {
 	struct dreq *dr;
 	uint64_t n, next, inflight, completed, bytes_done;
 	uint64_t block_bytes, pool_blocks, max_req_blocks;
+	uint64_t piece_blocks;   /* largest piece of a streamed request: the smaller pool of the two sides */
+	uint64_t skipped, streamed;
 	uint64_t t0;
 	bool aborted;
 	char abort_reason[256];
@@ -626,6 +647,54 @@ static void mark_complete(struct driver *D, uint64_t i, uint64_t now)
 	}
 }
 
+/* Hand one transfer (a request, or a piece of a streamed one) to both roles. */
+static bool send_req(struct driver *D, uint64_t idx, uint64_t blocks, uint64_t hit)
+{
+	struct trace_msg_req m = {.idx = idx, .blocks = blocks, .hit_blocks = hit};
+	for (int s = 0; s < 2; s++) {
+		if (trace_msg_send(D->s[s].fd, TRACE_MSG_REQ, &m, sizeof(m), NULL, 0)) {
+			D->aborted = true;
+			snprintf(D->abort_reason, sizeof(D->abort_reason), "%s is gone", D->s[s].name);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Streamed request @p i: send its next piece (at most piece_blocks blocks, no prefix hits). */
+static bool send_next_piece(struct driver *D, uint64_t i)
+{
+	struct dreq *q = &D->dr[i];
+	uint64_t n = q->piece_left < D->piece_blocks ? q->piece_left : D->piece_blocks;
+	q->piece++;
+	q->piece_left -= n;
+	q->p_done = q->d_done = false;
+	return send_req(D, i | ((uint64_t)q->piece << TRACE_PIECE_SHIFT), n, 0);
+}
+
+/*
+ * --oversize skip: leave requests with more than @p limit blocks out of the replay (they are
+ * counted and their trace lines printed); the rest keep their order and arrival times.
+ */
+static void skip_oversize(struct driver *D, uint64_t limit)
+{
+	uint64_t k = 0;
+	for (uint64_t i = 0; i < D->n; i++) {
+		if (D->rec[i].blocks > limit) {
+			fprintf(stderr, "kvxfer-perf trace: skipping %s:%u: %" PRIu64 " blocks, more than the "
+					"pool's %" PRIu64 " (--oversize skip)\n",
+				D->o->trace, D->rec[i].line, D->rec[i].blocks, limit);
+			D->skipped++;
+			continue;
+		}
+		D->t->reqs[k] = D->t->reqs[i];
+		D->rec[k] = D->rec[i];
+		D->rec[k].idx = k;
+		k++;
+	}
+	D->n = k;
+}
+
 static void dispatch(struct driver *D, uint64_t now)
 {
 	while (D->next < D->n && D->inflight < D->o->concurrency && !D->aborted) {
@@ -645,13 +714,18 @@ static void dispatch(struct driver *D, uint64_t now)
 		r->start_ns = now - D->t0;
 		D->dr[i].dispatched = true;
 		D->dr[i].dispatch_ns = now;
-		struct trace_msg_req m = {.idx = i, .blocks = r->blocks, .hit_blocks = r->hit_blocks};
-		for (int s = 0; s < 2; s++) {
-			if (trace_msg_send(D->s[s].fd, TRACE_MSG_REQ, &m, sizeof(m), NULL, 0)) {
-				D->aborted = true;
-				snprintf(D->abort_reason, sizeof(D->abort_reason), "%s is gone", D->s[s].name);
+		if (r->blocks > D->piece_blocks && r->xfer_blocks > 0) {
+			/* Larger than a pool: the transferred blocks go in pool-sized pieces, in order
+			 * (the prefix-hit blocks are the consumer's already, as for any request). */
+			struct dreq *q = &D->dr[i];
+			q->pieces = (uint32_t)((r->xfer_blocks + D->piece_blocks - 1) / D->piece_blocks);
+			q->piece = 0;
+			q->piece_left = r->xfer_blocks;
+			D->streamed++;
+			if (!send_next_piece(D, i))
 				return;
-			}
+		} else if (!send_req(D, i, r->blocks, r->hit_blocks)) {
+			return;
 		}
 		D->next++;
 		D->inflight++;
@@ -674,7 +748,7 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 	}
 	if (h->type == TRACE_MSG_SERVED && s == 0 && h->len >= sizeof(struct trace_msg_blocks)) {
 		const struct trace_msg_blocks *b = p;
-		if (b->idx < D->n && h->len == sizeof(*b) + b->n * sizeof(uint32_t) && b->n == b->blocks &&
+		if (TRACE_IDX_REQ(b->idx) < D->n && h->len == sizeof(*b) + b->n * sizeof(uint32_t) && b->n == b->blocks &&
 		    b->hit_blocks <= b->n) {
 			/* The proxy hands the producer's block ids to the consumer (READ). */
 			struct trace_msg_blocks f = *b;
@@ -690,18 +764,21 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 	}
 	if (h->type == TRACE_MSG_DONE && h->len == sizeof(struct trace_msg_done)) {
 		const struct trace_msg_done *d = p;
-		if (d->idx < D->n && D->dr[d->idx].dispatched && !D->dr[d->idx].complete) {
-			struct dreq *q = &D->dr[d->idx];
+		uint64_t ri = TRACE_IDX_REQ(d->idx), piece = d->idx >> TRACE_PIECE_SHIFT;
+		if (ri < D->n && D->dr[ri].dispatched && !D->dr[ri].complete && piece == D->dr[ri].piece) {
+			struct dreq *q = &D->dr[ri];
 			if (s == 0 && !q->p_done) {
 				q->p_done = true;
 				q->p_status = d->status;
-				q->p_first_layer_ns = d->first_layer_ns;
+				if (piece <= 1)
+					q->p_first_layer_ns = d->first_layer_ns;
 			} else if (s == 1 && !q->d_done) {
 				q->d_done = true;
 				q->d_status = d->status;
-				q->d_first_layer_ns = d->first_layer_ns;
+				if (piece <= 1)
+					q->d_first_layer_ns = d->first_layer_ns;
 				if (d->status == 0)
-					D->rec[d->idx].end_ns = now - D->t0;
+					D->rec[ri].end_ns = now - D->t0;
 			} else {
 				goto bad;
 			}
@@ -711,8 +788,13 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 			if (d->status)
 				fprintf(stderr, "kvxfer-perf trace: tx-%06" PRIu64 " failed on the %s: %s\n",
 					d->idx, D->s[s].name, d->detail[0] ? d->detail : kvx_strerror(d->status));
-			if (q->p_done && q->d_done)
-				mark_complete(D, d->idx, now);
+			if (q->p_done && q->d_done) {
+				/* A streamed request goes on with its next piece while all went well. */
+				if (q->pieces && q->piece < q->pieces && !q->p_status && !q->d_status)
+					send_next_piece(D, ri);
+				else
+					mark_complete(D, ri, now);
+			}
 			return;
 		}
 	}
@@ -725,7 +807,9 @@ bad:
 /* Receive messages from both roles for up to wait_ns. Returns false when a role is gone. */
 static bool pump(struct driver *D, uint64_t wait_ns)
 {
-	struct pollfd pfd[2] = {{.fd = D->s[0].fd, .events = POLLIN}, {.fd = D->s[1].fd, .events = POLLIN}};
+	/* A role that is gone is left out (poll ignores negative fds). */
+	struct pollfd pfd[2] = {{.fd = D->s[0].gone ? -1 : D->s[0].fd, .events = POLLIN},
+				{.fd = D->s[1].gone ? -1 : D->s[1].fd, .events = POLLIN}};
 	int to = (int)(wait_ns / 1000000u);
 	int pr = poll(pfd, 2, to);
 	if (pr < 0)
@@ -737,9 +821,11 @@ static bool pump(struct driver *D, uint64_t wait_ns)
 		void *p;
 		int rc = trace_msg_recv(D->s[s].fd, &h, &p);
 		if (rc) {
+			D->s[s].gone = true;
+			if (!D->aborted)
+				snprintf(D->abort_reason, sizeof(D->abort_reason),
+					 "%s exited or closed its channel (%s)", D->s[s].name, kvx_strerror(rc));
 			D->aborted = true;
-			snprintf(D->abort_reason, sizeof(D->abort_reason), "%s exited or closed its channel (%s)",
-				 D->s[s].name, kvx_strerror(rc));
 			return false;
 		}
 		handle_role_msg(D, s, &h, p, kvx_now_ns());
@@ -829,8 +915,14 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		 * the available memory per side; the pool is made resident before the replay. */
 		uint64_t fit = default_pool_blocks(D.block_bytes);
 		D.pool_blocks = D.max_req_blocks + (D.max_req_blocks + 3) / 4;
-		if (D.pool_blocks > fit)
-			D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+		if (D.pool_blocks > fit) {
+			/* Larger requests are streamed through (or skipped); only --oversize error
+			 * keeps the old rule of a pool that holds the largest request. */
+			if (o->oversize == TRACE_OVERSIZE_ERROR)
+				D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+			else
+				D.pool_blocks = fit;
+		}
 	}
 	if (check_pool_fits(o, D.pool_blocks, D.block_bytes, o->local ? 2 : 1)) {
 		exit_code = 2;
@@ -842,15 +934,23 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.rec[i].line = tr->line;
 		D.rec[i].input_tokens = tr->input_tokens;
 		D.rec[i].blocks = perf_model_blocks_for_tokens(tr->input_tokens, o->block_tokens);
-		if (D.rec[i].blocks > D.pool_blocks) {
+		if (D.rec[i].blocks > D.pool_blocks && o->oversize == TRACE_OVERSIZE_ERROR) {
 			fprintf(stderr,
 				"kvxfer-perf trace: %s:%u: request needs %" PRIu64 " blocks (%.2f GB) but the pool has %" PRIu64
-				" (--pool-blocks); use fewer --requests or a larger pool\n",
+				" (--pool-blocks); use fewer --requests, a larger pool, or --oversize stream|skip\n",
 				o->trace, tr->line, D.rec[i].blocks,
 				(double)D.rec[i].blocks * (double)D.block_bytes / 1e9, D.pool_blocks);
 			exit_code = 2;
 			goto out;
 		}
+	}
+	if (o->oversize == TRACE_OVERSIZE_SKIP)
+		skip_oversize(&D, D.pool_blocks);
+	if (D.n == 0) {
+		fprintf(stderr, "kvxfer-perf trace: no request left to replay (every one is larger than "
+				"the pool of %" PRIu64 " blocks)\n", D.pool_blocks);
+		exit_code = 2;
+		goto out;
 	}
 	if (o->prefix_cache) {
 		/* The consumer's prefix cache holds as many 512-token blocks as its pool. */
@@ -912,10 +1012,16 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			hc->write_mode ? "WRITE" : "READ", hc->block_tokens);
 		goto out;
 	}
-	for (uint64_t i = 0; i < D.n; i++) {
-		if (D.rec[i].blocks > hp->pool_blocks) {
+	/* Pieces of streamed requests must fit both pools. */
+	D.piece_blocks = D.pool_blocks < hp->pool_blocks ? D.pool_blocks : hp->pool_blocks;
+	if (hc->pool_blocks < D.piece_blocks)
+		D.piece_blocks = hc->pool_blocks;
+	if (o->oversize == TRACE_OVERSIZE_SKIP)
+		skip_oversize(&D, D.piece_blocks);
+	for (uint64_t i = 0; i < D.n && o->oversize == TRACE_OVERSIZE_ERROR; i++) {
+		if (D.rec[i].blocks > D.piece_blocks) {
 			fprintf(stderr, "kvxfer-perf trace: %s:%u: request needs %" PRIu64
-					" blocks but the producer's pool has %" PRIu64 "\n",
+					" blocks but the producer's pool has %" PRIu64 " (--oversize stream|skip)\n",
 				o->trace, D.rec[i].line, D.rec[i].blocks, hp->pool_blocks);
 			goto out;
 		}
@@ -979,13 +1085,16 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.rec[i].end_ns = 0;
 		D.rec[i].xfer_blocks = D.rec[i].blocks - D.rec[i].hit_blocks;
 	}
-	/* Counters, then stop the roles. */
-	for (int s = 0; s < 2 && !D.aborted; s++)
-		trace_msg_send(D.s[s].fd, TRACE_MSG_STATS_REQ, NULL, 0, NULL, 0);
+	/* Counters of every role still there (also after an abort: a killed consumer must not
+	 * hide the producer's counters), then stop the roles. */
+	bool asked[2] = {false, false};
+	for (int s = 0; s < 2; s++)
+		if (D.s[s].fd >= 0 && !D.s[s].gone)
+			asked[s] = !trace_msg_send(D.s[s].fd, TRACE_MSG_STATS_REQ, NULL, 0, NULL, 0);
 	uint64_t dl = kvx_now_ns() + 10000000000ull;
-	while (!D.aborted && (!D.s[0].have_stats || !D.s[1].have_stats) && kvx_now_ns() < dl)
-		if (!pump(&D, 100000000u))
-			break;
+	while (((asked[0] && !D.s[0].have_stats && !D.s[0].gone) ||
+		(asked[1] && !D.s[1].have_stats && !D.s[1].gone)) && kvx_now_ns() < dl)
+		pump(&D, 100000000u);
 	for (int s = 0; s < 2; s++)
 		if (D.s[s].fd >= 0)
 			trace_msg_send(D.s[s].fd, TRACE_MSG_QUIT, NULL, 0, NULL, 0);
@@ -1024,7 +1133,8 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		.mode = o->write_mode ? "WRITE" : "READ", .transport = xport,
 		.block_tokens = o->block_tokens, .block_bytes = D.block_bytes,
 		.pool_blocks = hp->pool_blocks, .concurrency = o->concurrency, .speed = o->speed,
-		.prefix_cache = o->prefix_cache, .argc = argc, .argv = argv,
+		.prefix_cache = o->prefix_cache, .argc = argc, .argv = argv, .skipped = D.skipped,
+		.streamed = D.streamed,
 	};
 	reap(&D);
 	perf_trace_print_summary(stdout, &info, &sum, &c, D.rec, D.n);

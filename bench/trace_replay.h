@@ -64,6 +64,11 @@ struct trace_opts {
 	uint32_t timeout_ms;      /**< --timeout-ms: per-transfer deadline, ms. */
 	bool quiet;               /**< --quiet: no progress line. */
 	const char *mem;          /**< --mem host|hip[:N]|hostdev: KV pool memory; NULL = host. */
+	enum trace_oversize {
+		TRACE_OVERSIZE_STREAM = 0, /**< Move it in pool-sized pieces, one after the other (default). */
+		TRACE_OVERSIZE_SKIP,       /**< Leave it out of the replay; counted and named. */
+		TRACE_OVERSIZE_ERROR,      /**< Usage error (exit 2) naming the request. */
+	} oversize;               /**< --oversize: a request with more blocks than the pool. */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */
@@ -119,9 +124,17 @@ struct trace_msg_peer {
 	uint16_t notify_port;    /**< Peer notify port. */
 };
 
-/** REQ: one request. */
+/**
+ * Request index of a piece of a streamed request (--oversize stream): piece k (1-based) of
+ * request i travels as idx `i | (k << TRACE_PIECE_SHIFT)`, so every piece has its own transfer id.
+ */
+#define TRACE_PIECE_SHIFT 40
+/** Request part of a (possibly piece) index. */
+#define TRACE_IDX_REQ(idx) ((idx) & ((1ull << TRACE_PIECE_SHIFT) - 1))
+
+/** REQ: one request (or one piece of a streamed request). */
 struct trace_msg_req {
-	uint64_t idx;        /**< Request index (transfer id "tx-%06llu"). */
+	uint64_t idx;        /**< Request index (transfer id "tx-%06llu"), see TRACE_PIECE_SHIFT. */
 	uint64_t blocks;     /**< Prompt blocks. */
 	uint64_t hit_blocks; /**< Blocks the consumer already holds (prefix hit). */
 };
