@@ -25,6 +25,7 @@
 #include "perf_util.h"
 #include "trace_lcores.h"
 #include "trace_load.h"
+#include "trace_net.h"
 #include "trace_prefix.h"
 #include "trace_replay.h"
 #include "trace_report.h"
@@ -54,7 +55,14 @@ static void usage(FILE *f)
 "  --server             run the producer here and wait for a --client driver on --port\n"
 "  --client HOST        drive the run: consumer here, producer = --server at HOST\n"
 "  --port N             driver channel port for --server/--client (default %d)\n"
-"  --host IP            address this machine's engine advertises (default 127.0.0.1)\n"
+"  --host IP            address this machine's engine advertises (default: with --local\n"
+"                       127.0.0.1; with --server/--client the local address of the driver\n"
+"                       connection, i.e. the one the other host reached or reaches)\n"
+"  --port-range LO-HI   bind the engine's listeners there: handshake LO, notify LO+1, tcp data\n"
+"                       LO+2 (--local: the consumer takes LO+3..LO+5); default kernel-chosen\n"
+"  --connect-timeout-ms N  deadline to reach the --server and the peer's listeners (10000)\n"
+"  --runs N             --server: serve N runs, one after the other (default 1; 0 = until\n"
+"                       stopped); each run prints its summary and the exit code says if any failed\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
 "                       first half of the lcores and the consumer the rest (CPU sets kept)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
@@ -80,7 +88,8 @@ enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
-	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE,
+	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
+	OPT_CONNECT_TIMEOUT, OPT_RUNS,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -179,6 +188,9 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"max-blocks", required_argument, 0, OPT_MAX_BLOCKS},
 		{"mem", required_argument, 0, OPT_MEM},
 		{"oversize", required_argument, 0, OPT_OVERSIZE},
+		{"port-range", required_argument, 0, OPT_PORT_RANGE},
+		{"connect-timeout-ms", required_argument, 0, OPT_CONNECT_TIMEOUT},
+		{"runs", required_argument, 0, OPT_RUNS},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -197,6 +209,8 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		.control_lcore = UINT32_MAX,
 		.verify = -1,
 		.timeout_ms = 120000,
+		.connect_timeout_ms = 10000,
+		.runs = 1,
 		.role = TRACE_ROLE_DRIVER,
 		.ctl_fd = -1,
 	};
@@ -205,7 +219,24 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:t:l:h", lo, NULL)) != -1) {
 		switch (c) {
-		case OPT_MODEL: o->model = optarg; break;
+		case OPT_MODEL: o->model = optarg; o->set |= TRACE_SET_MODEL; break;
+		case OPT_PORT_RANGE:
+			if (trace_net_parse_range(optarg, 3, &o->port_lo, &o->port_hi)) {
+				fprintf(stderr, "kvxfer-perf trace: --port-range '%s': expected LO-HI with at least 3 "
+						"ports in 1..65535 (6 with --local)\n", optarg);
+				return -EINVAL;
+			}
+			break;
+		case OPT_CONNECT_TIMEOUT:
+			if (parse_u64("--connect-timeout-ms", optarg, 1, 3600000, &v))
+				return -EINVAL;
+			o->connect_timeout_ms = (uint32_t)v;
+			break;
+		case OPT_RUNS:
+			if (parse_u64("--runs", optarg, 0, UINT32_MAX, &v))
+				return -EINVAL;
+			o->runs = (uint32_t)v;
+			break;
 		case OPT_MEM: {
 			struct kvx_mem_type mt;
 
@@ -228,6 +259,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			if (parse_u64("--block-size", optarg, 1, 1u << 16, &v))
 				return -EINVAL;
 			o->block_tokens = (uint32_t)v;
+			o->set |= TRACE_SET_BLOCK;
 			break;
 		case OPT_SPEED: {
 			char *end;
@@ -252,6 +284,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				fprintf(stderr, "kvxfer-perf trace: -m: '%s' is not read or write\n", optarg);
 				return -EINVAL;
 			}
+			o->set |= TRACE_SET_MODE;
 			break;
 		case 't':
 			if (strcmp(optarg, "auto") && strcmp(optarg, "verbs") && strcmp(optarg, "tcp") &&
@@ -260,6 +293,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				return -EINVAL;
 			}
 			o->transport = optarg;
+			o->set |= TRACE_SET_TRANSPORT;
 			break;
 		case OPT_LOCAL: o->local = true; break;
 		case OPT_SERVER: o->server = true; break;
@@ -269,7 +303,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				return -EINVAL;
 			o->port = (uint16_t)v;
 			break;
-		case OPT_HOST: o->host = optarg; break;
+		case OPT_HOST: o->host = optarg; o->set |= TRACE_SET_HOST; break;
 		case 'l': o->lcores = optarg; break;
 		case OPT_CTL_LCORE:
 			if (parse_u64("--control-lcore", optarg, 0, 65535, &v))
@@ -295,6 +329,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		case OPT_POOL:
 			if (parse_u64("--pool-blocks", optarg, 1, UINT32_MAX, &o->pool_blocks))
 				return -EINVAL;
+			o->set |= TRACE_SET_POOL;
 			break;
 		case OPT_LAYER_US:
 			if (parse_u64("--layer-us", optarg, 0, 10000000, &v))
@@ -305,6 +340,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			if (parse_u64("--timeout-ms", optarg, 1, 3600000, &v))
 				return -EINVAL;
 			o->timeout_ms = (uint32_t)v;
+			o->set |= TRACE_SET_TIMEOUT;
 			break;
 		case OPT_QUIET: o->quiet = true; break;
 		case OPT_OVERSIZE:
@@ -507,7 +543,14 @@ struct driver {
 	char abort_reason[256];
 };
 
-static int spawn_role(struct driver *D, int idx, char **argv, int argc, const char *lcores)
+/* Options the driver adds for one role (after the user's, so they win): NULL = none. */
+struct role_extra {
+	const char *lcores;     /* --lcores */
+	const char *host;       /* --host */
+	const char *port_range; /* --port-range */
+};
+
+static int spawn_role(struct driver *D, int idx, char **argv, int argc, const struct role_extra *x)
 {
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
@@ -537,9 +580,17 @@ static int spawn_role(struct driver *D, int idx, char **argv, int argc, const ch
 	av[k++] = "--max-blocks";
 	av[k++] = maxb;
 	av[k++] = D->o->verify ? "--verify" : "--no-verify";
-	if (lcores) {
+	if (x && x->lcores) {
 		av[k++] = "--lcores";
-		av[k++] = lcores;
+		av[k++] = x->lcores;
+	}
+	if (x && x->host) {
+		av[k++] = "--host";
+		av[k++] = x->host;
+	}
+	if (x && x->port_range) {
+		av[k++] = "--port-range";
+		av[k++] = x->port_range;
 	}
 	av[k] = NULL;
 	fflush(NULL);
@@ -570,31 +621,15 @@ static int spawn_role(struct driver *D, int idx, char **argv, int argc, const ch
 	return 0;
 }
 
-static int connect_server(const char *host, uint16_t port)
+static int connect_server(const char *host, uint16_t port, uint32_t timeout_ms)
 {
-	char ps[8];
-	snprintf(ps, sizeof(ps), "%u", port);
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
-	int rc = getaddrinfo(host, ps, &hints, &ai);
-	if (rc) {
-		fprintf(stderr, "kvxfer-perf trace: --client %s: %s\n", host, gai_strerror(rc));
-		return -EINVAL;
-	}
-	int fd = -1;
-	for (struct addrinfo *a = ai; a; a = a->ai_next) {
-		fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			continue;
-		if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
-			break;
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(ai);
+	char why[384];
+	int fd = trace_net_connect(host, port, timeout_ms, "the --server's driver channel (--port)", why,
+				   sizeof(why));
 	if (fd < 0)
-		fprintf(stderr, "kvxfer-perf trace: cannot connect to the --server at %s:%u: %s\n", host,
-			port, strerror(errno));
-	return fd < 0 ? -ECONNREFUSED : fd;
+		fprintf(stderr, "kvxfer-perf trace: --client: %s; is `kvxfer-perf trace --server` running "
+				"there, with the same --port?\n", why);
+	return fd;
 }
 
 static int recv_hello(struct driver *D, int idx)
@@ -861,6 +896,18 @@ static void reap(struct driver *D)
 	}
 }
 
+/* The summary, one detail line per failed request, and why the run was aborted. */
+static void print_results(FILE *f, const struct driver *D, const struct perf_trace_run_info *info,
+			  const struct perf_trace_summary *sum, const struct perf_trace_counters *c)
+{
+	perf_trace_print_summary(f, info, sum, c, D->rec, D->n);
+	for (uint64_t i = 0; i < D->n; i++)
+		if (D->dr[i].detail[0])
+			fprintf(f, "  failure detail         %s\n", D->dr[i].detail);
+	if (D->aborted)
+		fprintf(f, "  aborted                %s\n", D->abort_reason);
+}
+
 static int run_driver(struct trace_opts *o, int argc, char **argv)
 {
 	struct driver D = {.o = o, .s = {{.fd = -1, .name = "producer"}, {.fd = -1, .name = "consumer"}}};
@@ -869,6 +916,11 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	if (check_out_path("--json", o->json) || check_out_path("--csv", o->csv) ||
 	    check_out_path("--plot", o->plot) || perf_check_gnuplot("trace", o->plot))
 		return 2;
+	if (o->local && o->port_lo && o->port_hi - o->port_lo + 1 < 6) {
+		fprintf(stderr, "kvxfer-perf trace: --port-range %u-%u: --local needs 6 ports (3 per engine)\n",
+			o->port_lo, o->port_hi);
+		return 2;
+	}
 	if (o->json && o->csv && !strcmp(o->json, "-") && !strcmp(o->csv, "-")) {
 		fprintf(stderr, "kvxfer-perf trace: --json - and --csv -: only one of them can be stdout\n");
 		return 2;
@@ -988,15 +1040,45 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			}
 	}
 	signal(SIGPIPE, SIG_IGN);
+	char crange[16] = "", myaddr[64] = "";
 	if (o->local) {
-		if (spawn_role(&D, 0, argv, argc, lc[0]) || spawn_role(&D, 1, argv, argc, lc[1]))
+		struct role_extra px = {.lcores = lc[0]}, cx = {.lcores = lc[1]};
+		if (o->port_lo) {
+			/* Both engines on this host: the consumer takes the next three ports. */
+			snprintf(crange, sizeof(crange), "%u-%u", o->port_lo + 3u, (unsigned)o->port_hi);
+			cx.port_range = crange;
+		}
+		if (spawn_role(&D, 0, argv, argc, &px) || spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	} else {
-		int fd = connect_server(o->client, o->port);
+		int fd = connect_server(o->client, o->port, o->connect_timeout_ms);
 		if (fd < 0)
 			goto out;
 		D.s[0].fd = fd;
-		if (spawn_role(&D, 1, argv, argc, NULL))
+		/* The options the server must agree on, and the pool this trace needs. */
+		struct trace_msg_setup su = {.magic = TRACE_MSG_MAGIC, .block_tokens = o->block_tokens,
+					     .write_mode = o->write_mode, .timeout_ms = o->timeout_ms,
+					     .layer_us = o->layer_us, .concurrency = o->concurrency,
+					     .verify = (uint32_t)o->verify, .pool_blocks = D.pool_blocks,
+					     .max_blocks = D.max_req_blocks};
+		snprintf(su.version, sizeof(su.version), "%s", perf_version());
+		snprintf(su.commit, sizeof(su.commit), "%s", perf_commit());
+		snprintf(su.model, sizeof(su.model), "%s", D.m.name);
+		snprintf(su.transport, sizeof(su.transport), "%s", o->transport);
+		if (trace_msg_send(fd, TRACE_MSG_SETUP, &su, sizeof(su), NULL, 0)) {
+			fprintf(stderr, "kvxfer-perf trace: the --server at %s:%u closed the connection\n",
+				o->client, o->port);
+			goto out;
+		}
+		/* Default --host: the address this host reaches the server from. */
+		struct role_extra cx = {0};
+		if (!(o->set & TRACE_SET_HOST) && !trace_net_local_addr(fd, myaddr, sizeof(myaddr)))
+			cx.host = myaddr;
+		else if (trace_net_is_loopback(o->host) && !trace_net_is_loopback(o->client))
+			fprintf(stderr, "kvxfer-perf trace: warning: --host %s is a loopback address, but the "
+					"producer is on %s: it cannot reach this consumer's engine there\n",
+				o->host, o->client);
+		if (spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	}
 	if (recv_hello(&D, 0) || recv_hello(&D, 1))
@@ -1011,6 +1093,33 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			hp->model, hp->write_mode ? "WRITE" : "READ", hp->block_tokens, hc->model,
 			hc->write_mode ? "WRITE" : "READ", hc->block_tokens);
 		goto out;
+	}
+	if (!o->local) {
+		/* The consumer (this host) must reach the producer's listeners: its notify port in both
+		 * modes (remote_blocks, release), its handshake port in READ (the consumer dials). */
+		if (trace_net_is_loopback(hp->host) && !trace_net_is_loopback(o->client))
+			fprintf(stderr, "kvxfer-perf trace: warning: the producer at %s advertises %s (the "
+					"--host given to --server): this host will not reach its engine\n",
+				o->client, hp->host);
+		struct { const char *what; uint16_t port; bool need; } probe[3] = {
+			{"the producer's notify listener", hp->notify_port, true},
+			{"the producer's handshake listener", hp->handshake_port, !o->write_mode},
+			{"the producer's tcp data listener", hp->data_port, !o->write_mode && hp->data_port},
+		};
+		for (int k = 0; k < 3; k++) {
+			if (!probe[k].need)
+				continue;
+			char why[384];
+			int pfd = trace_net_connect(hp->host, probe[k].port, o->connect_timeout_ms, probe[k].what,
+						    why, sizeof(why));
+			if (pfd < 0) {
+				fprintf(stderr, "kvxfer-perf trace: %s; open it on the producer host (--port-range "
+						"on --server fixes the ports) or start --server with a --host this "
+						"host can reach\n", why);
+				goto out;
+			}
+			close(pfd);
+		}
 	}
 	/* Pieces of streamed requests must fit both pools. */
 	D.piece_blocks = D.pool_blocks < hp->pool_blocks ? D.pool_blocks : hp->pool_blocks;
@@ -1095,10 +1204,6 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	while (((asked[0] && !D.s[0].have_stats && !D.s[0].gone) ||
 		(asked[1] && !D.s[1].have_stats && !D.s[1].gone)) && kvx_now_ns() < dl)
 		pump(&D, 100000000u);
-	for (int s = 0; s < 2; s++)
-		if (D.s[s].fd >= 0)
-			trace_msg_send(D.s[s].fd, TRACE_MSG_QUIT, NULL, 0, NULL, 0);
-
 	struct perf_trace_summary sum;
 	perf_trace_summarize(D.rec, D.n, &sum);
 	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .verify_enabled = o->verify};
@@ -1136,13 +1241,24 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		.prefix_cache = o->prefix_cache, .argc = argc, .argv = argv, .skipped = D.skipped,
 		.streamed = D.streamed,
 	};
+	if (!o->local && D.s[0].fd >= 0 && !D.s[0].gone) {
+		/* --server prints the run's results too, and exits non-zero when it failed. */
+		char *text = NULL;
+		size_t tlen = 0;
+		FILE *mf = open_memstream(&text, &tlen);
+		if (mf) {
+			print_results(mf, &D, &info, &sum, &c);
+			fclose(mf);
+		}
+		int32_t rrc = D.aborted || sum.failures || (o->verify && c.verify_bad) ? 1 : 0;
+		trace_msg_send(D.s[0].fd, TRACE_MSG_RESULT, &rrc, sizeof(rrc), text, text ? tlen : 0);
+		free(text);
+	}
+	for (int s = 0; s < 2; s++)
+		if (D.s[s].fd >= 0 && !D.s[s].gone)
+			trace_msg_send(D.s[s].fd, TRACE_MSG_QUIT, NULL, 0, NULL, 0);
 	reap(&D);
-	perf_trace_print_summary(stdout, &info, &sum, &c, D.rec, D.n);
-	for (uint64_t i = 0; i < D.n; i++)
-		if (D.dr[i].detail[0])
-			printf("  failure detail         %s\n", D.dr[i].detail);
-	if (D.aborted)
-		printf("  aborted                %s\n", D.abort_reason);
+	print_results(stdout, &D, &info, &sum, &c);
 	fflush(stdout);
 	int wrc = 0;
 	if (o->json)
@@ -1165,19 +1281,111 @@ out:
 	return exit_code;
 }
 
+/*
+ * --server, one run on an accepted driver connection (in a child process): agree on the options
+ * (SETUP), size the pool from the client's trace unless --pool-blocks was given, then run the
+ * producer. Returns the run's exit code (the driver's RESULT), 1 if it failed here, 2 if the
+ * options disagree.
+ */
+static int serve_one(struct trace_opts *o, int fd)
+{
+	o->role = TRACE_ROLE_PRODUCER;
+	struct trace_msg_hdr h;
+	void *p = NULL;
+	int rc = trace_msg_recv(fd, &h, &p);
+	const struct trace_msg_setup *su = p;
+	if (rc || h.type != TRACE_MSG_SETUP || h.len != sizeof(*su) || su->magic != TRACE_MSG_MAGIC) {
+		fprintf(stderr, "kvxfer-perf trace --server: the connection is not a kvxfer-perf trace "
+				"--client of this version (%s)\n", rc ? kvx_strerror(rc) : "bad first message");
+		free(p);
+		return 1;
+	}
+	static struct trace_msg_setup keep; /* strings below point into it */
+	keep = *su;
+	free(p);
+	su = &keep;
+	keep.model[sizeof(keep.model) - 1] = keep.transport[sizeof(keep.transport) - 1] = '\0';
+	keep.version[sizeof(keep.version) - 1] = keep.commit[sizeof(keep.commit) - 1] = '\0';
+	if (strcmp(su->commit, perf_commit()))
+		fprintf(stderr, "kvxfer-perf trace --server: warning: the client is kvxfer-perf %s (commit %s), "
+				"this server %s (commit %s)\n", su->version, su->commit, perf_version(),
+			perf_commit());
+	/* Options given to --server must match the client's; the others are taken from it. */
+	char bad[1024] = "";
+	size_t bl = 0;
+#define MISMATCH(bit, cond, ...)                                                                        \
+	do {                                                                                            \
+		if ((o->set & (bit)) && (cond) && bl < sizeof(bad))                                    \
+			bl += (size_t)snprintf(bad + bl, sizeof(bad) - bl, __VA_ARGS__);               \
+	} while (0)
+	MISMATCH(TRACE_SET_MODEL, strcmp(o->model, su->model), " --model (server %s, client %s)", o->model,
+		 su->model);
+	MISMATCH(TRACE_SET_BLOCK, o->block_tokens != su->block_tokens, " --block-size (server %u, client %u)",
+		 o->block_tokens, su->block_tokens);
+	MISMATCH(TRACE_SET_MODE, o->write_mode != (su->write_mode != 0), " -m (server %s, client %s)",
+		 o->write_mode ? "write" : "read", su->write_mode ? "write" : "read");
+	MISMATCH(TRACE_SET_TRANSPORT, strcmp(o->transport, su->transport), " -t (server %s, client %s)",
+		 o->transport, su->transport);
+	MISMATCH(TRACE_SET_TIMEOUT, o->timeout_ms != su->timeout_ms, " --timeout-ms (server %u, client %u)",
+		 o->timeout_ms, su->timeout_ms);
+#undef MISMATCH
+	if (bad[0]) {
+		char msg[1400];
+		snprintf(msg, sizeof(msg), "--server and --client disagree on:%s; give both the same values, or "
+					   "leave them off the --server command (it takes the client's)", bad);
+		fprintf(stderr, "kvxfer-perf trace --server: %s\n", msg);
+		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		return 2;
+	}
+	o->model = su->model;
+	o->block_tokens = su->block_tokens;
+	o->write_mode = su->write_mode != 0;
+	o->transport = su->transport;
+	o->timeout_ms = su->timeout_ms;
+	o->layer_us = su->layer_us;
+	o->concurrency = su->concurrency;
+	o->verify = su->verify ? 1 : 0;
+	o->max_blocks = (uint32_t)su->max_blocks;
+	struct perf_model m;
+	char err[512];
+	if (perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
+		char msg[600];
+		snprintf(msg, sizeof(msg), "--server: --model %s: %s", o->model, err);
+		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		fprintf(stderr, "kvxfer-perf trace %s\n", msg);
+		return 2;
+	}
+	uint64_t bb = perf_model_block_bytes(&m, o->block_tokens);
+	if (!(o->set & TRACE_SET_POOL))
+		o->pool_blocks = su->pool_blocks; /* sized from the client's trace */
+	if (check_pool_fits(o, o->pool_blocks, bb, 1)) {
+		const char *msg = "--server: the pool does not fit this host's memory (see the server's output)";
+		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		return 2;
+	}
+	/* Default --host: the address of this host that the client reached. */
+	static char myaddr[64];
+	if (!(o->set & TRACE_SET_HOST) && !trace_net_local_addr(fd, myaddr, sizeof(myaddr)))
+		o->host = myaddr;
+	return trace_role_main(o, fd);
+}
+
 static int run_server(struct trace_opts *o)
 {
 	struct perf_model m;
 	char err[512];
-	if (perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
+	if ((o->set & TRACE_SET_MODEL) && perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
 		fprintf(stderr, "kvxfer-perf trace: --model: %s\n", err);
 		return 2;
 	}
-	uint64_t bb = perf_model_block_bytes(&m, o->block_tokens);
-	if (check_pool_fits(o, o->pool_blocks ? o->pool_blocks : default_pool_blocks(bb), bb, 1))
-		return 2;
-	if (!o->pool_blocks)
-		o->pool_blocks = default_pool_blocks(bb);
+	if (o->set & TRACE_SET_POOL) {
+		if (!(o->set & TRACE_SET_MODEL) && perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
+			fprintf(stderr, "kvxfer-perf trace: --model: %s\n", err);
+			return 2;
+		}
+		if (check_pool_fits(o, o->pool_blocks, perf_model_block_bytes(&m, o->block_tokens), 1))
+			return 2;
+	}
 	if ((o->lcores || o->control_lcore != UINT32_MAX) && check_role_lcores(o, o->lcores, "producer"))
 		return 2;
 	int ls = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1192,17 +1400,52 @@ static int run_server(struct trace_opts *o)
 			close(ls);
 		return 1;
 	}
-	fprintf(stderr, "kvxfer-perf trace: producer waiting for a --client driver on port %u\n", o->port);
-	int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
-	close(ls);
-	if (fd < 0) {
-		perror("kvxfer-perf trace: accept");
-		return 1;
+	signal(SIGPIPE, SIG_IGN);
+	unsigned failed = 0;
+	for (uint32_t run = 1; o->runs == 0 || run <= o->runs; run++) {
+		char of[32] = ", until stopped";
+		if (o->runs)
+			snprintf(of, sizeof(of), " of %u", o->runs);
+		fprintf(stderr, "kvxfer-perf trace: producer waiting for a --client driver on port %u (run %u%s)\n",
+			o->port, run, of);
+		int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EINTR) {
+				run--;
+				continue;
+			}
+			perror("kvxfer-perf trace: accept");
+			close(ls);
+			return 1;
+		}
+		/* A fresh process per run: its engine, pool and options start clean. */
+		fflush(NULL);
+		pid_t pid = fork();
+		if (pid < 0) {
+			perror("kvxfer-perf trace: fork");
+			close(fd);
+			close(ls);
+			return 1;
+		}
+		if (pid == 0) {
+			close(ls);
+			int rc = serve_one(o, fd);
+			close(fd);
+			fflush(NULL);
+			_exit(rc);
+		}
+		close(fd);
+		int st = 0;
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+			;
+		int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		if (rc)
+			failed++;
+		printf("kvxfer-perf trace --server: run %u %s (exit %d)\n", run, rc ? "FAILED" : "OK", rc);
+		fflush(stdout);
 	}
-	o->role = TRACE_ROLE_PRODUCER;
-	int rc = trace_role_main(o, fd);
-	close(fd);
-	return rc;
+	close(ls);
+	return failed ? 1 : 0;
 }
 
 int kvx_perf_trace_main(int argc, char **argv)

@@ -2075,6 +2075,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	struct kvx_xport_ctx_params xp;
 	kvx_xport_ctx_params_init(&xp);
 	xp.tcp_addr = e->host;
+	xp.tcp_port = e->p.data_port; /* 0 = ephemeral */
 	xp.op_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
 	for (uint32_t k = 0; k < 2 && provs[k]; k++) {
 		rc = kvx_xport_open(provs[k], &xp, &e->xctx[k]);

@@ -168,6 +168,10 @@ struct kvx_engine_params {
 	uint32_t max_blocks;           /**< Most blocks in one transfer, 1..2^24 (default 8192);
 	                                    2 x max_blocks x 4 bytes of block-id space reserved per
 	                                    transfer object. */
+	uint16_t data_port;            /**< tcp provider: port of its data listener (bound on @c host);
+	                                    0 = chosen by the kernel (default). Set it, with the two base
+	                                    ports, when a firewall must open a fixed set of ports
+	                                    (docs/operations.md §1). Ignored by verbs and shm. */
 };
 
 /** A KV layer to register (PROTOCOL.md §4.1). */
