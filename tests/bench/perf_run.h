@@ -81,7 +81,7 @@ static inline void perf_run_start(struct perf_child *ch, const char *bin, const 
 
 /*
  * Read a started child's output until it exits. If @p until is not NULL, return as soon as
- * stdout contains it (the child keeps running; call again later to finish it). Kills the child
+ * stdout or stderr contains it (the child keeps running; call again later to finish it). Kills the child
  * after @p deadline_ms (status 128 + SIGKILL) so a hang fails the test instead of blocking it.
  * Returns true when the child has exited.
  */
@@ -91,7 +91,7 @@ static inline bool perf_run_read(struct perf_child *ch, struct perf_run *r, uint
 	uint64_t end = perf_run_now_ms() + deadline_ms;
 	bool killed = false;
 	while (ch->fd_out >= 0 || ch->fd_err >= 0) {
-		if (until && strstr(r->out, until))
+		if (until && (strstr(r->out, until) || strstr(r->err, until)))
 			return false;
 		uint64_t t = perf_run_now_ms();
 		if (t >= end && !killed) {

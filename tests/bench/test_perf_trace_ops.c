@@ -6,6 +6,8 @@
  * a header (version, commit, host, time, options) and null, never -1, for what did not happen.
  */
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <jansson.h>
 #include <stdio.h>
 
@@ -247,4 +249,134 @@ Test(bench_perf_trace_ops, killed_consumer_counts_only_what_was_transferred, .in
 	cr_assert(strstr(cm, "(producer only: the consumer process did not report"), "%s", g_r.out);
 	cr_assert(strstr(g_r.out, "lcore util             producer "), "%s", g_r.out);
 	cr_assert(strstr(g_r.out, "consumer n/a"), "%s", g_r.out);
+}
+
+/* ---- two hosts, on loopback: --server / --client ---- */
+
+/* Start `trace --server --port PORT ARGS...` and wait until it listens. */
+static void start_server(struct perf_child *ch, struct perf_run *srv, char *port, size_t plen,
+			 const char *const *extra)
+{
+	snprintf(port, plen, "%u", perf_run_closed_port());
+	const char *a[32] = {"trace", "--server", "--port", port, "--models-csv", g_models};
+	int k = 6;
+	for (int i = 0; extra && extra[i] && k < 30; i++)
+		a[k++] = extra[i];
+	a[k] = NULL;
+	memset(srv, 0, sizeof(*srv));
+	perf_run_start(ch, KVX_PERF_BIN, NULL, a);
+	cr_assert_not(perf_run_read(ch, srv, 60000, "waiting for a --client driver"), "server exited:\n%s",
+		      srv->err);
+}
+
+static struct perf_run g_srv;
+
+Test(bench_perf_trace_ops, server_serves_several_runs_reports_each_and_fails_if_one_failed, .init = setup,
+     .fini = teardown)
+{
+	struct perf_child ch;
+	char port[16];
+	const char *const ex[] = {"--runs", "2", NULL};
+	start_server(&ch, &g_srv, port, sizeof(port), ex);
+	/* Run 1 succeeds; the server takes model, mode, transport from the client. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "-m", "read",
+					 "--speed", "0", "--quiet", NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 300000, a);
+	}
+	cr_assert_eq(g_r.status, 0, "client 1: %d\n%s\n%s", g_r.status, g_r.out, g_r.err);
+	cr_assert(strstr(g_r.out, "requests               5 (5 completed)"), "%s", g_r.out);
+	/* Wait for the server to finish run 1 and listen again. */
+	cr_assert_not(perf_run_read(&ch, &g_srv, 120000, "(run 2 of 2)"), "server exited:\n%s", g_srv.err);
+	/* Run 2 times out (1 ms deadline): the server must say so and exit 1. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--requests", "1",
+					 "--timeout-ms", "1", "--quiet", NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 300000, a);
+	}
+	cr_assert_eq(g_r.status, 1, "client 2: %d\n%s", g_r.status, g_r.err);
+	cr_assert(perf_run_read(&ch, &g_srv, 120000, NULL));
+	cr_assert_eq(g_srv.status, 1, "server exit %d\n%s\n%s", g_srv.status, g_srv.out, g_srv.err);
+	/* Both runs' results, as the client printed them, and a verdict per run. */
+	cr_assert(strstr(g_srv.out, "== kvxfer-perf trace: READ mode, transport tcp =="), "%s", g_srv.out);
+	cr_assert(strstr(g_srv.out, "requests               5 (5 completed)"), "%s", g_srv.out);
+	cr_assert(strstr(g_srv.out, "run 1 OK (exit 0)"), "%s", g_srv.out);
+	cr_assert(strstr(g_srv.out, "failed transfers       tx-000000 (timed out)"), "%s", g_srv.out);
+	cr_assert(strstr(g_srv.out, "run 2 FAILED (exit 1)"), "%s", g_srv.out);
+	/* The server's pool came from the client's trace (largest request 94 blocks + 25%). */
+	cr_assert(strstr(g_srv.out, "pool                   118 blocks per side"), "%s", g_srv.out);
+}
+
+Test(bench_perf_trace_ops, server_refuses_options_that_differ_and_names_them, .init = setup, .fini = teardown)
+{
+	struct perf_child ch;
+	char port[16];
+	const char *const ex[] = {"-m", "read", "--block-size", "32", "--model", "Tiny-GQA", NULL};
+	start_server(&ch, &g_srv, port, sizeof(port), ex);
+	const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+				 "--model", "Tiny-GQA", "--trace", g_trace, "-m", "write", "--quiet", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, a);
+	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "disagree on: --block-size (server 32, client 16) -m (server read, client write)"),
+		  "%s", g_r.err);
+	cr_assert(perf_run_read(&ch, &g_srv, 60000, NULL));
+	cr_assert_eq(g_srv.status, 1, "server exit %d\n%s", g_srv.status, g_srv.err);
+	cr_assert(strstr(g_srv.out, "run 1 FAILED (exit 2)"), "%s", g_srv.out);
+}
+
+Test(bench_perf_trace_ops, client_names_the_server_it_cannot_reach, .init = setup, .fini = teardown)
+{
+	char port[16];
+	snprintf(port, sizeof(port), "%u", perf_run_closed_port());
+	const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+				 "--model", "Tiny-GQA", "--trace", g_trace, "--quiet", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, a);
+	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	char want[96];
+	snprintf(want, sizeof(want), "cannot reach the --server's driver channel (--port) at 127.0.0.1:%s: ", port);
+	cr_assert(strstr(g_r.err, want), "%s", g_r.err);
+}
+
+Test(bench_perf_trace_ops, port_range_fixes_the_listener_ports, .init = setup, .fini = teardown)
+{
+	/* Six free ports in a row, then the second (the producer's notify port) taken: the run
+	 * must fail naming it, which shows the range is where the engine binds. */
+	unsigned base = 0;
+	int hold = -1;
+	for (unsigned cand = 20000 + (unsigned)(getpid() % 20000); !base && cand < 60000; cand += 7) {
+		int fds[6], ok = 1;
+		for (int i = 0; i < 6; i++) {
+			fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+			int one = 1;
+			setsockopt(fds[i], SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+			struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(cand + i))};
+			if (bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)))
+				ok = 0;
+		}
+		for (int i = 0; i < 6; i++)
+			if (!(ok && i == 1))
+				close(fds[i]);
+		if (ok) {
+			base = cand;
+			hold = fds[1];
+			cr_assert_eq(listen(hold, 1), 0);
+		}
+	}
+	cr_assert_gt(base, 0);
+	char range[32], busy[16];
+	snprintf(range, sizeof(range), "%u-%u", base, base + 5);
+	snprintf(busy, sizeof(busy), "%u", base + 1);
+	TRACE_RUN("--trace", g_trace, "-t", "tcp", "--requests", "1", "--port-range", range);
+	close(hold);
+	cr_assert_neq(g_r.status, 0, "%s", g_r.err);
+	cr_assert(strstr(g_r.err, busy), "the taken port %s is not named:\n%s", busy, g_r.err);
+	/* Free again: the same range works. */
+	TRACE_RUN("--trace", g_trace, "-t", "tcp", "--requests", "1", "--speed", "0", "--port-range", range);
+	cr_assert_eq(g_r.status, 0, "%d\n%s", g_r.status, g_r.err);
+	/* --local needs six ports. */
+	snprintf(range, sizeof(range), "%u-%u", base, base + 4);
+	TRACE_RUN("--trace", g_trace, "--port-range", range);
+	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
 }
