@@ -38,6 +38,7 @@
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 #include "runtime_internal.h"
+#include "metrics_internal.h"
 
 enum msg_type {
 	M_SUBMIT = 1,
@@ -231,6 +232,7 @@ struct evwatch {
 
 struct kvx_engine {
 	struct kvx_engine_params p;
+	struct kvx_metrics *metrics; /* runtime/metrics.c; NULL = no endpoint (application thread) */
 	char host[KVX_ENGINE_HOST_MAX];
 	char transport[16];
 	char lcores[128];
@@ -396,8 +398,12 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 	e->p.lcores = e->lcores[0] ? e->lcores : NULL;
 	e->p.proxy_addr = e->proxy[0] ? e->proxy : NULL;
 	e->p.http_addr = e->http[0] ? e->http : NULL;
-	int rc = kvx_xfer_table_create(2 * p->max_transfers + 64, p->max_transfers, &e->reg);
+	e->p.metrics_addr = NULL; /* the copy lives in e->metrics */
+	int rc = p->metrics_addr ? kvx_metrics_create(p->metrics_addr, &e->metrics, err, errlen) : 0;
+	if (!rc)
+		rc = kvx_xfer_table_create(2 * p->max_transfers + 64, p->max_transfers, &e->reg);
 	if (rc) {
+		kvx_metrics_destroy(e->metrics);
 		free(e);
 		return rc;
 	}
@@ -405,6 +411,7 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 	rc = -pthread_mutex_init(&e->acc_lock, NULL);
 	if (rc) {
 		kvx_xfer_table_destroy(e->reg);
+		kvx_metrics_destroy(e->metrics);
 		free(e);
 		return rc;
 	}
@@ -2022,6 +2029,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	}
 	char err[256] = "";
 	int rc;
+	if (e->metrics && (rc = kvx_metrics_start(e->metrics, &e->p))) /* binds first: nothing to undo */
+		return rc;
 	struct kvx_lcore_cfg *cfg = calloc(1, sizeof(*cfg));
 	if (!cfg)
 		return -ENOMEM;
@@ -2266,7 +2275,16 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		if ((rc = kvx_lcore_launch(e->po[k]->lc, kvx_lcore_poll_loop, NULL)))
 			return rc;
 	e->started = true;
+	if (e->metrics)
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, NULL, 0, 0, true); /* first snapshot */
 	return 0;
+}
+
+KVX_API int kvx_engine_metrics_addr(const struct kvx_engine *e, char *buf, size_t len)
+{
+	if (!e || !e->metrics)
+		return -ENOENT;
+	return e->started ? kvx_metrics_addr(e->metrics, buf, len) : -EAGAIN;
 }
 
 KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_port, uint16_t *notify_port)
@@ -2281,6 +2299,7 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 	if (!e || !e->started || e->stopped)
 		return;
 	e->stopped = true;
+	kvx_metrics_stop(e->metrics);
 	for (uint32_t k = 0; k < e->n_po; k++)
 		kvx_lcore_stop(e->po[k]->lc);
 	for (uint32_t k = 0; k < e->n_po; k++)
@@ -2329,6 +2348,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	if (!e)
 		return;
 	kvx_engine_stop(e);
+	kvx_metrics_destroy(e->metrics);
 	for (uint32_t k = 0; k < e->n_po; k++) {
 		struct poller *po = e->po[k];
 		struct emsg m;
@@ -2769,6 +2789,8 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 		}
 	}
 	e->cpl_rr = e->n_po ? (e->cpl_rr + 1) % e->n_po : 0;
+	if (e->metrics)
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, out, got, kvx_xfer_live_count(e->reg), false);
 	return got;
 }
 
