@@ -61,6 +61,9 @@ static void usage(FILE *f)
 "  --port-range LO-HI   bind the engine's listeners there: handshake LO, notify LO+1, tcp data\n"
 "                       LO+2 (--local: the consumer takes LO+3..LO+5); default kernel-chosen\n"
 "  --connect-timeout-ms N  deadline to reach the --server and the peer's listeners (10000)\n"
+"  --metrics ADDR       serve Prometheus text-format metrics of this host's engine at\n"
+"                       http://ADDR/metrics during the run (IP:PORT, :PORT; --local: the\n"
+"                       consumer's endpoint takes PORT+1); the addresses are printed at start\n"
 "  --runs N             --server: serve N runs, one after the other (default 1; 0 = until\n"
 "                       stopped); each run prints its summary and the exit code says if any failed\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
@@ -89,7 +92,7 @@ enum {
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
-	OPT_CONNECT_TIMEOUT, OPT_RUNS,
+	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -191,6 +194,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"port-range", required_argument, 0, OPT_PORT_RANGE},
 		{"connect-timeout-ms", required_argument, 0, OPT_CONNECT_TIMEOUT},
 		{"runs", required_argument, 0, OPT_RUNS},
+		{"metrics", required_argument, 0, OPT_METRICS},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -227,6 +231,18 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				return -EINVAL;
 			}
 			break;
+		case OPT_METRICS: {
+			const char *col = strrchr(optarg, ':');
+			char *end = NULL;
+			unsigned long mp = col ? strtoul(col + 1, &end, 10) : 0;
+			if (!col || !col[1] || *end || mp > 65534) {
+				fprintf(stderr, "kvxfer-perf trace: --metrics '%s': expected IP:PORT, [IPv6]:PORT or "
+						":PORT (PORT 0 = any free port)\n", optarg);
+				return -EINVAL;
+			}
+			o->metrics = optarg;
+			break;
+		}
 		case OPT_CONNECT_TIMEOUT:
 			if (parse_u64("--connect-timeout-ms", optarg, 1, 3600000, &v))
 				return -EINVAL;
@@ -545,6 +561,7 @@ struct driver {
 
 /* Options the driver adds for one role (after the user's, so they win): NULL = none. */
 struct role_extra {
+	const char *metrics;    /* --metrics */
 	const char *lcores;     /* --lcores */
 	const char *host;       /* --host */
 	const char *port_range; /* --port-range */
@@ -587,6 +604,10 @@ static int spawn_role(struct driver *D, int idx, char **argv, int argc, const st
 	if (x && x->host) {
 		av[k++] = "--host";
 		av[k++] = x->host;
+	}
+	if (x && x->metrics) {
+		av[k++] = "--metrics";
+		av[k++] = x->metrics;
 	}
 	if (x && x->port_range) {
 		av[k++] = "--port-range";
@@ -1047,6 +1068,14 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			/* Both engines on this host: the consumer takes the next three ports. */
 			snprintf(crange, sizeof(crange), "%u-%u", o->port_lo + 3u, (unsigned)o->port_hi);
 			cx.port_range = crange;
+		}
+		char cmet[96];
+		if (o->metrics) {
+			/* Two engines on one host: the consumer's endpoint takes the next port. */
+			const char *c = strrchr(o->metrics, ':');
+			unsigned mp = (unsigned)strtoul(c + 1, NULL, 10);
+			snprintf(cmet, sizeof(cmet), "%.*s:%u", (int)(c - o->metrics), o->metrics, mp ? mp + 1 : 0);
+			cx.metrics = cmet;
 		}
 		if (spawn_role(&D, 0, argv, argc, &px) || spawn_role(&D, 1, argv, argc, &cx))
 			goto out;

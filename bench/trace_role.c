@@ -539,6 +539,7 @@ static int setup_engine(struct role *R)
 	p.handshake_port = o->port_lo;
 	p.notify_port = o->port_lo ? (uint16_t)(o->port_lo + 1) : 0;
 	p.data_port = o->port_lo ? (uint16_t)(o->port_lo + 2) : 0;
+	p.metrics_addr = o->metrics; /* --metrics: Prometheus endpoint of this role's engine */
 	p.transfer_timeout_ms = o->timeout_ms;
 	p.defer_timeout_ms = 2 * o->timeout_ms;
 	p.max_transfers = (uint32_t)R->nrx + 16;
@@ -586,6 +587,10 @@ static int setup_engine(struct role *R)
 		fatal(R, "kvx_engine_start: %s", kvx_strerror(rc));
 		return rc;
 	}
+	char ma[64];
+	if (o->metrics && !kvx_engine_metrics_addr(R->e, ma, sizeof(ma)))
+		fprintf(stderr, "kvxfer-perf trace: %s metrics at http://%s/metrics\n",
+			R->r == TRACE_ROLE_PRODUCER ? "producer" : "consumer", ma);
 	return 0;
 }
 

@@ -380,3 +380,80 @@ Test(bench_perf_trace_ops, port_range_fixes_the_listener_ports, .init = setup, .
 	TRACE_RUN("--trace", g_trace, "--port-range", range);
 	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
 }
+
+/* ---- --metrics ---- */
+
+/* Value of one sample line in a scrape of @p url (curl), or -1 (absent or unreachable). */
+static double scrape_value(const char *url, const char *series)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "curl -sS --max-time 20 %s 2>/dev/null", url);
+	FILE *f = popen(cmd, "r");
+	cr_assert_not_null(f);
+	static char body[1 << 20];
+	size_t n = fread(body, 1, sizeof(body) - 1, f);
+	body[n] = '\0';
+	pclose(f);
+	size_t l = strlen(series);
+	for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (!strncmp(p, series, l) && p[l] == ' ')
+			return strtod(p + l + 1, NULL);
+	return -1;
+}
+
+/* The URL printed for @p who ("producer"/"consumer") in @p err, into @p url. */
+static bool metrics_url(const char *err, const char *who, char *url, size_t len)
+{
+	char key[64];
+	snprintf(key, sizeof(key), "%s metrics at ", who);
+	const char *p = strstr(err, key);
+	if (!p)
+		return false;
+	p += strlen(key);
+	size_t l = strcspn(p, "\n");
+	if (!p[l] || l >= len)
+		return false;
+	memcpy(url, p, l);
+	url[l] = '\0';
+	return true;
+}
+
+Test(bench_perf_trace_ops, metrics_endpoint_serves_the_engines_counters_during_a_run, .init = setup,
+     .fini = teardown)
+{
+	if (system("command -v curl >/dev/null 2>&1"))
+		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
+	char tr[64];
+	tmpfile_with(tr, sizeof(tr), ".jsonl",
+		     "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [1, 2]}\n"
+		     "{\"timestamp\": 600000, \"input_length\": 700, \"output_length\": 5, \"hash_ids\": [1, 3]}\n");
+	const char *const a[] = {"trace", "--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", tr,
+				 "-t", "tcp", "--pool-blocks", "128", "--metrics", "127.0.0.1:0", NULL};
+	struct perf_child ch;
+	memset(&g_r, 0, sizeof(g_r));
+	perf_run_start(&ch, KVX_PERF_BIN, NULL, a);
+	cr_assert_not(perf_run_read(&ch, &g_r, 300000, "progress: 1/2 requests"), "exited:\n%s", g_r.err);
+	char pu[128], cu[128];
+	cr_assert(metrics_url(g_r.err, "producer", pu, sizeof(pu)), "%s", g_r.err);
+	cr_assert(metrics_url(g_r.err, "consumer", cu, sizeof(cu)), "%s", g_r.err);
+	/* Request 1 is done on both sides; the snapshots follow within the roles' next polls. */
+	uint64_t end = perf_run_now_ms() + 60000;
+	double pd = -1, cd = -1;
+	while ((pd != 1 || cd != 1) && perf_run_now_ms() < end) {
+		pd = scrape_value(pu, "kvxfer_transfers_total{outcome=\"done\"}");
+		cd = scrape_value(cu, "kvxfer_transfers_total{outcome=\"done\"}");
+	}
+	cr_assert_eq(pd, 1, "producer %s", pu);
+	cr_assert_eq(cd, 1, "consumer %s", cu);
+	/* WRITE: the producer posted the 63 blocks of 4096 bytes (4 layers x 2 planes x 512). */
+	cr_assert_eq(scrape_value(pu, "kvxfer_bytes_total"), 63.0 * 4096);
+	cr_assert_eq(scrape_value(pu, "kvxfer_transfers_in_flight"), 0);
+	cr_assert_eq(scrape_value(cu, "kvxfer_transfer_duration_seconds_count{outcome=\"done\"}"), 1);
+	/* End the run: the consumer goes away, the driver reports and exits 1. */
+	pid_t c = consumer_of(ch.pid);
+	cr_assert_gt(c, 0);
+	cr_assert_eq(kill(c, SIGKILL), 0);
+	cr_assert(perf_run_read(&ch, &g_r, 120000, NULL));
+	unlink(tr);
+	cr_assert_eq(g_r.status, 1);
+}
