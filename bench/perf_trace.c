@@ -51,6 +51,8 @@ static void usage(FILE *f)
 "  --concurrency N      transfers in flight at most (default 2)\n"
 "  -m, --mode read|write  transfer mode (default write)\n"
 "  -t, --transport auto|verbs|tcp|shm  provider (default auto)\n"
+"  -d, --ib-dev DEV     RDMA device of this host's engines (implies -t verbs; default the first\n"
+"                       with an ACTIVE port; KVX_VERBS_IFNAME picks the RoCE GID's netdev)\n"
 "  --local              run producer and consumer as two processes on this machine\n"
 "  --server             run the producer here and wait for a --client driver on --port\n"
 "  --client HOST        drive the run: consumer here, producer = --server at HOST\n"
@@ -92,7 +94,7 @@ enum {
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
-	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS,
+	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -195,6 +197,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"connect-timeout-ms", required_argument, 0, OPT_CONNECT_TIMEOUT},
 		{"runs", required_argument, 0, OPT_RUNS},
 		{"metrics", required_argument, 0, OPT_METRICS},
+		{"ib-dev", required_argument, 0, 'd'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -221,7 +224,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 	uint64_t v;
 	int c;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "m:t:l:h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:t:l:d:h", lo, NULL)) != -1) {
 		switch (c) {
 		case OPT_MODEL: o->model = optarg; o->set |= TRACE_SET_MODEL; break;
 		case OPT_PORT_RANGE:
@@ -230,6 +233,14 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 						"ports in 1..65535 (6 with --local)\n", optarg);
 				return -EINVAL;
 			}
+			break;
+		case 'd':
+			if (!optarg[0] || strlen(optarg) >= 64) {
+				fprintf(stderr, "kvxfer-perf trace: -d '%s': expected an RDMA device name (ibv_devices)\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->ib_dev = optarg;
 			break;
 		case OPT_METRICS: {
 			const char *col = strrchr(optarg, ':');
@@ -408,6 +419,15 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 	if (o->role == TRACE_ROLE_DRIVER && modes != 1) {
 		fprintf(stderr, "kvxfer-perf trace: choose exactly one of --local, --server, --client HOST\n");
 		return -EINVAL;
+	}
+	if (o->ib_dev) {
+		/* perftest's -d names an RDMA device: it means the verbs provider. */
+		if (strcmp(o->transport, "auto") && strcmp(o->transport, "verbs")) {
+			fprintf(stderr, "kvxfer-perf trace: -d %s names an RDMA device, which -t %s does not use "
+					"(use -t verbs or auto)\n", o->ib_dev, o->transport);
+			return -EINVAL;
+		}
+		o->transport = "verbs";
 	}
 	if (o->verify < 0)
 		o->verify = o->local ? 1 : 0;
@@ -1485,6 +1505,14 @@ int kvx_perf_trace_main(int argc, char **argv)
 		return rc > 0 ? 0 : 2;
 	if (o.role == TRACE_ROLE_DRIVER && (rc = trace_mem_check(&o)) != 0)
 		return rc;
+	if (o.role == TRACE_ROLE_DRIVER && o.ib_dev) {
+		char reason[KVX_XPORT_REASON_MAX] = "";
+		if (kvx_xport_provider_probe("verbs", reason, sizeof(reason))) {
+			fprintf(stderr, "kvxfer-perf trace: -d %s: the verbs provider is unavailable here: %s\n",
+				o.ib_dev, reason);
+			return 1;
+		}
+	}
 	if (o.role != TRACE_ROLE_DRIVER) {
 		if (o.ctl_fd < 0 || !o.pool_blocks) {
 			fprintf(stderr, "kvxfer-perf trace: --role is internal (set by the driver)\n");

@@ -76,6 +76,7 @@ struct trace_opts {
 	uint32_t runs;            /**< --runs N (--server): runs to serve, 0 = until stopped. */
 	uint32_t set;             /**< TRACE_SET_* bits: options given on the command line. */
 	const char *metrics;      /**< --metrics ADDR: the engine serves Prometheus /metrics there. */
+	const char *ib_dev;       /**< -d/--ib-dev: RDMA device of this host's engine (implies verbs). */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */

@@ -540,6 +540,7 @@ static int setup_engine(struct role *R)
 	p.notify_port = o->port_lo ? (uint16_t)(o->port_lo + 1) : 0;
 	p.data_port = o->port_lo ? (uint16_t)(o->port_lo + 2) : 0;
 	p.metrics_addr = o->metrics; /* --metrics: Prometheus endpoint of this role's engine */
+	p.verbs_device = o->ib_dev;
 	p.transfer_timeout_ms = o->timeout_ms;
 	p.defer_timeout_ms = 2 * o->timeout_ms;
 	p.max_transfers = (uint32_t)R->nrx + 16;
@@ -584,7 +585,8 @@ static int setup_engine(struct role *R)
 	}
 	rc = kvx_engine_start(R->e);
 	if (rc) {
-		fatal(R, "kvx_engine_start: %s", kvx_strerror(rc));
+		fatal(R, "kvx_engine_start: %s%s%s%s", kvx_strerror(rc), o->ib_dev ? " (-d " : "",
+		      o->ib_dev ? o->ib_dev : "", o->ib_dev ? ")" : "");
 		return rc;
 	}
 	char ma[64];

@@ -233,6 +233,7 @@ struct evwatch {
 struct kvx_engine {
 	struct kvx_engine_params p;
 	struct kvx_metrics *metrics; /* runtime/metrics.c; NULL = no endpoint (application thread) */
+	char verbs_dev[64];          /* params.verbs_device, copied ("" = first ACTIVE device) */
 	char host[KVX_ENGINE_HOST_MAX];
 	char transport[16];
 	char lcores[128];
@@ -399,6 +400,11 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 	e->p.proxy_addr = e->proxy[0] ? e->proxy : NULL;
 	e->p.http_addr = e->http[0] ? e->http : NULL;
 	e->p.metrics_addr = NULL; /* the copy lives in e->metrics */
+	if (copy_str(e->verbs_dev, sizeof(e->verbs_dev), p->verbs_device)) {
+		free(e);
+		return bad(err, errlen, "verbs_device", "longer than 63 bytes");
+	}
+	e->p.verbs_device = e->verbs_dev[0] ? e->verbs_dev : NULL;
 	int rc = p->metrics_addr ? kvx_metrics_create(p->metrics_addr, &e->metrics, err, errlen) : 0;
 	if (!rc)
 		rc = kvx_xfer_table_create(2 * p->max_transfers + 64, p->max_transfers, &e->reg);
@@ -2085,6 +2091,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	kvx_xport_ctx_params_init(&xp);
 	xp.tcp_addr = e->host;
 	xp.tcp_port = e->p.data_port; /* 0 = ephemeral */
+	xp.device = e->p.verbs_device; /* NULL = first ACTIVE device */
 	xp.op_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
 	for (uint32_t k = 0; k < 2 && provs[k]; k++) {
 		rc = kvx_xport_open(provs[k], &xp, &e->xctx[k]);

@@ -172,6 +172,8 @@ struct kvx_engine_params {
 	                                    0 = chosen by the kernel (default). Set it, with the two base
 	                                    ports, when a firewall must open a fixed set of ports
 	                                    (docs/operations.md §1). Ignored by verbs and shm. */
+	const char *verbs_device;      /**< verbs: RDMA device to open (e.g. "mlx5_0", as perftest's -d);
+	                                    NULL = the first with an ACTIVE port. Copied; < 64 bytes. */
 	const char *metrics_addr;      /**< Prometheus text-format endpoint `GET /metrics`: "IP:PORT",
 	                                    "[IPv6]:PORT" or ":PORT" (every interface; PORT 0 = chosen by
 	                                    the kernel, see kvx_engine_metrics_addr()); NULL = off

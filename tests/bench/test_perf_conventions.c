@@ -195,4 +195,9 @@ Test(bench_perf_conventions, ib_dev_selects_verbs_and_names_the_device)
 	/* An RDMA device with a provider that does not use one is a usage error. */
 	RUN(60000, "bw", "--local", "-t", "tcp", "-d", "mlx5_0");
 	cr_assert_eq(g_r.status, 2, "%d %s", g_r.status, g_r.err);
+	RUN(60000, "trace", "--local", "-t", "tcp", "-d", "mlx5_0");
+	cr_assert_eq(g_r.status, 2, "%d %s", g_r.status, g_r.err);
+	RUN(120000, "trace", "--local", "-d", "kvx_no_such_dev0", "--requests", "1", "--quiet");
+	cr_assert_eq(g_r.status, 1, "%d %s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "kvx_no_such_dev0"), "%s", g_r.err);
 }
