@@ -131,12 +131,19 @@ const char *perf_data_dir(void)
 
 const char *perf_data_path(const char *rel)
 {
+	/* Kept in a global table: reachable until exit (no leak report), a handful per run. */
+	static char *paths[16];
+	static unsigned n;
 	const char *d = perf_data_dir();
+	for (unsigned i = 0; i < n; i++)
+		if (!strncmp(paths[i], d, strlen(d)) && !strcmp(paths[i] + strlen(d) + 1, rel))
+			return paths[i];
 	size_t len = strlen(d) + 1 + strlen(rel) + 1;
 	char *p = malloc(len);
-	if (!p)
+	if (!p || n == sizeof(paths) / sizeof(paths[0]))
 		abort();
 	snprintf(p, len, "%s/%s", d, rel);
+	paths[n++] = p;
 	return p;
 }
 

@@ -107,8 +107,8 @@ const char *perf_data_dir(void);
 /**
  * Path of a data file: perf_data_dir() + "/" + @p rel.
  * @param rel  Relative path, e.g. "models.csv" or "traces/x.jsonl"; not NULL.
- * @return     New heap string, kept for the life of the process (a handful per run), never
- *             NULL (aborts on allocation failure).
+ * @return     Heap string kept for the life of the process (the same pointer for the same
+ *             @p rel; at most 16 distinct paths), never NULL (aborts on allocation failure).
  */
 const char *perf_data_path(const char *rel);
 
