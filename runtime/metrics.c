@@ -49,6 +49,8 @@ struct snap {
 	struct kvx_engine_stats st;
 	struct kvx_ctl_counters cc;
 	bool have_cc;
+	struct kvx_ctl_peer_stats cps[KVX_CTL_PEER_STATS_MAX]; /* per source IP of control frames */
+	size_t n_cps;
 	uint64_t live;
 	char transport[16];
 	struct acc acc;
@@ -293,6 +295,19 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 		fprintf(f, "kvxfer_handshake_requests_served_total{kind=\"metadata\"} %llu\n", (unsigned long long)c->hs_served);
 		fprintf(f, "kvxfer_handshake_requests_served_total{kind=\"connect\"} %llu\n",
 			(unsigned long long)c->connect_served);
+		head(f, "kvxfer_control_peer_frames_total", "counter",
+		     "Control frames per source address (handshake and notify listeners): received, refused as "
+		     "malformed, dropped as late.");
+		for (size_t i = 0; i < s->n_cps; i++) {
+			const struct kvx_ctl_peer_stats *cp = &s->cps[i];
+			const char *k[3] = {"received", "malformed", "late"};
+			uint64_t v[3] = {cp->rx, cp->malformed, cp->dropped};
+			for (int j = 0; j < 3; j++) {
+				fputs("kvxfer_control_peer_frames_total{source=\"", f);
+				put_label(f, cp->peer);
+				fprintf(f, "\",kind=\"%s\"} %llu\n", k[j], (unsigned long long)v[j]);
+			}
+		}
 		head(f, "kvxfer_heartbeats_total", "counter", "Heartbeat frames sent to the proxy.");
 		fprintf(f, "kvxfer_heartbeats_total %llu\n", (unsigned long long)c->heartbeats);
 		head(f, "kvxfer_control_peers_open", "gauge", "Cached DEALER sockets to peers.");
@@ -455,8 +470,11 @@ void kvx_metrics_on_poll(struct kvx_metrics *m, const struct kvx_engine *e, cons
 	s->taken_ns = now;
 	kvx_engine_get_stats(e, &s->st);
 	s->have_cc = ctl != NULL;
-	if (ctl)
+	s->n_cps = 0;
+	if (ctl) {
 		kvx_ctl_counters_get(ctl, &s->cc);
+		s->n_cps = kvx_ctl_peer_stats_get(ctl, s->cps, KVX_CTL_PEER_STATS_MAX);
+	}
 	s->live = live;
 	const char *t = kvx_engine_transport_name(e);
 	snprintf(s->transport, sizeof(s->transport), "%s", t ? t : "");

@@ -140,6 +140,10 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	wait_value(&P, &tp, pa, "kvxfer_transfers_total{outcome=\"done\"}", 1);
 	cr_assert_eq(value(g_body, "kvxfer_blocks_released_total"), 1, "%s", g_body);
 	cr_assert_geq(value(g_body, "kvxfer_notifications_total{direction=\"received\"}"), 1);
+	/* The consumer's release arrived from 127.0.0.1 (per-source control counters). */
+	cr_assert_geq(value(g_body, "kvxfer_control_peer_frames_total{source=\"127.0.0.1\",kind=\"received\"}"), 1,
+		      "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_control_peer_frames_total{source=\"127.0.0.1\",kind=\"malformed\"}"), 0);
 
 	/* A READ from a port where nothing answers: not done, counted with its reason. */
 	int s = socket(AF_INET, SOCK_STREAM, 0);
