@@ -11,12 +11,13 @@ command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
 tmp=$(mktemp -d /tmp/kvx_metrics_tsan.XXXXXX)
 pid=
 trap '[[ -n $pid ]] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+: >"$tmp/out"; : >"$tmp/err" # exist before `tail -f` looks at them
 TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$supp" "$perf" trace --local -t tcp --requests 3 \
-	--timeout-ms 600000 --metrics 127.0.0.1:0 >"$tmp/out" 2>"$tmp/err" &
+	--timeout-ms 600000 --metrics 127.0.0.1:0 >>"$tmp/out" 2>>"$tmp/err" &
 pid=$!
 # Block until both roles printed their endpoint (observable state).
-timeout 300 grep -q -m1 "consumer metrics at" <(tail -n +1 -f "$tmp/err") || { cat "$tmp/err"; exit 1; }
-timeout 300 grep -q -m1 "producer metrics at" <(tail -n +1 -f "$tmp/err") || { cat "$tmp/err"; exit 1; }
+timeout 300 grep -q -m1 "consumer metrics at" <(tail --pid="$pid" -n +1 -f "$tmp/err") || { cat "$tmp/err"; exit 1; }
+timeout 300 grep -q -m1 "producer metrics at" <(tail --pid="$pid" -n +1 -f "$tmp/err") || { cat "$tmp/err"; exit 1; }
 pu=$(grep -o 'producer metrics at http://[^ ]*' "$tmp/err" | awk '{print $4}')
 cu=$(grep -o 'consumer metrics at http://[^ ]*' "$tmp/err" | awk '{print $4}')
 seen=0 n=0

@@ -41,13 +41,13 @@ fail() { echo "FAIL: $*" >&2; for f in "$tmp"/*.out "$tmp"/*.err; do echo "--- $
 inA() { ip netns exec "$A" "$@"; }
 inB() { ip netns exec "$B" "$@"; }
 wait_listening() { # block until the server says it waits for a client (observable state)
-	timeout 120 grep -q -m1 -F "$1" <(tail -n +1 -f "$tmp/srv.err") ||
+	timeout 120 grep -q -m1 -F "$1" <(tail --pid="$srv_pid" -n +1 -f "$tmp/srv.err") ||
 		fail "the server never printed '$1'"
 }
 
 # 1. README: producer host runs the server (two runs), consumer host drives WRITE then READ.
 #    No --host on either side: each engine advertises the address its driver connection uses.
-inA "$perf" trace --server --port 7500 --runs 2 --port-range 7600-7602 >"$tmp/srv.out" 2>"$tmp/srv.err" &
+( : >"$tmp/srv.out"; : >"$tmp/srv.err" ); inA "$perf" trace --server --port 7500 --runs 2 --port-range 7600-7602 >>"$tmp/srv.out" 2>>"$tmp/srv.err" &
 srv_pid=$!
 wait_listening "(run 1 of 2)"
 inB "$perf" trace --client "$PA" --port 7500 --port-range 7600-7602 -t tcp -m write --requests 2 \
@@ -64,7 +64,7 @@ grep -q "run 1 OK" "$tmp/srv.out" && grep -q "run 2 OK" "$tmp/srv.out" || fail "
 grep -q "== kvxfer-perf trace: READ mode, transport tcp ==" "$tmp/srv.out" || fail "server lacks the results"
 
 # 2. A server told to advertise loopback: the client warns and names the listener it cannot reach.
-inA "$perf" trace --server --port 7500 --host 127.0.0.1 >"$tmp/srv.out" 2>"$tmp/srv.err" &
+( : >"$tmp/srv.out"; : >"$tmp/srv.err" ); inA "$perf" trace --server --port 7500 --host 127.0.0.1 >>"$tmp/srv.out" 2>>"$tmp/srv.err" &
 srv_pid=$!
 wait_listening "(run 1 of 1)"
 inB "$perf" trace --client "$PA" --port 7500 -t tcp --requests 1 --quiet >"$tmp/c3.out" 2>"$tmp/c3.err" &&
