@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -53,11 +54,15 @@ static void usage(bool lat)
 	       "  -l, --lcores A[,B]                   pin the client to CPU A, the server to B (default:\n"
 	       "                                       two distinct CPUs of this machine, see the header)\n"
 	       "  -p, --port PORT                      out-of-band TCP port (default 18515)\n"
-	       "      --json FILE                      write the results as JSON\n"
+	       "  -d, --ib-dev DEVICE                  RDMA device to use (implies -t verbs; default: the\n"
+	       "                                       first with an ACTIVE port; the RoCE GID follows the\n"
+	       "                                       netdev named by KVX_VERBS_IFNAME when set)\n"
+	       "      --json FILE                      write the results as JSON ('-' = stdout)\n"
 	       "      --output=%s             print only the number\n"
 	       "      --local                          run the server on a second thread of this process\n"
 	       "      --mem host|hip[:DEVICE]|hostdev  buffer memory (default host; hostdev: test-only\n"
 	       "                                       mock of device memory)\n"
+	       "  -V, --version                        print the version and exit\n"
 	       "%s",
 	       lat ? "lat" : "bw",
 	       lat ? "  -m, --mode pingpong|completion       how lat times an op (may follow -m read|write):\n"
@@ -71,6 +76,7 @@ static void usage(bool lat)
 	       lat ? "latency  " : "bandwidth",
 	       lat ? "" : "      --peer cma|memcpy                comparison loop, not kvxfer: "
 			  "process_vm_readv from a child, or memcpy\n"
+			  "      --report_gbits                   bandwidth columns in Gb/s (10^9 bit/s) instead of GB/s\n"
 			  "      --plot FILE.png                  draw average bandwidth (GB/s) vs size with "
 			  "gnuplot\n"
 			  "                                       (use with -a; writes FILE.png.dat/.gp too)\n");
@@ -89,6 +95,27 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
 
 /* --mem value; NULL or "host" = host buffers. */
 static const char *g_mem_arg;
+/* -d/--ib-dev value (this side's RDMA device), NULL = first ACTIVE one. */
+static const char *g_ib_dev;
+
+/* The result table as printed by this side (px_row()), sent to the server at the end. */
+static char g_rows[16384];
+static size_t g_rows_len;
+
+void px_row(const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	fputs(line, stdout);
+	size_t l = strlen(line);
+	if (g_rows_len + l < sizeof(g_rows)) {
+		memcpy(g_rows + g_rows_len, line, l + 1);
+		g_rows_len += l;
+	}
+}
 
 /*
  * --mem hip[:N] (or the test-only hostdev): open the device and allocate through kvx_mem before
@@ -281,6 +308,20 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 		case PERF_PX_O_JSON:
 			c->json = optarg;
 			break;
+		case 'd':
+			if (!optarg[0]) {
+				fprintf(stderr, "kvxfer-perf: -d '': expected an RDMA device name (ibv_devices)\n");
+				return 2;
+			}
+			c->ib_dev = g_ib_dev = optarg;
+			break;
+		case PERF_PX_O_GBITS:
+			if (lat) {
+				fprintf(stderr, "kvxfer-perf lat: --report_gbits is a bw option\n");
+				return 2;
+			}
+			c->gbits = true;
+			break;
 		case PERF_PX_O_PLOT:
 			if (lat) {
 				fprintf(stderr, "kvxfer-perf lat: --plot is for bw sweeps only\n");
@@ -348,6 +389,15 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 		fprintf(stderr, "kvxfer-perf lat: --qps %u: the ping-pong polls the last byte of each "
 				"WRITE, which needs one channel (or use -m completion)\n", c->qps);
 		return 2;
+	}
+	if (c->ib_dev) {
+		/* perftest's -d names an RDMA device: it selects the verbs provider. */
+		if (strcmp(c->transport, "auto") && strcmp(c->transport, "verbs")) {
+			fprintf(stderr, "kvxfer-perf: -d %s names an RDMA device, which -t %s does not use "
+					"(use -t verbs or auto)\n", c->ib_dev, c->transport);
+			return 2;
+		}
+		strcpy(c->transport, "verbs");
 	}
 	if (c->cpu_client < 0) {
 		perf_default_cpu_pair(&c->cpu_client, &c->cpu_server);
@@ -424,9 +474,24 @@ static void ctx_params_from(const struct px_msg *m, int fd, struct kvx_xport_ctx
 		getnameinfo((struct sockaddr *)&ss, sl, addr, INET6_ADDRSTRLEN, NULL, 0,
 			    NI_NUMERICHOST);
 	p->tcp_addr = addr;
+	p->device = g_ib_dev; /* this side's -d (verbs only; others ignore it) */
 }
 
 /* ---- server ---- */
+
+/* Server: print a block of the client's result rows (perftest servers print the rows too). */
+static void print_result(const struct px_msg *m)
+{
+	static bool said;
+	if (!said) {
+		printf(RESULT_LINE "  results (measured by the client, reported to this server)\n");
+		said = true;
+	}
+	size_t len = m->blob_len < sizeof(m->blob) ? m->blob_len : sizeof(m->blob) - 1;
+	fwrite(m->blob, 1, len, stdout);
+	fflush(stdout);
+}
+
 
 /*
  * Server side of the lat ping-pong: create the reverse endpoint (server -> client, blob A2 /
@@ -464,6 +529,10 @@ static int server_pingpong(int fd, struct px_msg *m, struct px_sess *s)
 	for (;;) {
 		if ((rc = px_oob_wait(s, 0)) || (rc = px_msg_recv(fd, m, PX_ANY)))
 			return rc;
+		if (m->type == PX_RESULT) {
+			print_result(m);
+			continue;
+		}
 		if (m->type == PX_DONE)
 			return 0;
 		if (m->type != PX_PING || !m->size || m->size > s->rx_off) {
@@ -489,6 +558,7 @@ static int server_pingpong(int fd, struct px_msg *m, struct px_sess *s)
 static int server_session(int fd, uint64_t spin_ns, bool same_cpu)
 {
 	struct px_msg *m = calloc(1, sizeof(*m));
+	int client_rc = 0;
 	struct kvx_xport_ctx *ctx = NULL;
 	struct kvx_xport_mr *mr = NULL;
 	struct kvx_xport_ep *ep = NULL;
@@ -565,12 +635,22 @@ static int server_session(int fd, uint64_t spin_ns, bool same_cpu)
 		if (poll(&pf, 1, timeout) > 0)
 			break;
 	}
-	if ((rc = px_msg_recv(fd, m, PX_DONE)))
+	/* The client's result rows (PX_RESULT), then PX_DONE. */
+	while (!(rc = px_msg_recv(fd, m, PX_ANY)) && m->type == PX_RESULT)
+		print_result(m);
+	if (!rc && m->type != PX_DONE)
+		rc = -EPROTO;
+	if (rc)
 		goto out;
 bye:
+	client_rc = m->rc;
 	m->type = PX_BYE;
 	kvx_xport_ctx_counters(ctx, &m->cnt);
 	rc = px_msg_send(fd, m);
+	if (!rc && client_rc) {
+		fprintf(stderr, "kvxfer-perf server: the client's run failed (%s)\n", kvx_strerror(client_rc));
+		rc = client_rc;
+	}
 out:
 	if (rc && rc != -ECONNRESET)
 		fprintf(stderr, "kvxfer-perf server: %s\n", kvx_strerror(rc));
@@ -783,17 +863,21 @@ static void bw_header(const struct px_cfg *c)
 	if (c->output_bw)
 		return;
 	printf(RESULT_LINE);
-	printf(" #bytes     #iterations    BW peak[GB/s]    BW average[GB/s]   MsgRate[Mpps]\n");
+	if (c->gbits)
+		px_row(" #bytes     #iterations    BW peak[Gb/sec]  BW average[Gb/sec] MsgRate[Mpps]\n");
+	else
+		px_row(" #bytes     #iterations    BW peak[GB/s]    BW average[GB/s]   MsgRate[Mpps]\n");
 }
 
 static void bw_row(const struct px_cfg *c, uint64_t size, uint64_t n, double peak, double avg,
 		   double mpps, FILE *json, bool first)
 {
+	double k = c->gbits ? 8.0 : 1.0; /* GB/s -> Gb/s */
 	if (c->output_bw)
-		printf("%lf\n", avg);
+		px_row("%lf\n", avg * k);
 	else
-		printf(" %-7llu    %-10llu       %-7.2f            %-7.2f\t\t   %-7.6f\n",
-		       (unsigned long long)size, (unsigned long long)n, peak, avg, mpps);
+		px_row(" %-7llu    %-10llu       %-7.2f            %-7.2f\t\t   %-7.6f\n",
+		       (unsigned long long)size, (unsigned long long)n, peak * k, avg * k, mpps);
 	if (json)
 		fprintf(json,
 			"%s    {\"bytes\": %llu, \"iterations\": %llu, \"bw_peak_gbps\": %.4f, "
@@ -1023,13 +1107,17 @@ static int peer_main(const struct px_cfg *c)
 	}
 	double secs = (double)(kvx_now_ns() - t0) * 1e-9;
 	double avg = (double)size * (double)n / secs / 1e9;
-	FILE *json = c->json ? fopen(c->json, "w") : NULL;
+	FILE *json = c->json ? perf_out_open(c->json) : NULL;
+	if (c->json && !json)
+		fprintf(stderr, "kvxfer-perf: --json %s: %s\n", c->json, strerror(errno));
 	if (json)
-		fprintf(json, "{\"test\": \"bw\", \"peer\": \"%s\", \"results\": [\n", c->peer);
+		fprintf(json, "{\"command\": \"bw\", \"test\": \"bw\", \"peer\": \"%s\", \"results\": [\n",
+			c->peer);
 	bw_row(c, size, n, avg, avg, (double)n / secs / 1e6, json, true);
+	int jrc = 0;
 	if (json) {
 		fprintf(json, "\n]}\n");
-		fclose(json);
+		jrc = perf_out_close(json);
 	}
 	if (child > 0) {
 		close(pfd[1]);
@@ -1037,7 +1125,7 @@ static int peer_main(const struct px_cfg *c)
 	}
 	free(src);
 	free(dst);
-	return 0;
+	return (c->json && !json) || jrc ? 1 : 0;
 }
 
 /* ---- entry ---- */
@@ -1056,6 +1144,8 @@ int px_main(int argc, char **argv, bool lat)
 				"(use -m completion)\n", g_mem_arg);
 		return 2;
 	}
+	if ((rc = perf_check_gnuplot("bw", c.plot)) != 0)
+		return rc;
 	if (c.peer && c.plot) {
 		fprintf(stderr, "kvxfer-perf bw: --plot draws kvxfer's own sweep; not with --peer %s\n", c.peer);
 		return 2;
@@ -1071,7 +1161,7 @@ int px_main(int argc, char **argv, bool lat)
 			return 1;
 		}
 		printf("************************************\n* Waiting for client to connect... *\n"
-		       "************************************\n");
+		       "************************************\n listening on TCP port %u\n", port);
 		fflush(stdout);
 		return server_main(&c, lfd);
 	}
@@ -1082,7 +1172,10 @@ int px_main(int argc, char **argv, bool lat)
 	if ((rc = kvx_xport_select(c.transport, same_host, &name))) {
 		char reason[KVX_XPORT_REASON_MAX];
 		kvx_xport_provider_probe(c.transport, reason, sizeof(reason));
-		fprintf(stderr, "kvxfer-perf: transport %s unavailable: %s\n", c.transport, reason);
+		char dev[96] = "";
+		if (c.ib_dev)
+			snprintf(dev, sizeof(dev), " (-d %s)", c.ib_dev);
+		fprintf(stderr, "kvxfer-perf: transport %s%s unavailable: %s\n", c.transport, dev, reason);
 		return 1;
 	}
 	snprintf(c.transport, sizeof(c.transport), "%s", name);
@@ -1114,13 +1207,16 @@ int px_main(int argc, char **argv, bool lat)
 	FILE *json = NULL;
 	if (!rc) {
 		header(&c, &s);
-		if (c.json && !(json = fopen(c.json, "w")))
+		if (c.json && !(json = perf_out_open(c.json))) {
 			fprintf(stderr, "kvxfer-perf: --json %s: %s\n", c.json, strerror(errno));
+			rc = -EIO;
+		}
 		if (json)
 			fprintf(json,
-				"{\"test\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"qps\": %u, "
+				"{\"command\": \"%s\", \"version\": \"%s\", \"commit\": \"%s\", "
+				"\"test\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"qps\": %u, "
 				"\"batch\": %u, \"tx_depth\": %u, %s\"results\": [\n",
-				lat ? "lat" : "bw", c.transport,
+				lat ? "lat" : "bw", perf_version(), perf_commit(), lat ? "lat" : "bw", c.transport,
 				c.mode == KVX_XPORT_OP_READ ? "read" : "write", s.caps.num_channels,
 				c.batch, lat ? 1 : c.depth,
 				!lat ? "" : c.lat_method == PX_LAT_PINGPONG ? "\"method\": \"pingpong\", "
@@ -1160,12 +1256,32 @@ int px_main(int argc, char **argv, bool lat)
 			printf(RESULT_LINE);
 		if (json) {
 			fprintf(json, "\n]}\n");
-			fclose(json);
+			if (perf_out_close(json) && !rc)
+				rc = -EIO;
 		}
 	}
-	/* Barrier and goodbye: the server reports its counters. */
+	/* The result rows, so the server prints them too (whole lines, one blob per message). */
 	struct px_msg *m = calloc(1, sizeof(*m));
+	for (size_t off = 0; !c.local && off < g_rows_len;) {
+		size_t len = g_rows_len - off;
+		if (len > sizeof(m->blob) - 1) {
+			len = sizeof(m->blob) - 1;
+			while (len > 1 && g_rows[off + len - 1] != '\n')
+				len--;
+		}
+		memset(m, 0, sizeof(*m));
+		m->type = PX_RESULT;
+		m->rc = rc;
+		memcpy(m->blob, g_rows + off, len);
+		m->blob_len = (uint32_t)len;
+		if (px_msg_send(fd, m))
+			break;
+		off += len;
+	}
+	/* Barrier and goodbye: the server reports its counters. */
+	memset(m, 0, sizeof(*m));
 	m->type = PX_DONE;
+	m->rc = rc;
 	if (!px_msg_send(fd, m) && !px_msg_recv(fd, m, PX_BYE) && kvx_log_enabled(KVX_LOG_INFO))
 		fprintf(stderr, "server: requests served %llu, rejected %llu, bytes %llu\n",
 			(unsigned long long)m->cnt.reqs_served, (unsigned long long)m->cnt.reqs_rejected,

@@ -45,7 +45,7 @@ void px_lat_header(const struct px_cfg *c)
 	if (c->output_bw)
 		return;
 	printf(RESULT_LINE);
-	printf(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+	px_row(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
 	       "t_stdev[usec]   99%% percentile[usec]   99.9%% percentile[usec] \n");
 }
 
@@ -358,9 +358,9 @@ int px_lat_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *j
 	uint64_t shown = pp ? exchanges : n;
 	avg *= k;
 	if (c->output_bw)
-		printf("%lf\n", typ);
+		px_row("%lf\n", typ);
 	else
-		printf(" %-7llu %-10llu      %-7.2f        %-7.2f      %-7.2f          %-7.2f        "
+		px_row(" %-7llu %-10llu      %-7.2f        %-7.2f      %-7.2f          %-7.2f        "
 		       "%-7.2f          %-7.2f                 %-7.2f\n",
 		       (unsigned long long)size, (unsigned long long)shown, mn, mx, typ, avg, sd, p99,
 		       p999);

@@ -650,6 +650,7 @@ int kvx_perf_notify_main(int argc, char **argv)
 			fprintf(stderr, "kvxfer-perf notify: cannot write %s\n", o.json);
 			ret = 1;
 		} else {
+			perf_json_str(&j, "command", "notify");
 			perf_json_str(&j, "bench", "notify");
 			perf_json_str(&j, "cpu", cpu);
 			perf_json_u64(&j, "online_cpus", (uint64_t)sysconf(_SC_NPROCESSORS_ONLN));

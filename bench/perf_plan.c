@@ -21,6 +21,7 @@
 #include "kvxfer/layout.h"
 #include "models.h"
 #include "perf.h"
+#include "perf_util.h"
 
 #define PLAN_ROUNDS 3
 #define PLAN_XSTR(x) #x
@@ -313,12 +314,13 @@ static void usage(FILE *f)
 		   "Time to plan one transfer (offsets + merge) for every layer of a model, in ns per\n"
 		   "block-layer, for random and contiguous block ids, against the seed's numpy algorithm\n"
 		   "(bench/plan_numpy_ref.py under " PLAN_PEER_PY "), in " PLAN_STR(PLAN_ROUNDS) " alternating rounds.\n"
-		   "  --models FILE      models.csv (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
+		   "  --models FILE      models.csv (default %s/models.csv)\n"
 		   "  --blocks N         blocks in the transfer (default 4096)\n"
 		   "  --block-tokens N   tokens per block (default 16)\n"
 		   "  --pool N           local num_blocks (default 4*blocks)\n"
 		   "  --remote-pool N    peer num_blocks (default pool + 1024: different on each side)\n"
-		   "  --min-ms MS        minimum measuring time per way (default 200)\n");
+		   "  --min-ms MS        minimum measuring time per way (default 200)\n",
+		perf_data_dir());
 }
 
 static int parse_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -337,7 +339,7 @@ static int parse_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, 
 
 int kvx_perf_plan_main(int argc, char **argv)
 {
-	struct plan_cfg c = {.models = KVX_BENCH_DATA_DIR "/models.csv", .blocks = 4096, .block_tokens = 16,
+	struct plan_cfg c = {.models = perf_data_path("models.csv"), .blocks = 4096, .block_tokens = 16,
 			     .min_ns = 200000000ull, .seed = 0x9e3779b97f4a7c15ull};
 	uint64_t v, pool = 0, rpool = 0;
 	static const struct option opts[] = {
@@ -401,8 +403,9 @@ int kvx_perf_plan_main(int argc, char **argv)
 	char err[512];
 	int rc = perf_model_find(c.models, c.model, &m, err, sizeof(err));
 	if (rc) {
+		/* A model or table that cannot be used is a usage error, as in `trace`. */
 		fprintf(stderr, "kvxfer-perf plan: %s\n", err);
-		return 1;
+		return 2;
 	}
 	struct plan_result res[2];
 	for (int i = 0; i < 2; i++) {
@@ -429,7 +432,7 @@ int kvx_perf_plan_main(int argc, char **argv)
 			printf("# %s: no peer figure: %s\n", res[i].pattern, res[i].peer_note);
 	}
 	if (c.json) {
-		FILE *f = fopen(c.json, "w");
+		FILE *f = perf_out_open(c.json);
 		if (!f) {
 			fprintf(stderr, "kvxfer-perf plan: cannot write %s: %s\n", c.json, strerror(errno));
 			return 1;
@@ -454,7 +457,7 @@ int kvx_perf_plan_main(int argc, char **argv)
 					   "\"peer_note\":\"%s\"}", x->peer_note);
 		}
 		fprintf(f, "]}\n");
-		if (fclose(f)) {
+		if (perf_out_close(f)) {
 			fprintf(stderr, "kvxfer-perf plan: write %s failed\n", c.json);
 			return 1;
 		}

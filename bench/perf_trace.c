@@ -22,19 +22,18 @@
 
 #include "kvxfer/common.h"
 #include "perf.h"
+#include "perf_util.h"
 #include "trace_lcores.h"
 #include "trace_load.h"
+#include "trace_net.h"
+#include "perf_trace_internal.h"
 #include "trace_prefix.h"
 #include "trace_replay.h"
 #include "trace_report.h"
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 
-#ifndef KVX_BENCH_DATA_DIR
-#define KVX_BENCH_DATA_DIR "bench/data"
-#endif
-
-#define DEFAULT_TRACE KVX_BENCH_DATA_DIR "/traces/mooncake_fast25_conversation_trace.head3MB.jsonl"
+#define DEFAULT_TRACE "traces/mooncake_fast25_conversation_trace.head3MB.jsonl" /* in perf_data_dir() */
 #define DEFAULT_PORT 7500
 
 static void usage(FILE *f)
@@ -45,19 +44,31 @@ static void usage(FILE *f)
 "(real model layout, bf16) through the kvxfer engine API, verified byte for byte.\n"
 "\n"
 "  --model NAME         row of models.csv (default Llama-3.1-8B); split K/V, or MLA latent\n"
-"  --models-csv FILE    model table (default " KVX_BENCH_DATA_DIR "/models.csv)\n"
-"  --trace FILE         Mooncake JSONL or Azure CSV trace (default the Mooncake conversation trace)\n"
+"  --models-csv FILE    model table (default %s/models.csv)\n"
+"  --trace FILE         Mooncake JSONL or Azure CSV trace (default %s/%s)\n"
 "  --requests N         replay the first N requests (default 6; 0 = all)\n"
 "  --block-size N       tokens per KV block (default 16)\n"
 "  --speed X            scale arrival times: X=2 replays twice as fast; 0 = back to back (default 1)\n"
 "  --concurrency N      transfers in flight at most (default 2)\n"
 "  -m, --mode read|write  transfer mode (default write)\n"
 "  -t, --transport auto|verbs|tcp|shm  provider (default auto)\n"
+"  -d, --ib-dev DEV     RDMA device of this host's engines (implies -t verbs; default the first\n"
+"                       with an ACTIVE port; KVX_VERBS_IFNAME picks the RoCE GID's netdev)\n"
 "  --local              run producer and consumer as two processes on this machine\n"
 "  --server             run the producer here and wait for a --client driver on --port\n"
 "  --client HOST        drive the run: consumer here, producer = --server at HOST\n"
 "  --port N             driver channel port for --server/--client (default %d)\n"
-"  --host IP            address this machine's engine advertises (default 127.0.0.1)\n"
+"  --host IP            address this machine's engine advertises (default: with --local\n"
+"                       127.0.0.1; with --server/--client the local address of the driver\n"
+"                       connection, i.e. the one the other host reached or reaches)\n"
+"  --port-range LO-HI   bind the engine's listeners there: handshake LO, notify LO+1, tcp data\n"
+"                       LO+2 (--local: the consumer takes LO+3..LO+5); default kernel-chosen\n"
+"  --connect-timeout-ms N  deadline to reach the --server and the peer's listeners (10000)\n"
+"  --metrics ADDR       serve Prometheus text-format metrics of this host's engine at\n"
+"                       http://ADDR/metrics during the run (IP:PORT, :PORT; --local: the\n"
+"                       consumer's endpoint takes PORT+1); the addresses are printed at start\n"
+"  --runs N             --server: serve N runs, one after the other (default 1; 0 = until\n"
+"                       stopped); each run prints its summary and the exit code says if any failed\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
 "                       first half of the lcores and the consumer the rest (CPU sets kept)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
@@ -69,6 +80,8 @@ static void usage(FILE *f)
 "  --verify-bytes       fill and check every transferred byte instead (slower)\n"
 "  --pool-blocks N      KV blocks per side, made resident at start (default: the largest\n"
 "                       request + 25%%, at most a quarter of the available memory)\n"
+"  --oversize stream|skip|error  a request larger than the pool: moved in pool-sized pieces\n"
+"                       one after the other (default), left out and counted, or a usage error\n"
 "  --layer-us N         WRITE: simulated compute per layer on the producer, us (default 0)\n"
 "  --timeout-ms N       per-transfer deadline, ms (default 120000)\n"
 "  --json FILE, --csv FILE, --plot FILE.png   write results (plot needs gnuplot on PATH)\n"
@@ -76,14 +89,15 @@ static void usage(FILE *f)
 "  --mem host|hip[:DEVICE]|hostdev  KV pool memory (default host); device pools are filled and\n"
 "                       verified through kvx_mem copies; refused up front when the provider's\n"
 "                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n",
-		DEFAULT_PORT);
+		perf_data_dir(), perf_data_dir(), DEFAULT_TRACE, DEFAULT_PORT);
 }
 
 enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
-	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM,
+	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
+	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -182,13 +196,19 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"ctl-fd", required_argument, 0, OPT_CTL_FD},
 		{"max-blocks", required_argument, 0, OPT_MAX_BLOCKS},
 		{"mem", required_argument, 0, OPT_MEM},
+		{"oversize", required_argument, 0, OPT_OVERSIZE},
+		{"port-range", required_argument, 0, OPT_PORT_RANGE},
+		{"connect-timeout-ms", required_argument, 0, OPT_CONNECT_TIMEOUT},
+		{"runs", required_argument, 0, OPT_RUNS},
+		{"metrics", required_argument, 0, OPT_METRICS},
+		{"ib-dev", required_argument, 0, 'd'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
 	*o = (struct trace_opts){
 		.model = "Llama-3.1-8B",
-		.models_csv = KVX_BENCH_DATA_DIR "/models.csv",
-		.trace = DEFAULT_TRACE,
+		.models_csv = perf_data_path("models.csv"),
+		.trace = perf_data_path(DEFAULT_TRACE),
 		.block_tokens = 16,
 		.requests = 6,
 		.speed = 1,
@@ -200,15 +220,54 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		.control_lcore = UINT32_MAX,
 		.verify = -1,
 		.timeout_ms = 120000,
+		.connect_timeout_ms = 10000,
+		.runs = 1,
 		.role = TRACE_ROLE_DRIVER,
 		.ctl_fd = -1,
 	};
 	uint64_t v;
 	int c;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "m:t:l:h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:t:l:d:h", lo, NULL)) != -1) {
 		switch (c) {
-		case OPT_MODEL: o->model = optarg; break;
+		case OPT_MODEL: o->model = optarg; o->set |= TRACE_SET_MODEL; break;
+		case OPT_PORT_RANGE:
+			if (trace_net_parse_range(optarg, 3, &o->port_lo, &o->port_hi)) {
+				fprintf(stderr, "kvxfer-perf trace: --port-range '%s': expected LO-HI with at least 3 "
+						"ports in 1..65535 (6 with --local)\n", optarg);
+				return -EINVAL;
+			}
+			break;
+		case 'd':
+			if (!optarg[0] || strlen(optarg) >= 64) {
+				fprintf(stderr, "kvxfer-perf trace: -d '%s': expected an RDMA device name (ibv_devices)\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->ib_dev = optarg;
+			break;
+		case OPT_METRICS: {
+			const char *col = strrchr(optarg, ':');
+			char *end = NULL;
+			unsigned long mp = col ? strtoul(col + 1, &end, 10) : 0;
+			if (!col || !col[1] || *end || mp > 65534) {
+				fprintf(stderr, "kvxfer-perf trace: --metrics '%s': expected IP:PORT, [IPv6]:PORT or "
+						":PORT (PORT 0 = any free port)\n", optarg);
+				return -EINVAL;
+			}
+			o->metrics = optarg;
+			break;
+		}
+		case OPT_CONNECT_TIMEOUT:
+			if (parse_u64("--connect-timeout-ms", optarg, 1, 3600000, &v))
+				return -EINVAL;
+			o->connect_timeout_ms = (uint32_t)v;
+			break;
+		case OPT_RUNS:
+			if (parse_u64("--runs", optarg, 0, UINT32_MAX, &v))
+				return -EINVAL;
+			o->runs = (uint32_t)v;
+			break;
 		case OPT_MEM: {
 			struct kvx_mem_type mt;
 
@@ -231,6 +290,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			if (parse_u64("--block-size", optarg, 1, 1u << 16, &v))
 				return -EINVAL;
 			o->block_tokens = (uint32_t)v;
+			o->set |= TRACE_SET_BLOCK;
 			break;
 		case OPT_SPEED: {
 			char *end;
@@ -255,6 +315,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				fprintf(stderr, "kvxfer-perf trace: -m: '%s' is not read or write\n", optarg);
 				return -EINVAL;
 			}
+			o->set |= TRACE_SET_MODE;
 			break;
 		case 't':
 			if (strcmp(optarg, "auto") && strcmp(optarg, "verbs") && strcmp(optarg, "tcp") &&
@@ -263,6 +324,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				return -EINVAL;
 			}
 			o->transport = optarg;
+			o->set |= TRACE_SET_TRANSPORT;
 			break;
 		case OPT_LOCAL: o->local = true; break;
 		case OPT_SERVER: o->server = true; break;
@@ -272,7 +334,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				return -EINVAL;
 			o->port = (uint16_t)v;
 			break;
-		case OPT_HOST: o->host = optarg; break;
+		case OPT_HOST: o->host = optarg; o->set |= TRACE_SET_HOST; break;
 		case 'l': o->lcores = optarg; break;
 		case OPT_CTL_LCORE:
 			if (parse_u64("--control-lcore", optarg, 0, 65535, &v))
@@ -299,6 +361,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		case OPT_POOL:
 			if (parse_u64("--pool-blocks", optarg, 1, UINT32_MAX, &o->pool_blocks))
 				return -EINVAL;
+			o->set |= TRACE_SET_POOL;
 			break;
 		case OPT_LAYER_US:
 			if (parse_u64("--layer-us", optarg, 0, 10000000, &v))
@@ -309,8 +372,22 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			if (parse_u64("--timeout-ms", optarg, 1, 3600000, &v))
 				return -EINVAL;
 			o->timeout_ms = (uint32_t)v;
+			o->set |= TRACE_SET_TIMEOUT;
 			break;
 		case OPT_QUIET: o->quiet = true; break;
+		case OPT_OVERSIZE:
+			if (!strcmp(optarg, "stream"))
+				o->oversize = TRACE_OVERSIZE_STREAM;
+			else if (!strcmp(optarg, "skip"))
+				o->oversize = TRACE_OVERSIZE_SKIP;
+			else if (!strcmp(optarg, "error"))
+				o->oversize = TRACE_OVERSIZE_ERROR;
+			else {
+				fprintf(stderr, "kvxfer-perf trace: --oversize '%s': expected stream, skip or error\n",
+					optarg);
+				return -EINVAL;
+			}
+			break;
 		case OPT_ROLE:
 			if (!strcmp(optarg, "producer"))
 				o->role = TRACE_ROLE_PRODUCER;
@@ -348,6 +425,15 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		fprintf(stderr, "kvxfer-perf trace: choose exactly one of --local, --server, --client HOST\n");
 		return -EINVAL;
 	}
+	if (o->ib_dev) {
+		/* perftest's -d names an RDMA device: it means the verbs provider. */
+		if (strcmp(o->transport, "auto") && strcmp(o->transport, "verbs")) {
+			fprintf(stderr, "kvxfer-perf trace: -d %s names an RDMA device, which -t %s does not use "
+					"(use -t verbs or auto)\n", o->ib_dev, o->transport);
+			return -EINVAL;
+		}
+		o->transport = "verbs";
+	}
 	if (o->verify < 0)
 		o->verify = o->local ? 1 : 0;
 	return 0;
@@ -380,7 +466,7 @@ static uint64_t default_pool_blocks(uint64_t block_bytes)
  * The pools made resident on this machine (@p sides of @p pool blocks) must fit half of
  * MemAvailable together (the default rule is a quarter per side). Returns 0, or 2 with a message.
  */
-static int check_pool_fits(const struct trace_opts *o, uint64_t pool, uint64_t block_bytes, int sides)
+int trace_check_pool_fits(const struct trace_opts *o, uint64_t pool, uint64_t block_bytes, int sides)
 {
 	double avail = (double)mem_available_bytes();
 	double per_side = (double)pool * (double)block_bytes;
@@ -402,6 +488,13 @@ static int check_out_path(const char *opt, const char *path)
 		return 0;
 	struct stat st;
 	char dir[4096];
+	if (!strcmp(path, "-")) {
+		if (!strcmp(opt, "--plot")) {
+			fprintf(stderr, "kvxfer-perf trace: --plot -: a PNG needs a file name\n");
+			return 2;
+		}
+		return 0; /* stdout (the human-readable summary then goes to stderr) */
+	}
 	if (!path[0]) {
 		fprintf(stderr, "kvxfer-perf trace: %s: empty path\n", opt);
 		return 2;
@@ -425,30 +518,11 @@ static int check_out_path(const char *opt, const char *path)
 	return 0;
 }
 
-/* --plot draws with gnuplot at the end of the run: it must be on PATH now. 0, or 2 with a message. */
-static int check_gnuplot(const char *plot)
-{
-	if (!plot)
-		return 0;
-	const char *path = getenv("PATH");
-	char buf[4096];
-	snprintf(buf, sizeof(buf), "%s", path && path[0] ? path : "/usr/bin:/bin");
-	for (char *save = NULL, *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
-		char exe[4352];
-		snprintf(exe, sizeof(exe), "%s/gnuplot", dir[0] ? dir : ".");
-		if (access(exe, X_OK) == 0)
-			return 0;
-	}
-	fprintf(stderr, "kvxfer-perf trace: --plot %s needs gnuplot, which is not on PATH (install "
-			"gnuplot-nox, or drop --plot)\n", plot);
-	return 2;
-}
-
 /*
  * Validate the lcore options one role will get (-l LIST, --control-lcore, --idle) exactly as its
  * engine will (kvx_lcore_cfg_from_strings()), before forking. Returns 0, or 2 with a message.
  */
-static int check_role_lcores(const struct trace_opts *o, const char *lcores, const char *who)
+int trace_check_role_lcores(const struct trace_opts *o, const char *lcores, const char *who)
 {
 	char ctl[16], err[256] = "";
 	if (o->control_lcore != UINT32_MAX)
@@ -480,10 +554,13 @@ struct side {
 	struct trace_msg_hello hello;
 	struct trace_msg_stats stats;
 	bool have_stats;
+	bool gone;      /* its channel closed (the process died or was killed) */
 };
 
 struct dreq {
 	bool dispatched, p_done, d_done, complete;
+	uint32_t pieces, piece;  /* --oversize stream: pieces of this request (0 = not streamed), current (1-based) */
+	uint64_t piece_left;     /* blocks still to send in later pieces */
 	int p_status, d_status;
 	uint64_t dispatch_ns;
 	uint64_t p_first_layer_ns, d_first_layer_ns;
@@ -500,12 +577,22 @@ struct driver {
 	struct dreq *dr;
 	uint64_t n, next, inflight, completed, bytes_done;
 	uint64_t block_bytes, pool_blocks, max_req_blocks;
+	uint64_t piece_blocks;   /* largest piece of a streamed request: the smaller pool of the two sides */
+	uint64_t skipped, streamed;
 	uint64_t t0;
 	bool aborted;
 	char abort_reason[256];
 };
 
-static int spawn_role(struct driver *D, int idx, char **argv, int argc, const char *lcores)
+/* Options the driver adds for one role (after the user's, so they win): NULL = none. */
+struct role_extra {
+	const char *metrics;    /* --metrics */
+	const char *lcores;     /* --lcores */
+	const char *host;       /* --host */
+	const char *port_range; /* --port-range */
+};
+
+static int spawn_role(struct driver *D, int idx, char **argv, int argc, const struct role_extra *x)
 {
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) {
@@ -535,9 +622,21 @@ static int spawn_role(struct driver *D, int idx, char **argv, int argc, const ch
 	av[k++] = "--max-blocks";
 	av[k++] = maxb;
 	av[k++] = D->o->verify == 2 ? "--verify-bytes" : D->o->verify ? "--verify" : "--no-verify";
-	if (lcores) {
+	if (x && x->lcores) {
 		av[k++] = "--lcores";
-		av[k++] = lcores;
+		av[k++] = x->lcores;
+	}
+	if (x && x->host) {
+		av[k++] = "--host";
+		av[k++] = x->host;
+	}
+	if (x && x->metrics) {
+		av[k++] = "--metrics";
+		av[k++] = x->metrics;
+	}
+	if (x && x->port_range) {
+		av[k++] = "--port-range";
+		av[k++] = x->port_range;
 	}
 	av[k] = NULL;
 	fflush(NULL);
@@ -568,31 +667,15 @@ static int spawn_role(struct driver *D, int idx, char **argv, int argc, const ch
 	return 0;
 }
 
-static int connect_server(const char *host, uint16_t port)
+static int connect_server(const char *host, uint16_t port, uint32_t timeout_ms)
 {
-	char ps[8];
-	snprintf(ps, sizeof(ps), "%u", port);
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
-	int rc = getaddrinfo(host, ps, &hints, &ai);
-	if (rc) {
-		fprintf(stderr, "kvxfer-perf trace: --client %s: %s\n", host, gai_strerror(rc));
-		return -EINVAL;
-	}
-	int fd = -1;
-	for (struct addrinfo *a = ai; a; a = a->ai_next) {
-		fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-			continue;
-		if (connect(fd, a->ai_addr, a->ai_addrlen) == 0)
-			break;
-		close(fd);
-		fd = -1;
-	}
-	freeaddrinfo(ai);
+	char why[384];
+	int fd = trace_net_connect(host, port, timeout_ms, "the --server's driver channel (--port)", why,
+				   sizeof(why));
 	if (fd < 0)
-		fprintf(stderr, "kvxfer-perf trace: cannot connect to the --server at %s:%u: %s\n", host,
-			port, strerror(errno));
-	return fd < 0 ? -ECONNREFUSED : fd;
+		fprintf(stderr, "kvxfer-perf trace: --client: %s; is `kvxfer-perf trace --server` running "
+				"there, with the same --port?\n", why);
+	return fd;
 }
 
 static int recv_hello(struct driver *D, int idx)
@@ -645,6 +728,54 @@ static void mark_complete(struct driver *D, uint64_t i, uint64_t now)
 	}
 }
 
+/* Hand one transfer (a request, or a piece of a streamed one) to both roles. */
+static bool send_req(struct driver *D, uint64_t idx, uint64_t blocks, uint64_t hit)
+{
+	struct trace_msg_req m = {.idx = idx, .blocks = blocks, .hit_blocks = hit};
+	for (int s = 0; s < 2; s++) {
+		if (trace_msg_send(D->s[s].fd, TRACE_MSG_REQ, &m, sizeof(m), NULL, 0)) {
+			D->aborted = true;
+			snprintf(D->abort_reason, sizeof(D->abort_reason), "%s is gone", D->s[s].name);
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Streamed request @p i: send its next piece (at most piece_blocks blocks, no prefix hits). */
+static bool send_next_piece(struct driver *D, uint64_t i)
+{
+	struct dreq *q = &D->dr[i];
+	uint64_t n = q->piece_left < D->piece_blocks ? q->piece_left : D->piece_blocks;
+	q->piece++;
+	q->piece_left -= n;
+	q->p_done = q->d_done = false;
+	return send_req(D, i | ((uint64_t)q->piece << TRACE_PIECE_SHIFT), n, 0);
+}
+
+/*
+ * --oversize skip: leave requests with more than @p limit blocks out of the replay (they are
+ * counted and their trace lines printed); the rest keep their order and arrival times.
+ */
+static void skip_oversize(struct driver *D, uint64_t limit)
+{
+	uint64_t k = 0;
+	for (uint64_t i = 0; i < D->n; i++) {
+		if (D->rec[i].blocks > limit) {
+			fprintf(stderr, "kvxfer-perf trace: skipping %s:%u: %" PRIu64 " blocks, more than the "
+					"pool's %" PRIu64 " (--oversize skip)\n",
+				D->o->trace, D->rec[i].line, D->rec[i].blocks, limit);
+			D->skipped++;
+			continue;
+		}
+		D->t->reqs[k] = D->t->reqs[i];
+		D->rec[k] = D->rec[i];
+		D->rec[k].idx = k;
+		k++;
+	}
+	D->n = k;
+}
+
 static void dispatch(struct driver *D, uint64_t now)
 {
 	while (D->next < D->n && D->inflight < D->o->concurrency && !D->aborted) {
@@ -664,13 +795,18 @@ static void dispatch(struct driver *D, uint64_t now)
 		r->start_ns = now - D->t0;
 		D->dr[i].dispatched = true;
 		D->dr[i].dispatch_ns = now;
-		struct trace_msg_req m = {.idx = i, .blocks = r->blocks, .hit_blocks = r->hit_blocks};
-		for (int s = 0; s < 2; s++) {
-			if (trace_msg_send(D->s[s].fd, TRACE_MSG_REQ, &m, sizeof(m), NULL, 0)) {
-				D->aborted = true;
-				snprintf(D->abort_reason, sizeof(D->abort_reason), "%s is gone", D->s[s].name);
+		if (r->blocks > D->piece_blocks && r->xfer_blocks > 0) {
+			/* Larger than a pool: the transferred blocks go in pool-sized pieces, in order
+			 * (the prefix-hit blocks are the consumer's already, as for any request). */
+			struct dreq *q = &D->dr[i];
+			q->pieces = (uint32_t)((r->xfer_blocks + D->piece_blocks - 1) / D->piece_blocks);
+			q->piece = 0;
+			q->piece_left = r->xfer_blocks;
+			D->streamed++;
+			if (!send_next_piece(D, i))
 				return;
-			}
+		} else if (!send_req(D, i, r->blocks, r->hit_blocks)) {
+			return;
 		}
 		D->next++;
 		D->inflight++;
@@ -693,7 +829,7 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 	}
 	if (h->type == TRACE_MSG_SERVED && s == 0 && h->len >= sizeof(struct trace_msg_blocks)) {
 		const struct trace_msg_blocks *b = p;
-		if (b->idx < D->n && h->len == sizeof(*b) + b->n * sizeof(uint32_t) && b->n == b->blocks &&
+		if (TRACE_IDX_REQ(b->idx) < D->n && h->len == sizeof(*b) + b->n * sizeof(uint32_t) && b->n == b->blocks &&
 		    b->hit_blocks <= b->n) {
 			/* The proxy hands the producer's block ids to the consumer (READ). */
 			struct trace_msg_blocks f = *b;
@@ -709,18 +845,21 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 	}
 	if (h->type == TRACE_MSG_DONE && h->len == sizeof(struct trace_msg_done)) {
 		const struct trace_msg_done *d = p;
-		if (d->idx < D->n && D->dr[d->idx].dispatched && !D->dr[d->idx].complete) {
-			struct dreq *q = &D->dr[d->idx];
+		uint64_t ri = TRACE_IDX_REQ(d->idx), piece = d->idx >> TRACE_PIECE_SHIFT;
+		if (ri < D->n && D->dr[ri].dispatched && !D->dr[ri].complete && piece == D->dr[ri].piece) {
+			struct dreq *q = &D->dr[ri];
 			if (s == 0 && !q->p_done) {
 				q->p_done = true;
 				q->p_status = d->status;
-				q->p_first_layer_ns = d->first_layer_ns;
+				if (piece <= 1)
+					q->p_first_layer_ns = d->first_layer_ns;
 			} else if (s == 1 && !q->d_done) {
 				q->d_done = true;
 				q->d_status = d->status;
-				q->d_first_layer_ns = d->first_layer_ns;
+				if (piece <= 1)
+					q->d_first_layer_ns = d->first_layer_ns;
 				if (d->status == 0)
-					D->rec[d->idx].end_ns = now - D->t0;
+					D->rec[ri].end_ns = now - D->t0;
 			} else {
 				goto bad;
 			}
@@ -730,8 +869,13 @@ static void handle_role_msg(struct driver *D, int s, const struct trace_msg_hdr 
 			if (d->status)
 				fprintf(stderr, "kvxfer-perf trace: tx-%06" PRIu64 " failed on the %s: %s\n",
 					d->idx, D->s[s].name, d->detail[0] ? d->detail : kvx_strerror(d->status));
-			if (q->p_done && q->d_done)
-				mark_complete(D, d->idx, now);
+			if (q->p_done && q->d_done) {
+				/* A streamed request goes on with its next piece while all went well. */
+				if (q->pieces && q->piece < q->pieces && !q->p_status && !q->d_status)
+					send_next_piece(D, ri);
+				else
+					mark_complete(D, ri, now);
+			}
 			return;
 		}
 	}
@@ -744,7 +888,9 @@ bad:
 /* Receive messages from both roles for up to wait_ns. Returns false when a role is gone. */
 static bool pump(struct driver *D, uint64_t wait_ns)
 {
-	struct pollfd pfd[2] = {{.fd = D->s[0].fd, .events = POLLIN}, {.fd = D->s[1].fd, .events = POLLIN}};
+	/* A role that is gone is left out (poll ignores negative fds). */
+	struct pollfd pfd[2] = {{.fd = D->s[0].gone ? -1 : D->s[0].fd, .events = POLLIN},
+				{.fd = D->s[1].gone ? -1 : D->s[1].fd, .events = POLLIN}};
 	int to = (int)(wait_ns / 1000000u);
 	int pr = poll(pfd, 2, to);
 	if (pr < 0)
@@ -756,9 +902,11 @@ static bool pump(struct driver *D, uint64_t wait_ns)
 		void *p;
 		int rc = trace_msg_recv(D->s[s].fd, &h, &p);
 		if (rc) {
+			D->s[s].gone = true;
+			if (!D->aborted)
+				snprintf(D->abort_reason, sizeof(D->abort_reason),
+					 "%s exited or closed its channel (%s)", D->s[s].name, kvx_strerror(rc));
 			D->aborted = true;
-			snprintf(D->abort_reason, sizeof(D->abort_reason), "%s exited or closed its channel (%s)",
-				 D->s[s].name, kvx_strerror(rc));
 			return false;
 		}
 		handle_role_msg(D, s, &h, p, kvx_now_ns());
@@ -794,20 +942,41 @@ static void reap(struct driver *D)
 	}
 }
 
+/* The summary, one detail line per failed request, and why the run was aborted. */
+static void print_results(FILE *f, const struct driver *D, const struct perf_trace_run_info *info,
+			  const struct perf_trace_summary *sum, const struct perf_trace_counters *c)
+{
+	perf_trace_print_summary(f, info, sum, c, D->rec, D->n);
+	for (uint64_t i = 0; i < D->n; i++)
+		if (D->dr[i].detail[0])
+			fprintf(f, "  failure detail         %s\n", D->dr[i].detail);
+	if (D->aborted)
+		fprintf(f, "  aborted                %s\n", D->abort_reason);
+}
+
 static int run_driver(struct trace_opts *o, int argc, char **argv)
 {
 	struct driver D = {.o = o, .s = {{.fd = -1, .name = "producer"}, {.fd = -1, .name = "consumer"}}};
 	char err[512] = "";
 	int exit_code = 1;
 	if (check_out_path("--json", o->json) || check_out_path("--csv", o->csv) ||
-	    check_out_path("--plot", o->plot) || check_gnuplot(o->plot))
+	    check_out_path("--plot", o->plot) || perf_check_gnuplot("trace", o->plot))
 		return 2;
+	if (o->local && o->port_lo && o->port_hi - o->port_lo + 1 < 6) {
+		fprintf(stderr, "kvxfer-perf trace: --port-range %u-%u: --local needs 6 ports (3 per engine)\n",
+			o->port_lo, o->port_hi);
+		return 2;
+	}
+	if (o->json && o->csv && !strcmp(o->json, "-") && !strcmp(o->csv, "-")) {
+		fprintf(stderr, "kvxfer-perf trace: --json - and --csv -: only one of them can be stdout\n");
+		return 2;
+	}
 	if (o->lcores || o->control_lcore != UINT32_MAX) {
 		/* The whole list once (grammar, CPUs exist and are allowed, no duplicates). */
 		struct trace_opts whole = *o;
 		whole.control_lcore = UINT32_MAX;
-		if ((o->lcores && check_role_lcores(&whole, o->lcores, "all")) ||
-		    (!o->local && check_role_lcores(o, o->lcores, "consumer")))
+		if ((o->lcores && trace_check_role_lcores(&whole, o->lcores, "all")) ||
+		    (!o->local && trace_check_role_lcores(o, o->lcores, "consumer")))
 			return 2;
 	}
 	if (perf_model_find(o->models_csv, o->model, &D.m, err, sizeof(err))) {
@@ -844,10 +1013,16 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		 * the available memory per side; the pool is made resident before the replay. */
 		uint64_t fit = default_pool_blocks(D.block_bytes);
 		D.pool_blocks = D.max_req_blocks + (D.max_req_blocks + 3) / 4;
-		if (D.pool_blocks > fit)
-			D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+		if (D.pool_blocks > fit) {
+			/* Larger requests are streamed through (or skipped); only --oversize error
+			 * keeps the old rule of a pool that holds the largest request. */
+			if (o->oversize == TRACE_OVERSIZE_ERROR)
+				D.pool_blocks = fit > D.max_req_blocks ? fit : D.max_req_blocks;
+			else
+				D.pool_blocks = fit;
+		}
 	}
-	if (check_pool_fits(o, D.pool_blocks, D.block_bytes, o->local ? 2 : 1)) {
+	if (trace_check_pool_fits(o, D.pool_blocks, D.block_bytes, o->local ? 2 : 1)) {
 		exit_code = 2;
 		goto out;
 	}
@@ -857,15 +1032,23 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.rec[i].line = tr->line;
 		D.rec[i].input_tokens = tr->input_tokens;
 		D.rec[i].blocks = perf_model_blocks_for_tokens(tr->input_tokens, o->block_tokens);
-		if (D.rec[i].blocks > D.pool_blocks) {
+		if (D.rec[i].blocks > D.pool_blocks && o->oversize == TRACE_OVERSIZE_ERROR) {
 			fprintf(stderr,
 				"kvxfer-perf trace: %s:%u: request needs %" PRIu64 " blocks (%.2f GB) but the pool has %" PRIu64
-				" (--pool-blocks); use fewer --requests or a larger pool\n",
+				" (--pool-blocks); use fewer --requests, a larger pool, or --oversize stream|skip\n",
 				o->trace, tr->line, D.rec[i].blocks,
 				(double)D.rec[i].blocks * (double)D.block_bytes / 1e9, D.pool_blocks);
 			exit_code = 2;
 			goto out;
 		}
+	}
+	if (o->oversize == TRACE_OVERSIZE_SKIP)
+		skip_oversize(&D, D.pool_blocks);
+	if (D.n == 0) {
+		fprintf(stderr, "kvxfer-perf trace: no request left to replay (every one is larger than "
+				"the pool of %" PRIu64 " blocks)\n", D.pool_blocks);
+		exit_code = 2;
+		goto out;
 	}
 	if (o->prefix_cache) {
 		/* The consumer's prefix cache holds as many 512-token blocks as its pool. */
@@ -897,21 +1080,59 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	if (o->local && (o->lcores || o->control_lcore != UINT32_MAX)) {
 		/* What each role's engine will be given. */
 		for (int s = 0; s < 2; s++)
-			if (check_role_lcores(o, lc[s] ? lc[s] : o->lcores, s ? "consumer" : "producer")) {
+			if (trace_check_role_lcores(o, lc[s] ? lc[s] : o->lcores, s ? "consumer" : "producer")) {
 				exit_code = 2;
 				goto out;
 			}
 	}
 	signal(SIGPIPE, SIG_IGN);
+	char crange[16] = "", myaddr[64] = "";
 	if (o->local) {
-		if (spawn_role(&D, 0, argv, argc, lc[0]) || spawn_role(&D, 1, argv, argc, lc[1]))
+		struct role_extra px = {.lcores = lc[0]}, cx = {.lcores = lc[1]};
+		if (o->port_lo) {
+			/* Both engines on this host: the consumer takes the next three ports. */
+			snprintf(crange, sizeof(crange), "%u-%u", o->port_lo + 3u, (unsigned)o->port_hi);
+			cx.port_range = crange;
+		}
+		char cmet[96];
+		if (o->metrics) {
+			/* Two engines on one host: the consumer's endpoint takes the next port. */
+			const char *c = strrchr(o->metrics, ':');
+			unsigned mp = (unsigned)strtoul(c + 1, NULL, 10);
+			snprintf(cmet, sizeof(cmet), "%.*s:%u", (int)(c - o->metrics), o->metrics, mp ? mp + 1 : 0);
+			cx.metrics = cmet;
+		}
+		if (spawn_role(&D, 0, argv, argc, &px) || spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	} else {
-		int fd = connect_server(o->client, o->port);
+		int fd = connect_server(o->client, o->port, o->connect_timeout_ms);
 		if (fd < 0)
 			goto out;
 		D.s[0].fd = fd;
-		if (spawn_role(&D, 1, argv, argc, NULL))
+		/* The options the server must agree on, and the pool this trace needs. */
+		struct trace_msg_setup su = {.magic = TRACE_MSG_MAGIC, .block_tokens = o->block_tokens,
+					     .write_mode = o->write_mode, .timeout_ms = o->timeout_ms,
+					     .layer_us = o->layer_us, .concurrency = o->concurrency,
+					     .verify = (uint32_t)o->verify, .pool_blocks = D.pool_blocks,
+					     .max_blocks = D.max_req_blocks};
+		snprintf(su.version, sizeof(su.version), "%s", perf_version());
+		snprintf(su.commit, sizeof(su.commit), "%s", perf_commit());
+		snprintf(su.model, sizeof(su.model), "%s", D.m.name);
+		snprintf(su.transport, sizeof(su.transport), "%s", o->transport);
+		if (trace_msg_send(fd, TRACE_MSG_SETUP, &su, sizeof(su), NULL, 0)) {
+			fprintf(stderr, "kvxfer-perf trace: the --server at %s:%u closed the connection\n",
+				o->client, o->port);
+			goto out;
+		}
+		/* Default --host: the address this host reaches the server from. */
+		struct role_extra cx = {0};
+		if (!(o->set & TRACE_SET_HOST) && !trace_net_local_addr(fd, myaddr, sizeof(myaddr)))
+			cx.host = myaddr;
+		else if (trace_net_is_loopback(o->host) && !trace_net_is_loopback(o->client))
+			fprintf(stderr, "kvxfer-perf trace: warning: --host %s is a loopback address, but the "
+					"producer is on %s: it cannot reach this consumer's engine there\n",
+				o->host, o->client);
+		if (spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	}
 	if (recv_hello(&D, 0) || recv_hello(&D, 1))
@@ -927,10 +1148,43 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			hc->write_mode ? "WRITE" : "READ", hc->block_tokens);
 		goto out;
 	}
-	for (uint64_t i = 0; i < D.n; i++) {
-		if (D.rec[i].blocks > hp->pool_blocks) {
+	if (!o->local) {
+		/* The consumer (this host) must reach the producer's listeners: its notify port in both
+		 * modes (remote_blocks, release), its handshake port in READ (the consumer dials). */
+		if (trace_net_is_loopback(hp->host) && !trace_net_is_loopback(o->client))
+			fprintf(stderr, "kvxfer-perf trace: warning: the producer at %s advertises %s (the "
+					"--host given to --server): this host will not reach its engine\n",
+				o->client, hp->host);
+		struct { const char *what; uint16_t port; bool need; } probe[3] = {
+			{"the producer's notify listener", hp->notify_port, true},
+			{"the producer's handshake listener", hp->handshake_port, !o->write_mode},
+			{"the producer's tcp data listener", hp->data_port, !o->write_mode && hp->data_port},
+		};
+		for (int k = 0; k < 3; k++) {
+			if (!probe[k].need)
+				continue;
+			char why[384];
+			int pfd = trace_net_connect(hp->host, probe[k].port, o->connect_timeout_ms, probe[k].what,
+						    why, sizeof(why));
+			if (pfd < 0) {
+				fprintf(stderr, "kvxfer-perf trace: %s; open it on the producer host (--port-range "
+						"on --server fixes the ports) or start --server with a --host this "
+						"host can reach\n", why);
+				goto out;
+			}
+			close(pfd);
+		}
+	}
+	/* Pieces of streamed requests must fit both pools. */
+	D.piece_blocks = D.pool_blocks < hp->pool_blocks ? D.pool_blocks : hp->pool_blocks;
+	if (hc->pool_blocks < D.piece_blocks)
+		D.piece_blocks = hc->pool_blocks;
+	if (o->oversize == TRACE_OVERSIZE_SKIP)
+		skip_oversize(&D, D.piece_blocks);
+	for (uint64_t i = 0; i < D.n && o->oversize == TRACE_OVERSIZE_ERROR; i++) {
+		if (D.rec[i].blocks > D.piece_blocks) {
 			fprintf(stderr, "kvxfer-perf trace: %s:%u: request needs %" PRIu64
-					" blocks but the producer's pool has %" PRIu64 "\n",
+					" blocks but the producer's pool has %" PRIu64 " (--oversize stream|skip)\n",
 				o->trace, D.rec[i].line, D.rec[i].blocks, hp->pool_blocks);
 			goto out;
 		}
@@ -994,40 +1248,34 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.rec[i].end_ns = 0;
 		D.rec[i].xfer_blocks = D.rec[i].blocks - D.rec[i].hit_blocks;
 	}
-	/* Counters, then stop the roles. */
-	for (int s = 0; s < 2 && !D.aborted; s++)
-		trace_msg_send(D.s[s].fd, TRACE_MSG_STATS_REQ, NULL, 0, NULL, 0);
-	uint64_t dl = kvx_now_ns() + 10000000000ull;
-	while (!D.aborted && (!D.s[0].have_stats || !D.s[1].have_stats) && kvx_now_ns() < dl)
-		if (!pump(&D, 100000000u))
-			break;
+	/* Counters of every role still there (also after an abort: a killed consumer must not
+	 * hide the producer's counters), then stop the roles. */
+	bool asked[2] = {false, false};
 	for (int s = 0; s < 2; s++)
-		if (D.s[s].fd >= 0)
-			trace_msg_send(D.s[s].fd, TRACE_MSG_QUIT, NULL, 0, NULL, 0);
-
+		if (D.s[s].fd >= 0 && !D.s[s].gone)
+			asked[s] = !trace_msg_send(D.s[s].fd, TRACE_MSG_STATS_REQ, NULL, 0, NULL, 0);
+	uint64_t dl = kvx_now_ns() + 10000000000ull;
+	while (((asked[0] && !D.s[0].have_stats && !D.s[0].gone) ||
+		(asked[1] && !D.s[1].have_stats && !D.s[1].gone)) && kvx_now_ns() < dl)
+		pump(&D, 100000000u);
 	struct perf_trace_summary sum;
 	perf_trace_summarize(D.rec, D.n, &sum);
 	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .verify_enabled = o->verify != 0,
 				       .verify_bytes = o->verify == 2};
-	bool have_ctl = true;
 	for (int s = 0; s < 2; s++) {
 		const struct trace_msg_stats *st = &D.s[s].stats;
-		if (!D.s[s].have_stats) {
-			have_ctl = false;
-			continue;
-		}
+		if (!D.s[s].have_stats)
+			continue; /* that role died or was killed: its side is n/a, the other still counts */
+		c.reported[s] = true;
 		c.lcore_util[s] = st->lcore_util;
 		c.verify_bad += st->verify_bad;
 		if (st->ctl_sent == UINT64_MAX || st->ctl_recv == UINT64_MAX || st->ctl_dropped == UINT64_MAX)
-			have_ctl = false;
-		else {
-			c.ctl_sent += st->ctl_sent;
-			c.ctl_recv += st->ctl_recv;
-			c.ctl_dropped += st->ctl_dropped;
-		}
+			continue;
+		c.ctl_reported[s] = true;
+		c.ctl_sent += st->ctl_sent;
+		c.ctl_recv += st->ctl_recv;
+		c.ctl_dropped += st->ctl_dropped;
 	}
-	if (!have_ctl)
-		c.ctl_sent = c.ctl_recv = c.ctl_dropped = UINT64_MAX;
 	/* The provider the engines report after the run (both ends agree on it per connection);
 	 * "P/D" if they differ, the request only if no role reported. */
 	char xport[64];
@@ -1045,15 +1293,27 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		.mode = o->write_mode ? "WRITE" : "READ", .transport = xport,
 		.block_tokens = o->block_tokens, .block_bytes = D.block_bytes,
 		.pool_blocks = hp->pool_blocks, .concurrency = o->concurrency, .speed = o->speed,
-		.prefix_cache = o->prefix_cache,
+		.prefix_cache = o->prefix_cache, .argc = argc, .argv = argv, .skipped = D.skipped,
+		.streamed = D.streamed,
 	};
+	if (!o->local && D.s[0].fd >= 0 && !D.s[0].gone) {
+		/* --server prints the run's results too, and exits non-zero when it failed. */
+		char *text = NULL;
+		size_t tlen = 0;
+		FILE *mf = open_memstream(&text, &tlen);
+		if (mf) {
+			print_results(mf, &D, &info, &sum, &c);
+			fclose(mf);
+		}
+		int32_t rrc = D.aborted || sum.failures || (o->verify && c.verify_bad) ? 1 : 0;
+		trace_msg_send(D.s[0].fd, TRACE_MSG_RESULT, &rrc, sizeof(rrc), text, text ? tlen : 0);
+		free(text);
+	}
+	for (int s = 0; s < 2; s++)
+		if (D.s[s].fd >= 0 && !D.s[s].gone)
+			trace_msg_send(D.s[s].fd, TRACE_MSG_QUIT, NULL, 0, NULL, 0);
 	reap(&D);
-	perf_trace_print_summary(stdout, &info, &sum, &c, D.rec, D.n);
-	for (uint64_t i = 0; i < D.n; i++)
-		if (D.dr[i].detail[0])
-			printf("  failure detail         %s\n", D.dr[i].detail);
-	if (D.aborted)
-		printf("  aborted                %s\n", D.abort_reason);
+	print_results(stdout, &D, &info, &sum, &c);
 	fflush(stdout);
 	int wrc = 0;
 	if (o->json)
@@ -1076,46 +1336,6 @@ out:
 	return exit_code;
 }
 
-static int run_server(struct trace_opts *o)
-{
-	struct perf_model m;
-	char err[512];
-	if (perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
-		fprintf(stderr, "kvxfer-perf trace: --model: %s\n", err);
-		return 2;
-	}
-	uint64_t bb = perf_model_block_bytes(&m, o->block_tokens);
-	if (check_pool_fits(o, o->pool_blocks ? o->pool_blocks : default_pool_blocks(bb), bb, 1))
-		return 2;
-	if (!o->pool_blocks)
-		o->pool_blocks = default_pool_blocks(bb);
-	if ((o->lcores || o->control_lcore != UINT32_MAX) && check_role_lcores(o, o->lcores, "producer"))
-		return 2;
-	int ls = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	int one = 1, zero = 0;
-	struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_port = htons(o->port), .sin6_addr = in6addr_any};
-	if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
-	    setsockopt(ls, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) ||
-	    bind(ls, (struct sockaddr *)&sa, sizeof(sa)) || listen(ls, 1)) {
-		fprintf(stderr, "kvxfer-perf trace: --server: cannot listen on port %u: %s\n", o->port,
-			strerror(errno));
-		if (ls >= 0)
-			close(ls);
-		return 1;
-	}
-	fprintf(stderr, "kvxfer-perf trace: producer waiting for a --client driver on port %u\n", o->port);
-	int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
-	close(ls);
-	if (fd < 0) {
-		perror("kvxfer-perf trace: accept");
-		return 1;
-	}
-	o->role = TRACE_ROLE_PRODUCER;
-	int rc = trace_role_main(o, fd);
-	close(fd);
-	return rc;
-}
-
 int kvx_perf_trace_main(int argc, char **argv)
 {
 	struct trace_opts o;
@@ -1124,6 +1344,14 @@ int kvx_perf_trace_main(int argc, char **argv)
 		return rc > 0 ? 0 : 2;
 	if (o.role == TRACE_ROLE_DRIVER && (rc = trace_mem_check(&o)) != 0)
 		return rc;
+	if (o.role == TRACE_ROLE_DRIVER && o.ib_dev) {
+		char reason[KVX_XPORT_REASON_MAX] = "";
+		if (kvx_xport_provider_probe("verbs", reason, sizeof(reason))) {
+			fprintf(stderr, "kvxfer-perf trace: -d %s: the verbs provider is unavailable here: %s\n",
+				o.ib_dev, reason);
+			return 1;
+		}
+	}
 	if (o.role != TRACE_ROLE_DRIVER) {
 		if (o.ctl_fd < 0 || !o.pool_blocks) {
 			fprintf(stderr, "kvxfer-perf trace: --role is internal (set by the driver)\n");
@@ -1133,6 +1361,6 @@ int kvx_perf_trace_main(int argc, char **argv)
 		return trace_role_main(&o, o.ctl_fd);
 	}
 	if (o.server)
-		return run_server(&o);
+		return trace_run_server(&o);
 	return run_driver(&o, argc, argv);
 }

@@ -7,8 +7,145 @@
 #include <math.h>
 #include <numa.h>
 #include <sched.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvx_perf_version.h"
+
+#ifndef KVX_BENCH_DATA_DIR
+#define KVX_BENCH_DATA_DIR "bench/data"
+#endif
+
+/* The real stdout after perf_stdout_claim() (printf then goes to stderr), else NULL. */
+static FILE *g_result_out;
+
+int perf_stdout_claim(void)
+{
+	if (g_result_out)
+		return 0;
+	fflush(stdout);
+	int fd = dup(STDOUT_FILENO);
+	if (fd < 0)
+		return -errno;
+	FILE *f = fdopen(fd, "w");
+	if (!f) {
+		int rc = -errno;
+		close(fd);
+		return rc;
+	}
+	if (dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+		int rc = -errno;
+		fclose(f);
+		return rc;
+	}
+	g_result_out = f;
+	return 0;
+}
+
+FILE *perf_out_open(const char *path)
+{
+	if (!strcmp(path, "-"))
+		return g_result_out ? g_result_out : stdout;
+	return fopen(path, "w");
+}
+
+int perf_out_close(FILE *f)
+{
+	if (!f)
+		return 0;
+	if (f == g_result_out || f == stdout)
+		return fflush(f) || ferror(f) ? -EIO : 0;
+	bool bad = ferror(f) != 0;
+	return fclose(f) || bad ? -EIO : 0;
+}
+
+int perf_check_gnuplot(const char *sub, const char *plot)
+{
+	if (!plot)
+		return 0;
+	const char *path = getenv("PATH");
+	char buf[4096];
+	snprintf(buf, sizeof(buf), "%s", path && path[0] ? path : "/usr/bin:/bin");
+	for (char *save = NULL, *dir = strtok_r(buf, ":", &save); dir; dir = strtok_r(NULL, ":", &save)) {
+		char exe[4352];
+		snprintf(exe, sizeof(exe), "%s/gnuplot", dir[0] ? dir : ".");
+		if (access(exe, X_OK) == 0)
+			return 0;
+	}
+	fprintf(stderr, "kvxfer-perf %s: --plot %s needs gnuplot, which is not on PATH (install "
+			"gnuplot-nox, or drop --plot)\n", sub, plot);
+	return 2;
+}
+
+const char *perf_version(void)
+{
+	return KVX_PERF_VERSION;
+}
+
+const char *perf_commit(void)
+{
+	return KVX_PERF_COMMIT[0] ? KVX_PERF_COMMIT : "unknown";
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+	char p[PATH_MAX];
+	struct stat st;
+	return snprintf(p, sizeof(p), "%s/%s", dir, name) < (int)sizeof(p) && !stat(p, &st) &&
+	       S_ISREG(st.st_mode);
+}
+
+const char *perf_data_dir(void)
+{
+	static char dir[PATH_MAX];
+	if (dir[0])
+		return dir;
+	const char *env = getenv("KVX_PERF_DATA_DIR");
+	if (env && *env) {
+		snprintf(dir, sizeof(dir), "%s", env);
+		return dir;
+	}
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n > 0) {
+		exe[n] = '\0';
+		char *slash = strrchr(exe, '/');
+		if (slash) {
+			*slash = '\0';
+			char cand[PATH_MAX];
+			if (snprintf(cand, sizeof(cand), "%s/../share/kvxfer", exe) < (int)sizeof(cand) &&
+			    file_exists(cand, "models.csv")) {
+				/* Print the canonical path: it appears in help texts and summaries. */
+				if (!realpath(cand, dir))
+					snprintf(dir, sizeof(dir), "%s", cand);
+				return dir;
+			}
+		}
+	}
+	snprintf(dir, sizeof(dir), "%s", KVX_BENCH_DATA_DIR);
+	return dir;
+}
+
+const char *perf_data_path(const char *rel)
+{
+	/* Kept in a global table: reachable until exit (no leak report), a handful per run. */
+	static char *paths[16];
+	static unsigned n;
+	const char *d = perf_data_dir();
+	for (unsigned i = 0; i < n; i++)
+		if (!strncmp(paths[i], d, strlen(d)) && !strcmp(paths[i] + strlen(d) + 1, rel))
+			return paths[i];
+	size_t len = strlen(d) + 1 + strlen(rel) + 1;
+	char *p = malloc(len);
+	if (!p || n == sizeof(paths) / sizeof(paths[0]))
+		abort();
+	snprintf(p, len, "%s/%s", d, rel);
+	paths[n++] = p;
+	return p;
+}
 
 int perf_json_open(struct perf_json *j, const char *path)
 {
@@ -16,7 +153,7 @@ int perf_json_open(struct perf_json *j, const char *path)
 	if (!path)
 		return 0;
 	if (!strcmp(path, "-")) {
-		j->f = stdout;
+		j->f = perf_out_open("-");
 	} else {
 		j->f = fopen(path, "w");
 		if (!j->f)
@@ -388,6 +525,9 @@ const struct option perf_px_opts[] = {
 	{"peer", required_argument, NULL, PERF_PX_O_PEER},
 	{"mem", required_argument, NULL, PERF_PX_O_MEM},
 	{"plot", required_argument, NULL, PERF_PX_O_PLOT},
+	{"ib-dev", required_argument, NULL, 'd'},
+	{"report_gbits", no_argument, NULL, PERF_PX_O_GBITS},
+	{"report-gbits", no_argument, NULL, PERF_PX_O_GBITS},
 	{"help", no_argument, NULL, 'h'},
 	{0, 0, 0, 0},
 };

@@ -66,6 +66,60 @@ void perf_json_double(struct perf_json *j, const char *key, double v);
 /** Boolean member. @param j Writer. @param key Key or NULL. @param v Value. */
 void perf_json_bool(struct perf_json *j, const char *key, bool v);
 
+/* ---- output streams, version, data directory --------------------------------------------- */
+
+/**
+ * Make `-` (stdout) a clean output for machine-readable results: the process's stdout is kept
+ * for them and everything printed with printf()/puts() from now on goes to stderr instead.
+ * kvxfer-perf's main() calls it when a subcommand got `--json -`, before the subcommand runs,
+ * so `kvxfer-perf CMD --json - | jq .` sees JSON only. Idempotent.
+ * @return 0, or -errno if the descriptors cannot be duplicated (stdout left unchanged).
+ * @par Thread safety  Call before any thread is started.
+ */
+int perf_stdout_claim(void);
+/**
+ * Open a result file: `-` is the real stdout (the stream perf_stdout_claim() kept, else
+ * stdout), anything else is created with fopen(path, "w").
+ * @param path  File path or "-"; not NULL.
+ * @return      The stream, or NULL with errno set.
+ */
+FILE *perf_out_open(const char *path);
+/**
+ * Close a stream from perf_out_open(): flush the shared stdout stream, fclose() a file.
+ * @param f  Stream; NULL is a no-op returning 0.
+ * @return   0, or -EIO if a write or the close failed.
+ */
+int perf_out_close(FILE *f);
+/** Project version ("0.1.0"), from CMake's PROJECT_VERSION. @return Static string. */
+const char *perf_version(void);
+/** Git commit the binary was built from (short hash, "-dirty" suffix for local changes), or
+ *  "unknown" outside a git checkout. @return Static string. */
+const char *perf_commit(void);
+/**
+ * Directory holding kvxfer-perf's data (models.csv, traces/), resolved once:
+ * 1. $KVX_PERF_DATA_DIR when set and non-empty;
+ * 2. `<dir of the executable>/../share/kvxfer` when it holds models.csv (an installed
+ *    kvxfer-perf, any --prefix: the path follows the binary);
+ * 3. the source tree's bench/data the binary was built from (running from the build tree).
+ * @return Static string, never NULL.
+ */
+const char *perf_data_dir(void);
+/**
+ * Path of a data file: perf_data_dir() + "/" + @p rel.
+ * @param rel  Relative path, e.g. "models.csv" or "traces/x.jsonl"; not NULL.
+ * @return     Heap string kept for the life of the process (the same pointer for the same
+ *             @p rel; at most 16 distinct paths), never NULL (aborts on allocation failure).
+ */
+const char *perf_data_path(const char *rel);
+
+/**
+ * --plot draws with gnuplot at the end of a run, so it must be on PATH at the start: check now.
+ * @param sub   Subcommand name for the message ("bw", "trace").
+ * @param plot  The --plot value, or NULL (nothing to check).
+ * @return      0, or 2 (usage error) with a message naming the option and the package.
+ */
+int perf_check_gnuplot(const char *sub, const char *plot);
+
 /* ---- statistics --------------------------------------------------------------------------- */
 
 /** Summary of a sample set (units are the caller's: ns, bytes ...). */
@@ -140,9 +194,10 @@ int perf_check_cpu(long cpu, char *err, size_t errlen);
 enum perf_px_opt {
 	PERF_PX_O_QPS = 256, PERF_PX_O_BATCH, PERF_PX_O_DEPTH, PERF_PX_O_CHUNK, PERF_PX_O_JSON,
 	PERF_PX_O_OUTPUT, PERF_PX_O_LOCAL, PERF_PX_O_PEER, PERF_PX_O_MEM, PERF_PX_O_PLOT,
+	PERF_PX_O_GBITS,
 };
 /** Short options of bw/lat, for getopt_long(). */
-#define PERF_PX_SHORTOPTS "t:m:s:an:D:l:p:h"
+#define PERF_PX_SHORTOPTS "t:m:s:an:D:l:p:d:h"
 /** Long options of bw/lat: one table for the parser (perf_bw.c) and the up-front usage check
  *  (perf_lat.c px_check_args()), so both agree on which options take a value. */
 extern const struct option perf_px_opts[];

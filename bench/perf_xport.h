@@ -22,6 +22,10 @@ enum px_msg_type {
 	 * PX_PING barrier (size, iterations; echoed once the server is ready) and a PX_PING_END
 	 * barrier (echoed with the server's status once its last pong has completed). */
 	PX_BLOB_A2, PX_BLOB_B2, PX_READY, PX_PING, PX_PING_END,
+	/* Client -> server before PX_DONE: the result table as printed by the client (NUL-terminated
+	 * text in blob, at most KVX_XPORT_BLOB_MAX bytes per message, whole lines), which the server
+	 * prints too (perftest servers print result rows). */
+	PX_RESULT,
 };
 
 struct px_msg {
@@ -66,6 +70,8 @@ struct px_cfg {
 	bool local;
 	bool output_bw;       /* --output=bandwidth (bw) / latency (lat) */
 	bool lat;
+	const char *ib_dev;   /* -d/--ib-dev: RDMA device (implies verbs), NULL = first ACTIVE one */
+	bool gbits;           /* --report_gbits: bandwidth columns in Gb/s (10^9 bit/s) */
 };
 
 struct px_sess {
@@ -96,6 +102,11 @@ int px_main(int argc, char **argv, bool lat);
 int px_lat_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE *json, bool first);
 /* Print the latency table header. */
 void px_lat_header(const struct px_cfg *c);
+/*
+ * Print one line of the result table (printf format) on stdout and keep a copy, which the
+ * client sends to the server at the end of the run (PX_RESULT) so both sides print the rows.
+ */
+void px_row(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Out-of-band send/receive of one message (type PX_ANY: any type). 0 or -errno/-EPROTO. */
 int px_msg_send(int fd, struct px_msg *m);
 int px_msg_recv(int fd, struct px_msg *m, uint32_t type);

@@ -65,10 +65,30 @@ struct trace_opts {
 	uint32_t timeout_ms;      /**< --timeout-ms: per-transfer deadline, ms. */
 	bool quiet;               /**< --quiet: no progress line. */
 	const char *mem;          /**< --mem host|hip[:N]|hostdev: KV pool memory; NULL = host. */
+	enum trace_oversize {
+		TRACE_OVERSIZE_STREAM = 0, /**< Move it in pool-sized pieces, one after the other (default). */
+		TRACE_OVERSIZE_SKIP,       /**< Leave it out of the replay; counted and named. */
+		TRACE_OVERSIZE_ERROR,      /**< Usage error (exit 2) naming the request. */
+	} oversize;               /**< --oversize: a request with more blocks than the pool. */
+	uint16_t port_lo, port_hi; /**< --port-range LO-HI: the engine's listeners (handshake LO, notify
+	                                LO+1, tcp data LO+2) bind there; 0 = kernel-chosen ports. */
+	uint32_t connect_timeout_ms; /**< --connect-timeout-ms: reaching the --server and the peer's
+	                                  listeners, ms. */
+	uint32_t runs;            /**< --runs N (--server): runs to serve, 0 = until stopped. */
+	uint32_t set;             /**< TRACE_SET_* bits: options given on the command line. */
+	const char *metrics;      /**< --metrics ADDR: the engine serves Prometheus /metrics there. */
+	const char *ib_dev;       /**< -d/--ib-dev: RDMA device of this host's engine (implies verbs). */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */
 	uint32_t max_blocks;      /**< --max-blocks: largest request, blocks (engine max_blocks); 0 = min(pool, 65536). */
+};
+
+/** Bits of trace_opts.set: options given explicitly (a --server adopts the client's others). */
+enum {
+	TRACE_SET_MODEL = 1u << 0, TRACE_SET_BLOCK = 1u << 1, TRACE_SET_MODE = 1u << 2,
+	TRACE_SET_TRANSPORT = 1u << 3, TRACE_SET_TIMEOUT = 1u << 4, TRACE_SET_HOST = 1u << 5,
+	TRACE_SET_POOL = 1u << 6,
 };
 
 /** Driver channel message types. */
@@ -83,6 +103,8 @@ enum trace_msg_type {
 	TRACE_MSG_STATS = 8,  /**< role -> driver: counters (struct trace_msg_stats). */
 	TRACE_MSG_QUIT = 9,   /**< driver -> role: stop the engine and exit. */
 	TRACE_MSG_FATAL = 10, /**< role -> driver: the role cannot continue (text payload). */
+	TRACE_MSG_SETUP = 11, /**< --client -> --server, first message: the run's options (struct trace_msg_setup). */
+	TRACE_MSG_RESULT = 12, /**< driver -> --server's producer, before QUIT: exit code (int32) + summary text. */
 };
 
 /** Magic in every HELLO ("KVXTRAC1"). */
@@ -108,9 +130,31 @@ struct trace_msg_hello {
 	uint16_t handshake_port; /**< Engine handshake port. */
 	uint16_t notify_port;    /**< Engine notify port. */
 	uint32_t prefault_ms;    /**< Time to make the pool resident, ms. */
+	uint16_t data_port;      /**< tcp data listener port when --port-range fixed it, else 0. */
+	uint16_t pad16;
 	char host[64];           /**< Advertised engine host. */
 	char model[PERF_MODEL_NAME_MAX]; /**< Model name. */
 	char transport[24];      /**< Provider in use, e.g. "tcp" or "tcp (auto)". */
+};
+
+/**
+ * SETUP: what a --server must agree on before it starts its producer. The server refuses options
+ * it was given that differ (naming each), and takes the client's value for the others.
+ */
+struct trace_msg_setup {
+	uint64_t magic;          /**< TRACE_MSG_MAGIC. */
+	char version[32];        /**< kvxfer-perf version of the client. */
+	char commit[32];         /**< Its git commit. */
+	char model[PERF_MODEL_NAME_MAX]; /**< --model. */
+	char transport[16];      /**< -t. */
+	uint32_t block_tokens;   /**< --block-size. */
+	uint32_t write_mode;     /**< 1 = WRITE. */
+	uint32_t timeout_ms;     /**< --timeout-ms (both engines' per-transfer deadline). */
+	uint32_t layer_us;       /**< --layer-us (the producer simulates it). */
+	uint32_t concurrency;    /**< --concurrency (sizes the producer's bookkeeping). */
+	uint32_t verify;         /**< --verify. */
+	uint64_t pool_blocks;    /**< The client's pool (sized from its trace). */
+	uint64_t max_blocks;     /**< Largest transfer, blocks. */
 };
 
 /** PEER: the other role's engine. */
@@ -120,9 +164,17 @@ struct trace_msg_peer {
 	uint16_t notify_port;    /**< Peer notify port. */
 };
 
-/** REQ: one request. */
+/**
+ * Request index of a piece of a streamed request (--oversize stream): piece k (1-based) of
+ * request i travels as idx `i | (k << TRACE_PIECE_SHIFT)`, so every piece has its own transfer id.
+ */
+#define TRACE_PIECE_SHIFT 40
+/** Request part of a (possibly piece) index. */
+#define TRACE_IDX_REQ(idx) ((idx) & ((1ull << TRACE_PIECE_SHIFT) - 1))
+
+/** REQ: one request (or one piece of a streamed request). */
 struct trace_msg_req {
-	uint64_t idx;        /**< Request index (transfer id "tx-%06llu"). */
+	uint64_t idx;        /**< Request index (transfer id "tx-%06llu"), see TRACE_PIECE_SHIFT. */
 	uint64_t blocks;     /**< Prompt blocks. */
 	uint64_t hit_blocks; /**< Blocks the consumer already holds (prefix hit). */
 };

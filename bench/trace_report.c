@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -58,14 +59,16 @@ int perf_trace_summarize(const struct perf_trace_rec *recs, size_t n, struct per
 		s->prompt_tokens += r->input_tokens;
 		s->blocks += r->blocks;
 		s->hit_blocks += r->hit_blocks;
-		s->xfer_blocks += r->xfer_blocks;
 		if (r->start_ns < t0)
 			t0 = r->start_ns;
 		if (r->status != 0 || r->end_ns == 0) {
+			/* Its blocks did not (all) arrive: never counted as transferred. */
 			s->failures++;
+			s->lost_blocks += r->xfer_blocks;
 			continue;
 		}
 		s->completed++;
+		s->xfer_blocks += r->xfer_blocks;
 		s->bytes += r->bytes;
 		if (r->end_ns > t1)
 			t1 = r->end_ns;
@@ -103,8 +106,14 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 		info->speed == 0 ? " (back to back)" : "", info->prefix_cache ? "on" : "off");
 	fprintf(f, "  %-22s %" PRIu64 " (%" PRIu64 " completed)\n", "requests", s->requests, s->completed);
 	fprintf(f, "  %-22s %" PRIu64 "\n", "prompt tokens", s->prompt_tokens);
-	fprintf(f, "  %-22s %" PRIu64 " (prefix hits %" PRIu64 ", transferred %" PRIu64 ")\n", "blocks",
+	fprintf(f, "  %-22s %" PRIu64 " (prefix hits %" PRIu64 ", transferred %" PRIu64, "blocks",
 		s->blocks, s->hit_blocks, s->xfer_blocks);
+	if (s->lost_blocks)
+		fprintf(f, ", not transferred %" PRIu64 " (failed requests)", s->lost_blocks);
+	fputs(")\n", f);
+	if (info->skipped || info->streamed)
+		fprintf(f, "  %-22s %" PRIu64 " skipped, %" PRIu64 " streamed in pool-sized pieces\n",
+			"larger than the pool", info->skipped, info->streamed);
 	fprintf(f, "  %-22s %" PRIu64 " (%.3f GB)\n", "bytes", s->bytes, (double)s->bytes / 1e9);
 	/* Values that need a completed request are n/a, never 0, when none completed. */
 	const char *na = s->completed ? "" : "n/a (no request completed)";
@@ -133,11 +142,20 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 			fprintf(f, " %s %.1f%%", side[i], 100.0 * c->lcore_util[i]);
 	}
 	fputc('\n', f);
-	if (c->ctl_sent == UINT64_MAX)
-		fprintf(f, "  %-22s n/a (not reported by this engine build)\n", "control messages");
-	else
-		fprintf(f, "  %-22s sent %" PRIu64 "  received %" PRIu64 "  dropped %" PRIu64 "\n",
+	if (!c->ctl_reported[0] && !c->ctl_reported[1]) {
+		fprintf(f, "  %-22s n/a (%s)\n", "control messages",
+			!c->reported[0] && !c->reported[1] ? "neither role process reported its counters"
+							   : "the engines did not report them");
+	} else {
+		fprintf(f, "  %-22s sent %" PRIu64 "  received %" PRIu64 "  dropped %" PRIu64,
 			"control messages", c->ctl_sent, c->ctl_recv, c->ctl_dropped);
+		for (int i = 0; i < 2; i++)
+			if (!c->ctl_reported[i])
+				fprintf(f, " (%s only: the %s %s)", side[1 - i], side[i],
+					c->reported[i] ? "engine did not report them"
+						       : "process did not report (died or was killed?)");
+		fputc('\n', f);
+	}
 	fprintf(f, "  %-22s %" PRIu64 "\n", "failures", s->failures);
 	if (s->failures) {
 		fprintf(f, "  %-22s", "failed transfers");
@@ -179,13 +197,49 @@ static json_t *lat_json(const struct perf_lat_stats *st)
 			 "p90", st->p90, "p99", st->p99, "max", st->max, "mean", st->mean);
 }
 
-/* Control-message counters, or null when the engine does not report them. */
+/* Control-message counters, or null when no side reported them; "sides" lists who did. */
 static json_t *ctl_json(const struct perf_trace_counters *c)
 {
-	if (c->ctl_sent == UINT64_MAX)
+	if (!c->ctl_reported[0] && !c->ctl_reported[1])
 		return json_null();
-	return json_pack("{s:I, s:I, s:I}", "sent", (json_int_t)c->ctl_sent, "received",
-			 (json_int_t)c->ctl_recv, "dropped", (json_int_t)c->ctl_dropped);
+	json_t *sides = json_array();
+	if (c->ctl_reported[0])
+		json_array_append_new(sides, json_string("producer"));
+	if (c->ctl_reported[1])
+		json_array_append_new(sides, json_string("consumer"));
+	return json_pack("{s:I, s:I, s:I, s:o}", "sent", (json_int_t)c->ctl_sent, "received",
+			 (json_int_t)c->ctl_recv, "dropped", (json_int_t)c->ctl_dropped, "sides", sides);
+}
+
+/* A fraction, or null when unknown (< 0). */
+static json_t *frac_json(double v)
+{
+	return v < 0 ? json_null() : json_real(v);
+}
+
+/* A time in ms since the run's epoch, or null when it never happened (0). */
+static json_t *ms_json(uint64_t ns)
+{
+	return ns ? json_real((double)ns / NS_PER_MS) : json_null();
+}
+
+/* Header: what produced the file, where, when, with which command line. */
+static json_t *header_json(const struct perf_trace_run_info *info)
+{
+	char host[256] = "";
+	if (gethostname(host, sizeof(host) - 1))
+		snprintf(host, sizeof(host), "unknown");
+	char when[32] = "";
+	time_t now = time(NULL);
+	struct tm tm;
+	if (gmtime_r(&now, &tm))
+		strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	json_t *opts = json_array();
+	for (int i = 1; opts && i < info->argc; i++)
+		json_array_append_new(opts, json_string(info->argv[i]));
+	return json_pack("{s:s, s:s, s:s, s:s, s:s, s:o}", "tool", "kvxfer-perf trace", "version",
+			 perf_version(), "commit", perf_commit(), "host", host, "time", when,
+			 "options", opts ? opts : json_null());
 }
 
 int perf_trace_write_json(const char *path, const struct perf_trace_run_info *info,
@@ -197,15 +251,14 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
 		const struct perf_trace_rec *r = &recs[i];
-		json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:i}",
+		json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:o, s:i}",
 				      "idx", (json_int_t)r->idx, "line", (json_int_t)r->line,
 				      "input_tokens", (json_int_t)r->input_tokens, "blocks",
 				      (json_int_t)r->blocks, "hit_blocks", (json_int_t)r->hit_blocks,
 				      "xfer_blocks", (json_int_t)r->xfer_blocks, "bytes",
 				      (json_int_t)r->bytes, "arrival_ms", (double)r->arrival_ns / NS_PER_MS,
 				      "start_ms", (double)r->start_ns / NS_PER_MS, "first_layer_ms",
-				      r->first_layer_ns ? (double)r->first_layer_ns / NS_PER_MS : -1.0,
-				      "end_ms", r->end_ns ? (double)r->end_ns / NS_PER_MS : -1.0,
+				      ms_json(r->first_layer_ns), "end_ms", ms_json(r->end_ns),
 				      "status", r->status);
 		if (!o || json_array_append_new(reqs, o)) {
 			json_decref(reqs);
@@ -213,21 +266,24 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		}
 	}
 	json_t *root = json_pack(
-		"{s:{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:f, s:b}, "
-		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, "
-		"s:[f,f], s:o, s:s, s:s, s:I}, s:o}",
-		"run", "model", info->model, "layout", info->layout, "trace", info->trace, "mode",
+		"{s:s, s:o, s:{s:s, s:s, s:s, s:s, s:s, s:i, s:I, s:I, s:i, s:f, s:b, s:I, s:I}, "
+		"s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:o, "
+		"s:[o,o], s:o, s:s, s:s, s:I}, s:o}",
+		"command", "trace", "kvxfer_perf", header_json(info), "run", "model", info->model, "layout", info->layout, "trace", info->trace, "mode",
 		info->mode, "transport", info->transport, "block_tokens", (int)info->block_tokens,
 		"block_bytes", (json_int_t)info->block_bytes, "pool_blocks",
 		(json_int_t)info->pool_blocks, "concurrency", (int)info->concurrency, "speed",
-		info->speed, "prefix_cache", info->prefix_cache,
+		info->speed, "prefix_cache", info->prefix_cache, "skipped_oversize",
+		(json_int_t)info->skipped, "streamed_oversize", (json_int_t)info->streamed,
 		"summary", "requests", (json_int_t)s->requests, "completed", (json_int_t)s->completed,
 		"failures", (json_int_t)s->failures, "prompt_tokens", (json_int_t)s->prompt_tokens,
 		"blocks", (json_int_t)s->blocks, "hit_blocks", (json_int_t)s->hit_blocks,
-		"xfer_blocks", (json_int_t)s->xfer_blocks, "bytes", (json_int_t)s->bytes, "wall_s",
+		"xfer_blocks", (json_int_t)s->xfer_blocks, "lost_blocks", (json_int_t)s->lost_blocks,
+		"bytes", (json_int_t)s->bytes, "wall_s",
 		s->wall_s > 0 ? json_real(s->wall_s) : json_null(), "throughput_gbps",
 		s->wall_s > 0 ? json_real(s->gbps) : json_null(), "latency_ms", lat_json(&s->lat),
-		"first_layer_ms", lat_json(&s->ttfl), "lcore_util", c->lcore_util[0], c->lcore_util[1],
+		"first_layer_ms", lat_json(&s->ttfl), "lcore_util", frac_json(c->lcore_util[0]),
+		frac_json(c->lcore_util[1]),
 		"control_messages", ctl_json(c), "verification",
 		!c->verify_enabled ? "off" : (c->verify_bad == 0 && s->failures == 0 ? "OK" : "FAILED"),
 		"verify_mode", !c->verify_enabled ? "off" : c->verify_bytes ? "bytes" : "stamps",
@@ -235,7 +291,12 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		"requests", reqs);
 	if (!root)
 		return -ENOMEM;
-	int rc = json_dump_file(root, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+	FILE *f = perf_out_open(path);
+	int rc = f ? json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : -1;
+	if (f && !rc)
+		fputc('\n', f);
+	if (f && perf_out_close(f))
+		rc = -1;
 	json_decref(root);
 	if (rc) {
 		fprintf(stderr, "kvxfer-perf trace: cannot write --json file %s\n", path);
@@ -246,7 +307,7 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 
 int perf_trace_write_csv(const char *path, const struct perf_trace_rec *recs, size_t n)
 {
-	FILE *f = fopen(path, "w");
+	FILE *f = perf_out_open(path);
 	if (!f) {
 		fprintf(stderr, "kvxfer-perf trace: cannot write --csv file %s: %s\n", path, strerror(errno));
 		return -EIO;
@@ -268,7 +329,7 @@ int perf_trace_write_csv(const char *path, const struct perf_trace_rec *recs, si
 			fputc(',', f);
 		fprintf(f, ",%d\n", r->status);
 	}
-	if (fclose(f)) {
+	if (perf_out_close(f)) {
 		fprintf(stderr, "kvxfer-perf trace: cannot write --csv file %s\n", path);
 		return -EIO;
 	}

@@ -37,10 +37,12 @@ struct perf_trace_rec {
 
 /** Whole-run counters that come from the engines, not from the records. */
 struct perf_trace_counters {
-	double lcore_util[2];    /**< Polling-lcore busy fraction 0..1: [0] producer, [1] consumer; < 0 = unknown. */
-	uint64_t ctl_sent;       /**< Control messages sent (both sides); UINT64_MAX = not reported (printed n/a). */
-	uint64_t ctl_recv;       /**< Control messages received (both sides). */
-	uint64_t ctl_dropped;    /**< Control messages dropped as malformed/late (both sides). */
+	double lcore_util[2];    /**< Polling-lcore busy fraction 0..1: [0] producer, [1] consumer; < 0 = unknown (n/a, JSON null). */
+	bool reported[2];        /**< The role process ([0] producer, [1] consumer) sent its counters. */
+	bool ctl_reported[2];    /**< That role's engine reported control-message counters. */
+	uint64_t ctl_sent;       /**< Control messages sent, summed over the sides with ctl_reported. */
+	uint64_t ctl_recv;       /**< Control messages received (same sides). */
+	uint64_t ctl_dropped;    /**< Control messages dropped as malformed/late (same sides). */
 	uint64_t verify_bad;     /**< Block planes that failed byte verification. */
 	bool verify_enabled;     /**< --verify or --verify-bytes was on. */
 	bool verify_bytes;       /**< --verify-bytes: every byte was checked, not only per-page stamps. */
@@ -59,6 +61,10 @@ struct perf_trace_run_info {
 	uint32_t concurrency;    /**< Max transfers in flight. */
 	double speed;            /**< Arrival time scale (0 = back to back). */
 	bool prefix_cache;       /**< --prefix-cache. */
+	int argc;                /**< Command line of the run (JSON header "options"), or 0. */
+	char *const *argv;       /**< Array[argc]; argv[0] is the program. */
+	uint64_t skipped;        /**< Requests skipped as larger than the pool (--oversize skip). */
+	uint64_t streamed;       /**< Requests moved in pool-sized pieces (--oversize stream). */
 };
 
 /** Latency distribution, ms. */
@@ -79,7 +85,8 @@ struct perf_trace_summary {
 	uint64_t prompt_tokens;    /**< Sum of input tokens. */
 	uint64_t blocks;           /**< Sum of prompt blocks. */
 	uint64_t hit_blocks;       /**< Sum of prefix-hit blocks. */
-	uint64_t xfer_blocks;      /**< Sum of transferred blocks. */
+	uint64_t xfer_blocks;      /**< Sum of transferred blocks of completed requests. */
+	uint64_t lost_blocks;      /**< Blocks of requests that did not complete (not transferred). */
 	uint64_t bytes;            /**< Sum of transferred bytes (completed requests). */
 	double wall_s;             /**< First dispatch to last completion, s. */
 	double gbps;               /**< bytes / wall_s / 1e9 (GB/s, decimal). */

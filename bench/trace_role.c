@@ -17,6 +17,7 @@
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 #include "trace_pattern.h"
+#include "trace_net.h"
 #include "trace_pool.h"
 #include "trace_replay.h"
 
@@ -67,6 +68,7 @@ struct role {
 	uint64_t verify_bad;
 	bool first_layer_unsupported;
 	bool quit;
+	int result_rc;            /* --server: the run's exit code, from the driver's RESULT */
 };
 
 static void fatal(struct role *R, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -445,6 +447,37 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 						   .handshake_port = pm->handshake_port,
 						   .notify_port = pm->notify_port};
 		R->have_peer = true;
+		/* --server, WRITE: this producer dials the consumer (handshake, then write_done to its
+		 * notify port). Find out now, naming the listener, rather than as transfer timeouts. */
+		if (R->o->server && R->o->write_mode) {
+			static const char *const what[2] = {"the consumer's handshake listener",
+							    "the consumer's notify listener"};
+			uint16_t ports[2] = {pm->handshake_port, pm->notify_port};
+			for (int i = 0; i < 2; i++) {
+				char why[384];
+				int fd = trace_net_connect(pm->host, ports[i], R->o->connect_timeout_ms, what[i],
+							   why, sizeof(why));
+				if (fd < 0) {
+					fatal(R, "%s; open that port on the consumer host (its --port-range), "
+						 "or give the consumer a --host this host can reach", why);
+					R->quit = true;
+					R->result_rc = 1;
+					return;
+				}
+				close(fd);
+			}
+		}
+		return;
+	}
+	case TRACE_MSG_RESULT: {
+		/* --server: the driver's summary of the run, printed here too, and its exit code. */
+		if (h->len < sizeof(int32_t))
+			break;
+		int32_t rc;
+		memcpy(&rc, p, sizeof(rc));
+		R->result_rc = rc;
+		fwrite((const char *)p + sizeof(rc), 1, h->len - sizeof(rc), stdout);
+		fflush(stdout);
 		return;
 	}
 	case TRACE_MSG_REQ: {
@@ -523,8 +556,12 @@ static int setup_engine(struct role *R)
 	p.control_lcore = o->control_lcore;
 	p.idle = o->idle_busy ? KVX_ENGINE_IDLE_BUSY : KVX_ENGINE_IDLE_ADAPTIVE;
 	p.host = o->host;
-	p.handshake_port = 0;
-	p.notify_port = 0;
+	/* --port-range: fixed ports a firewall can open; else kernel-chosen ones. */
+	p.handshake_port = o->port_lo;
+	p.notify_port = o->port_lo ? (uint16_t)(o->port_lo + 1) : 0;
+	p.data_port = o->port_lo ? (uint16_t)(o->port_lo + 2) : 0;
+	p.metrics_addr = o->metrics; /* --metrics: Prometheus endpoint of this role's engine */
+	p.verbs_device = o->ib_dev;
 	p.transfer_timeout_ms = o->timeout_ms;
 	p.defer_timeout_ms = 2 * o->timeout_ms;
 	p.max_transfers = (uint32_t)R->nrx + 16;
@@ -569,9 +606,14 @@ static int setup_engine(struct role *R)
 	}
 	rc = kvx_engine_start(R->e);
 	if (rc) {
-		fatal(R, "kvx_engine_start: %s", kvx_strerror(rc));
+		fatal(R, "kvx_engine_start: %s%s%s%s", kvx_strerror(rc), o->ib_dev ? " (-d " : "",
+		      o->ib_dev ? o->ib_dev : "", o->ib_dev ? ")" : "");
 		return rc;
 	}
+	char ma[64];
+	if (o->metrics && !kvx_engine_metrics_addr(R->e, ma, sizeof(ma)))
+		fprintf(stderr, "kvxfer-perf trace: %s metrics at http://%s/metrics\n",
+			R->r == TRACE_ROLE_PRODUCER ? "producer" : "consumer", ma);
 	return 0;
 }
 
@@ -652,6 +694,7 @@ int trace_role_main(const struct trace_opts *o, int fd)
 		.num_layers = R.m.num_layers,
 		.block_tokens = o->block_tokens,
 		.prefault_ms = prefault_ms,
+		.data_port = o->port_lo ? (uint16_t)(o->port_lo + 2) : 0,
 	};
 	kvx_engine_ports(R.e, &hello.handshake_port, &hello.notify_port);
 	snprintf(hello.host, sizeof(hello.host), "%s", o->host);
@@ -704,7 +747,7 @@ int trace_role_main(const struct trace_opts *o, int fd)
 			free(p);
 		}
 	}
-	exit_code = 0;
+	exit_code = R.result_rc;
 out:
 	if (R.e)
 		kvx_engine_destroy(R.e);

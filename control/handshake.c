@@ -477,9 +477,10 @@ int ctl_hs_recv(struct kvx_ctl *ctl)
 				addr ? addr : "?");
 		} else if (len == KVX_MSG_GET_META_LEN && !memcmp(d, KVX_MSG_GET_META, len)) {
 			if (ctl->meta_buf) {
+				/* Counted before the replies leave: a peer that got them sees the count. */
+				CINC(ctl, hs_served);
 				ctl_router_reply(ctl->hs_router, &id, ctl->meta_buf, ctl->meta_len);
 				ctl_router_reply(ctl->hs_router, &id, ctl->layers_buf, ctl->layers_len);
-				CINC(ctl, hs_served);
 			} else {
 				ctl_warn_rl(ctl, "handshake: get_meta_msg from %s before local metadata "
 					     "was set; not answered", addr ? addr : "?");
@@ -511,10 +512,10 @@ int ctl_hs_recv(struct kvx_ctl *ctl)
 							      .blob = blob_b, .blob_len = lb};
 				uint8_t *out = malloc(lb + 256);
 				int n = out ? kvx_msg_connect_encode(&rep, out, lb + 256) : -ENOMEM;
+				CINC(ctl, connect_served); /* before the reply, as hs_served */
 				if (n > 0)
 					ctl_router_reply(ctl->hs_router, &id, out, (size_t)n);
 				free(out);
-				CINC(ctl, connect_served);
 			}
 		}
 		zmq_msg_close(&id);

@@ -46,6 +46,7 @@
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 #include "engine_internal.h"
+#include "metrics_internal.h"
 
 static bool auto_shm_disabled(void)
 {
@@ -152,8 +153,17 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 	e->p.lcores = e->lcores[0] ? e->lcores : NULL;
 	e->p.proxy_addr = e->proxy[0] ? e->proxy : NULL;
 	e->p.http_addr = e->http[0] ? e->http : NULL;
-	int rc = kvx_xfer_table_create(2 * p->max_transfers + 64, p->max_transfers, &e->reg);
+	e->p.metrics_addr = NULL; /* the copy lives in e->metrics */
+	if (copy_str(e->verbs_dev, sizeof(e->verbs_dev), p->verbs_device)) {
+		free(e);
+		return bad(err, errlen, "verbs_device", "longer than 63 bytes");
+	}
+	e->p.verbs_device = e->verbs_dev[0] ? e->verbs_dev : NULL;
+	int rc = p->metrics_addr ? kvx_metrics_create(p->metrics_addr, &e->metrics, err, errlen) : 0;
+	if (!rc)
+		rc = kvx_xfer_table_create(2 * p->max_transfers + 64, p->max_transfers, &e->reg);
 	if (rc) {
+		kvx_metrics_destroy(e->metrics);
 		free(e);
 		return rc;
 	}
@@ -162,6 +172,7 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 	if (e->ctl_efd < 0) {
 		rc = -errno;
 		kvx_xfer_table_destroy(e->reg);
+		kvx_metrics_destroy(e->metrics);
 		free(e);
 		return rc;
 	}
@@ -238,6 +249,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	}
 	char err[256] = "";
 	int rc;
+	if (e->metrics && (rc = kvx_metrics_start(e->metrics, &e->p))) /* binds first: nothing to undo */
+		return rc;
 	struct kvx_lcore_cfg *cfg = calloc(1, sizeof(*cfg));
 	if (!cfg)
 		return -ENOMEM;
@@ -291,6 +304,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	struct kvx_xport_ctx_params xp;
 	kvx_xport_ctx_params_init(&xp);
 	xp.tcp_addr = e->host;
+	xp.tcp_port = e->p.data_port; /* 0 = ephemeral */
+	xp.device = e->p.verbs_device; /* NULL = first ACTIVE device */
 	xp.op_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
 	for (uint32_t k = 0; k < 2 && provs[k]; k++) {
 		rc = kvx_xport_open(provs[k], &xp, &e->xctx[k]);
@@ -486,7 +501,16 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		if ((rc = kvx_lcore_launch(e->po[k]->lc, kvx_lcore_poll_loop, NULL)))
 			return rc;
 	e->started = true;
+	if (e->metrics)
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, NULL, 0, 0, true); /* first snapshot */
 	return 0;
+}
+
+KVX_API int kvx_engine_metrics_addr(const struct kvx_engine *e, char *buf, size_t len)
+{
+	if (!e || !e->metrics)
+		return -ENOENT;
+	return e->started ? kvx_metrics_addr(e->metrics, buf, len) : -EAGAIN;
 }
 
 KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_port, uint16_t *notify_port)
@@ -501,6 +525,7 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 	if (!e || !e->started || e->stopped)
 		return;
 	e->stopped = true;
+	kvx_metrics_stop(e->metrics);
 	for (uint32_t k = 0; k < e->n_po; k++)
 		kvx_lcore_stop(e->po[k]->lc);
 	for (uint32_t k = 0; k < e->n_po; k++)
@@ -549,6 +574,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	if (!e)
 		return;
 	kvx_engine_stop(e);
+	kvx_metrics_destroy(e->metrics);
 	for (uint32_t k = 0; k < e->n_po; k++) {
 		struct poller *po = e->po[k];
 		struct emsg m;

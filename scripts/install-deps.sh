@@ -9,6 +9,7 @@ pkgs=(
   build-essential cmake pkg-config clang
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils perftest
   liburcu-dev libmsgpack-dev libzmq3-dev libcriterion-dev libnuma-dev libjansson-dev
+  libmicrohttpd-dev curl iproute2
   libamdhip64-dev
   gnuplot-nox iperf3 ucx-utils python3
   python3-dev python3-setuptools python3-wheel python3-pip python3-pytest python3-torch python3-numpy

@@ -5,7 +5,8 @@
 #      then the Python package (kvxfer and its vLLM connector) installed with pip against that
 #      build + its pytest suite (scripts/test-python.sh)
 #   2. ASan+UBSan build + all tests
-#   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan")
+#   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan"),
+#      and the metrics endpoint scraped during a trace replay (tests/ops/metrics_tsan.sh)
 #   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
 #   5. the verbs conformance suite and perftest comparison inside the Soft-RoCE VM (tests/rxe/run-vm.sh)
 # Env: KVX_JOBS (build parallelism, default nproc), KVX_SKIP_SANITIZERS=1, KVX_SKIP_FUZZ=1,
@@ -47,6 +48,13 @@ if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
     test_runtime_engine_tsan
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
      ctest --output-on-failure -L tsan)
+  # The metrics endpoint's thread against the engines' application threads: a TSan kvxfer-perf
+  # replays a trace while curl scrapes both engines' /metrics (tests/ops/metrics_tsan.sh).
+  cmake -S . -B build-tsan-bench -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_SANITIZE=thread \
+    -DKVX_BUILD_TESTS=OFF -DKVX_BUILD_EXAMPLES=OFF >/dev/null
+  cmake --build build-tsan-bench -j "$JOBS" --target kvxfer-perf
+  cat tests/lcore/tsan.supp tests/control/tsan.supp > build-tsan-bench/tsan.supp
+  bash tests/ops/metrics_tsan.sh build-tsan-bench/bench/kvxfer-perf build-tsan-bench/tsan.supp
 fi
 
 if [ "${KVX_SKIP_FUZZ:-0}" != 1 ] && [ -x tests/fuzz/run.sh ]; then

@@ -168,6 +168,21 @@ struct kvx_engine_params {
 	uint32_t max_blocks;           /**< Most blocks in one transfer, 1..2^24 (default 8192);
 	                                    2 x max_blocks x 4 bytes of block-id space reserved per
 	                                    transfer object. */
+	uint16_t data_port;            /**< tcp provider: port of its data listener (bound on @c host);
+	                                    0 = chosen by the kernel (default). Set it, with the two base
+	                                    ports, when a firewall must open a fixed set of ports
+	                                    (docs/operations.md §1). Ignored by verbs and shm. */
+	const char *verbs_device;      /**< verbs: RDMA device to open (e.g. "mlx5_0", as perftest's -d);
+	                                    NULL = the first with an ACTIVE port. Copied; < 64 bytes. */
+	const char *metrics_addr;      /**< Prometheus text-format endpoint `GET /metrics`: "IP:PORT",
+	                                    "[IPv6]:PORT" or ":PORT" (every interface; PORT 0 = chosen by
+	                                    the kernel, see kvx_engine_metrics_addr()); NULL = off
+	                                    (default). Served from kvx_engine_start() to
+	                                    kvx_engine_stop() by a thread of its own that only reads
+	                                    snapshots the application thread publishes when it polls
+	                                    completions (at most every 100 ms); needs a build with
+	                                    libmicrohttpd (else kvx_engine_create() fails with
+	                                    -ENOTSUP). Copied. Metric names: docs/operations.md §6. */
 };
 
 /** A KV layer to register (PROTOCOL.md §4.1). */
@@ -545,6 +560,19 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
  * @param e Engine. @param[out] st Snapshot; not NULL.
  */
 KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_stats *st);
+
+/**
+ * Address the metrics endpoint listens on (params.metrics_addr with the port actually bound).
+ *
+ * @param e          Engine; not NULL.
+ * @param[out] buf   "IP:PORT" or "[IPv6]:PORT", NUL-terminated; not NULL.
+ * @param len        Size of @p buf, bytes (64 is enough).
+ * @return           0.
+ * @retval -ENOENT   The engine has no metrics endpoint (params.metrics_addr NULL).
+ * @retval -EAGAIN   Before kvx_engine_start() returned 0.
+ * @par Thread safety  Application thread. @par Context  Control path.
+ */
+KVX_API int kvx_engine_metrics_addr(const struct kvx_engine *e, char *buf, size_t len);
 
 /**
  * Transport provider this engine actually uses (DESIGN.md §3, `auto` rule).

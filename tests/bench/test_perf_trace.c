@@ -161,13 +161,14 @@ Test(bench_perf_trace, pool_smaller_than_concurrent_demand_still_completes, .ini
 	cr_assert(strstr(r.out, "verification           OK"), "%s", r.out);
 }
 
-Test(bench_perf_trace, request_larger_than_pool_is_a_usage_error, .init = setup, .fini = teardown)
+Test(bench_perf_trace, request_larger_than_pool_is_a_usage_error_with_oversize_error, .init = setup, .fini = teardown)
 {
 	struct run r;
 	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Tiny-GQA", "--trace", g_trace,
-			      "--pool-blocks", "50", "--quiet", NULL};
+			      "--pool-blocks", "50", "--oversize", "error", "--quiet", NULL};
 	run_trace(&r, args);
 	cr_assert_eq(r.status, 2, "exit %d\n%s", r.status, r.out);
+	cr_assert(strstr(r.err, ":1: request needs 63 blocks"), "%s", r.err);
 }
 
 Test(bench_perf_trace, malformed_trace_is_a_usage_error, .init = setup, .fini = teardown)

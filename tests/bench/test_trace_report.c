@@ -67,7 +67,8 @@ Test(bench_trace_report, summarize_counts_failures_and_throughput)
 	cr_assert_eq(s.prompt_tokens, 400);
 	cr_assert_eq(s.blocks, 28);
 	cr_assert_eq(s.hit_blocks, 8);
-	cr_assert_eq(s.xfer_blocks, 20);
+	cr_assert_eq(s.xfer_blocks, 15, "the failed request's blocks are not counted as transferred");
+	cr_assert_eq(s.lost_blocks, 5);
 	cr_assert_eq(s.bytes, 4000000000ull, "failed request's bytes are not counted");
 	cr_assert_float_eq(s.wall_s, 1.0, 1e-12);
 	cr_assert_float_eq(s.gbps, 4.0, 1e-9);
@@ -117,7 +118,8 @@ Test(bench_trace_report, summary_ok_when_no_failures)
 	cr_assert_eq(perf_trace_summarize(r, 1, &s), 0);
 	struct perf_trace_run_info info = {.model = "m", .layout = "MLA latent", .trace = "t",
 					   .mode = "READ", .transport = "shm", .block_tokens = 16};
-	struct perf_trace_counters c = {.lcore_util = {0.25, 0.75}, .ctl_sent = 3, .ctl_recv = 3,
+	struct perf_trace_counters c = {.lcore_util = {0.25, 0.75}, .reported = {true, true},
+					.ctl_reported = {true, true}, .ctl_sent = 3, .ctl_recv = 3,
 					.verify_enabled = true};
 	char path[] = "/tmp/kvx_report_XXXXXX";
 	int fd = mkstemp(path);
@@ -128,7 +130,36 @@ Test(bench_trace_report, summary_ok_when_no_failures)
 	unlink(path);
 	cr_assert(strstr(txt, "failures               0\n"), "%s", txt);
 	cr_assert(strstr(txt, "verification           OK"), "%s", txt);
-	cr_assert(strstr(txt, "sent 3  received 3  dropped 0"), "%s", txt);
+	cr_assert(strstr(txt, "sent 3  received 3  dropped 0\n"), "%s", txt);
+	cr_assert(strstr(txt, "blocks                 7 (prefix hits 2, transferred 5)\n"), "%s", txt);
+}
+
+Test(bench_trace_report, one_side_missing_is_named_not_summed_as_na)
+{
+	struct perf_trace_rec r[2] = {mk(0, 0, 10, 100, 0), mk(1, 1, 0, 100, -ECONNRESET)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 2, &s), 0);
+	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t",
+					   .mode = "WRITE", .transport = "tcp", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {0.5, -1}, .reported = {true, false},
+					.ctl_reported = {true, false}, .ctl_sent = 4, .ctl_recv = 2};
+	char *txt = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&txt, &len);
+	perf_trace_print_summary(f, &info, &s, &c, r, 2);
+	fclose(f);
+	cr_assert(strstr(txt, "blocks                 14 (prefix hits 4, transferred 5, not transferred 5 "
+			      "(failed requests))\n"), "%s", txt);
+	cr_assert(strstr(txt, "sent 4  received 2  dropped 0 (producer only: the consumer process did not "
+			      "report (died or was killed?))\n"), "%s", txt);
+	free(txt);
+	/* Neither side: n/a with the reason. */
+	c.reported[0] = c.ctl_reported[0] = false;
+	f = open_memstream(&txt, &len);
+	perf_trace_print_summary(f, &info, &s, &c, r, 2);
+	fclose(f);
+	cr_assert(strstr(txt, "control messages       n/a (neither role process reported its counters)\n"), "%s", txt);
+	free(txt);
 }
 
 Test(bench_trace_report, nothing_completed_prints_na_not_zero)
