@@ -236,6 +236,7 @@ struct kvx_engine {
 	char transport[16];
 	char lcores[128];
 	char proxy[128], http[128];
+	char auth_dir[1024]; /* copy of p.auth_dir (issue 17) */
 	bool started, stopped;
 	uint32_t n_layers;
 	struct layer layers[KVX_ENGINE_MAX_LAYERS];
@@ -392,6 +393,11 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		free(e);
 		return bad(err, errlen, "proxy_addr/http_addr", "longer than 127 bytes");
 	}
+	if (copy_str(e->auth_dir, sizeof(e->auth_dir), p->auth_dir)) {
+		free(e);
+		return bad(err, errlen, "auth_dir", "longer than 1023 bytes");
+	}
+	e->p.auth_dir = e->auth_dir[0] ? e->auth_dir : NULL;
 	e->p.host = e->host;
 	e->p.transport = e->transport;
 	e->p.lcores = e->lcores[0] ? e->lcores : NULL;
@@ -2203,6 +2209,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		.on_connect = on_connect,
 		.connect_arg = e,
 		.max_inboxes = e->n_po + 1 > 16 ? e->n_po + 1 : 0,
+		.auth_dir = e->p.auth_dir,
 	};
 	if ((rc = kvx_ctl_create(&cp, &e->ctl)))
 		return rc;

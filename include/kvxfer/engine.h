@@ -168,6 +168,14 @@ struct kvx_engine_params {
 	uint32_t max_blocks;           /**< Most blocks in one transfer, 1..2^24 (default 8192);
 	                                    2 x max_blocks x 4 bytes of block-id space reserved per
 	                                    transfer object. */
+	const char *auth_dir;          /**< CURVE authentication of the handshake, notify and proxy
+	                                    sockets (issue 17): a directory made by `kvxfer-perf keygen
+	                                    DIR` (DIR/engine.key_secret = this engine's key pair,
+	                                    DIR/allowed/*.key = public keys of the peers allowed to
+	                                    connect; allowed/HOST.key or the only key there is the key
+	                                    expected when dialling HOST). Peers must use it too.
+	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
+	                                    warning is logged when the ports are not loopback-only. */
 };
 
 /** A KV layer to register (PROTOCOL.md §4.1). */
