@@ -171,7 +171,7 @@ struct kvx_engine_params {
 	const char *auth_dir;          /**< CURVE authentication of the handshake, notify and proxy
 	                                    sockets (issue 17): a directory made by `kvxfer-perf keygen
 	                                    DIR` (DIR/engine.key_secret = this engine's key pair,
-	                                    DIR/allowed/*.key = public keys of the peers allowed to
+	                                    DIR/allowed/NAME.key = public keys of the peers allowed to
 	                                    connect; allowed/HOST.key or the only key there is the key
 	                                    expected when dialling HOST). Peers must use it too.
 	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
