@@ -13,4 +13,5 @@ int kvx_perf_bw_main(int argc, char **argv) __attribute__((weak));
 int kvx_perf_lat_main(int argc, char **argv) __attribute__((weak));
 int kvx_perf_plan_main(int argc, char **argv) __attribute__((weak));
 int kvx_perf_trace_main(int argc, char **argv) __attribute__((weak));
+int kvx_perf_keygen_main(int argc, char **argv) __attribute__((weak));
 #endif

@@ -38,6 +38,7 @@ struct nopts {
 	uint64_t hs_iters; /* handshakes per layer count */
 	uint64_t busy_poll_us; /* kvx_ctl_params.busy_poll_us of both control lcores */
 	const char *json;
+	const char *auth_dir; /* --auth-dir: also measure CURVE-authenticated control lcores */
 };
 
 /* CPU time of the whole calling process (all its threads), ns. */
@@ -123,7 +124,7 @@ static void *tcp_echo_thread(void *arg)
 }
 
 static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg,
-				     uint32_t busy_poll_us)
+				     uint32_t busy_poll_us, const char *auth_dir)
 {
 	struct kvx_ctl_params p;
 	memset(&p, 0, sizeof(p));
@@ -138,6 +139,7 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 	p.on_connect = echo_connect;
 	p.inbox_slots = 4096;
 	p.busy_poll_us = busy_poll_us;
+	p.auth_dir = auth_dir;
 	struct kvx_ctl *c = NULL;
 	if (kvx_ctl_create(&p, &c))
 		return NULL;
@@ -183,27 +185,35 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 	return c;
 }
 
-/* Child: report 4 ports on `up`, read the parent's notify port from `down`, run until EOF. */
-static int child_main(int up, int down, uint32_t busy_poll_us)
+/* Child: report 6 ports on `up` (plain echo hs/notify, 64-layer hs, TCP echo, CURVE echo
+ * hs/notify or 0), read the parent's notify ports from `down`, run until EOF. */
+static int child_main(int up, int down, uint32_t busy_poll_us, const char *auth_dir)
 {
-	struct echo e;
+	struct echo e, ea;
 	memset(&e, 0, sizeof(e));
-	e.ctl = make_listener(1, echo_cb, &e, busy_poll_us);
-	struct kvx_ctl *l64 = make_listener(64, NULL, NULL, 0);
+	memset(&ea, 0, sizeof(ea));
+	e.ctl = make_listener(1, echo_cb, &e, busy_poll_us, NULL);
+	struct kvx_ctl *l64 = make_listener(64, NULL, NULL, 0, NULL);
 	uint16_t tport = 0;
 	int ls = tcp_listen(&tport);
 	if (!e.ctl || !l64 || ls < 0 || kvx_ctl_inbox_open(e.ctl, &e.ib))
 		return 1;
+	if (auth_dir && (!(ea.ctl = make_listener(1, echo_cb, &ea, busy_poll_us, auth_dir)) ||
+			 kvx_ctl_inbox_open(ea.ctl, &ea.ib)))
+		return 1;
 	pthread_t t;
 	pthread_create(&t, NULL, tcp_echo_thread, (void *)(intptr_t)ls);
-	uint16_t ports[4];
+	uint16_t ports[6] = {0};
 	kvx_ctl_bound_ports(e.ctl, &ports[0], &ports[1]);
 	kvx_ctl_bound_ports(l64, &ports[2], NULL);
 	ports[3] = tport;
-	uint16_t pp;
-	if (full_io(up, ports, sizeof(ports), 1) || full_io(down, &pp, sizeof(pp), 0))
+	if (ea.ctl)
+		kvx_ctl_bound_ports(ea.ctl, &ports[4], &ports[5]);
+	uint16_t pp[2];
+	if (full_io(up, ports, sizeof(ports), 1) || full_io(down, pp, sizeof(pp), 0))
 		return 1;
-	atomic_store_explicit(&e.peer_port, pp, memory_order_release);
+	atomic_store_explicit(&e.peer_port, pp[0], memory_order_release);
+	atomic_store_explicit(&ea.peer_port, pp[1], memory_order_release);
 	char x;
 	while (read(down, &x, 1) > 0)
 		;
@@ -211,6 +221,11 @@ static int child_main(int up, int down, uint32_t busy_poll_us)
 	kvx_ctl_inbox_close(e.ib);
 	kvx_ctl_destroy(e.ctl);
 	kvx_ctl_destroy(l64);
+	if (ea.ctl) {
+		kvx_ctl_stop(ea.ctl);
+		kvx_ctl_inbox_close(ea.ib);
+		kvx_ctl_destroy(ea.ctl);
+	}
 	close(ls);
 	pthread_join(t, NULL);
 	return 0;
@@ -331,13 +346,16 @@ static int parse(int argc, char **argv, struct nopts *o)
 		int r;
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			printf("usage: kvxfer-perf notify [--iters N] [--msgs N] [--window N] "
-			       "[--hs-iters N] [--busy-poll US] [--json FILE]\n"
+			       "[--hs-iters N] [--busy-poll US] [--auth-dir DIR] [--json FILE]\n"
 			       "  --iters     round-trip samples (default 20000)\n"
 			       "  --msgs      messages for the throughput run (default 200000)\n"
 			       "  --window    in-flight notifications in the throughput run (default 256)\n"
 			       "  --hs-iters  handshakes per layer count, 1 and 64 layers (default 200)\n"
 			       "  --busy-poll both control lcores keep polling this long after the last\n"
 			       "              activity before sleeping, us (default 0: sleep at once)\n"
+			       "  --auth-dir  also measure RTT and handshakes between CURVE-authenticated\n"
+			       "              control lcores (both sides use DIR's key pair, so DIR/allowed/\n"
+			       "              must hold DIR/engine.key) and print the auth/plain ratios\n"
 			       "  --json      also write the figures to FILE\n");
 			return 1;
 		}
@@ -355,7 +373,12 @@ static int parse(int argc, char **argv, struct nopts *o)
 				goto bad;
 			continue;
 		}
-		else if ((r = perf_opt_value(argc, argv, &i, "--json", &v)) != 0) {
+		else if ((r = perf_opt_value(argc, argv, &i, "--auth-dir", &v)) != 0) {
+			if (r < 0)
+				goto bad;
+			o->auth_dir = v;
+			continue;
+		} else if ((r = perf_opt_value(argc, argv, &i, "--json", &v)) != 0) {
 			if (r < 0)
 				goto bad;
 			o->json = v;
@@ -392,12 +415,12 @@ int kvx_perf_notify_main(int argc, char **argv)
 	if (pid == 0) {
 		close(up[0]);
 		close(down[1]);
-		_exit(child_main(up[1], down[0], (uint32_t)o.busy_poll_us));
+		_exit(child_main(up[1], down[0], (uint32_t)o.busy_poll_us, o.auth_dir));
 	}
 	close(up[1]);
 	close(down[0]);
 	int ret = 1;
-	uint16_t ports[4];
+	uint16_t ports[6];
 	if (full_io(up[0], ports, sizeof(ports), 0)) {
 		fprintf(stderr, "kvxfer-perf notify: echo process failed to start\n");
 		goto out_child;
@@ -412,22 +435,34 @@ int kvx_perf_notify_main(int argc, char **argv)
 	p.on_notify = count_cb;
 	p.inbox_slots = 4096;
 	p.busy_poll_us = (uint32_t)o.busy_poll_us;
-	struct kvx_ctl *ctl = NULL;
-	struct kvx_ctl_inbox *ib = NULL;
+	struct kvx_ctl *ctl = NULL, *actl = NULL;
+	struct kvx_ctl_inbox *ib = NULL, *aib = NULL;
 	if (kvx_ctl_create(&p, &ctl) || kvx_ctl_start(ctl) || kvx_ctl_inbox_open(ctl, &ib)) {
 		fprintf(stderr, "kvxfer-perf notify: cannot start the control lcore\n");
 		goto out_ctl;
 	}
-	uint16_t my_nt;
-	kvx_ctl_bound_ports(ctl, NULL, &my_nt);
-	if (full_io(down[1], &my_nt, sizeof(my_nt), 1))
+	uint16_t my_nt[2] = {0, 0};
+	if (o.auth_dir) {
+		p.auth_dir = o.auth_dir;
+		if (kvx_ctl_create(&p, &actl) || kvx_ctl_start(actl) ||
+		    kvx_ctl_inbox_open(actl, &aib)) {
+			fprintf(stderr, "kvxfer-perf notify: cannot start the authenticated control "
+					"lcore (--auth-dir %s)\n", o.auth_dir);
+			goto out_ctl;
+		}
+		kvx_ctl_bound_ports(actl, NULL, &my_nt[1]);
+	}
+	kvx_ctl_bound_ports(ctl, NULL, &my_nt[0]);
+	if (full_io(down[1], my_nt, sizeof(my_nt), 1))
 		goto out_ctl;
 
 	uint64_t *rtt = calloc(o.iters, sizeof(uint64_t));
 	uint64_t *trtt = calloc(o.iters, sizeof(uint64_t));
 	uint64_t *hs1 = calloc(o.hs_iters, sizeof(uint64_t));
 	uint64_t *hs64 = calloc(o.hs_iters, sizeof(uint64_t));
-	if (!rtt || !trtt || !hs1 || !hs64)
+	uint64_t *artt = calloc(o.iters, sizeof(uint64_t));
+	uint64_t *ahs1 = calloc(o.hs_iters, sizeof(uint64_t));
+	if (!rtt || !trtt || !hs1 || !hs64 || !artt || !ahs1)
 		goto out_mem;
 	struct kvx_msg_notify m;
 	memset(&m, 0, sizeof(m));
@@ -500,12 +535,37 @@ int kvx_perf_notify_main(int argc, char **argv)
 	if (run_handshakes(ib, ports[0], o.hs_iters, hs1) ||
 	    run_handshakes(ib, ports[2], o.hs_iters, hs64))
 		goto out_tcp;
+	/* Same session, CURVE on both sides (--auth-dir): RTT and 1-layer handshakes. */
+	struct perf_stats s_artt, s_ahs1;
+	if (aib) {
+		for (int i = 0; i < 100; i++) { /* warm-up: CURVE handshakes of both DEALERs */
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-awarm-%d", i);
+			while (kvx_ctl_send_notify(aib, "127.0.0.1", ports[5], &m) == -ENOBUFS)
+				sched_yield();
+			wait_rx(++sent);
+		}
+		for (uint64_t i = 0; i < o.iters; i++) {
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-a-%llu",
+				 (unsigned long long)i);
+			uint64_t a0 = kvx_now_ns();
+			while (kvx_ctl_send_notify(aib, "127.0.0.1", ports[5], &m) == -ENOBUFS)
+				sched_yield();
+			wait_rx(++sent);
+			artt[i] = kvx_now_ns() - a0;
+		}
+		if (run_handshakes(aib, ports[4], o.hs_iters, ahs1))
+			goto out_tcp;
+	}
 
 	struct perf_stats s_rtt, s_trtt, s_hs1, s_hs64;
 	perf_stats_u64(rtt, o.iters, &s_rtt);
 	perf_stats_u64(trtt, o.iters, &s_trtt);
 	perf_stats_u64(hs1, o.hs_iters, &s_hs1);
 	perf_stats_u64(hs64, o.hs_iters, &s_hs64);
+	if (aib) {
+		perf_stats_u64(artt, o.iters, &s_artt);
+		perf_stats_u64(ahs1, o.hs_iters, &s_ahs1);
+	}
 	char cpu[128];
 	perf_cpu_model(cpu, sizeof(cpu));
 	printf("kvxfer-perf notify: 2 processes on loopback, unpinned (%ld online CPUs, %s)\n",
@@ -528,6 +588,15 @@ int kvx_perf_notify_main(int argc, char **argv)
 	printf("handshake (get_meta_msg + metadata + region map + 64 B connection setup):\n");
 	print_stats("1 layer", &s_hs1);
 	print_stats("64 layers", &s_hs64);
+	if (aib) {
+		printf("with CURVE authentication (--auth-dir %s), same session:\n", o.auth_dir);
+		print_stats("notify RTT, CURVE", &s_artt);
+		print_stats("handshake 1 layer, CURVE", &s_ahs1);
+		printf("  ratio CURVE/plain: notify RTT p50 %.2f p99 %.2f, handshake p50 %.2f "
+		       "p99 %.2f\n", (double)s_artt.p50 / (double)s_rtt.p50,
+		       (double)s_artt.p99 / (double)s_rtt.p99,
+		       (double)s_ahs1.p50 / (double)s_hs1.p50, (double)s_ahs1.p99 / (double)s_hs1.p99);
+	}
 	ret = 0;
 	if (o.json) {
 		struct perf_json j;
@@ -555,6 +624,14 @@ int kvx_perf_notify_main(int argc, char **argv)
 			perf_json_double(&j, "msgs_ratio", msgs_s / tcp_msgs_s);
 			json_us(&j, "handshake_1_layer", &s_hs1);
 			json_us(&j, "handshake_64_layers", &s_hs64);
+			if (aib) {
+				json_us(&j, "notify_rtt_curve", &s_artt);
+				json_us(&j, "handshake_1_layer_curve", &s_ahs1);
+				perf_json_double(&j, "curve_rtt_ratio_p50",
+						 (double)s_artt.p50 / (double)s_rtt.p50);
+				perf_json_double(&j, "curve_handshake_ratio_p50",
+						 (double)s_ahs1.p50 / (double)s_hs1.p50);
+			}
 			if (perf_json_close(&j))
 				ret = 1;
 		}
@@ -566,9 +643,14 @@ out_mem:
 	free(trtt);
 	free(hs1);
 	free(hs64);
+	free(artt);
+	free(ahs1);
 out_ctl:
 	kvx_ctl_inbox_close(ib);
 	kvx_ctl_destroy(ctl);
+	if (aib)
+		kvx_ctl_inbox_close(aib);
+	kvx_ctl_destroy(actl);
 out_child:
 	close(down[1]);
 	close(up[0]);

@@ -73,7 +73,10 @@ static void usage(FILE *f)
 "  --quiet              no progress line\n"
 "  --mem host|hip[:DEVICE]|hostdev  KV pool memory (default host); device pools are filled and\n"
 "                       verified through kvx_mem copies; refused up front when the provider's\n"
-"                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n",
+"                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n"
+"  --auth-dir DIR       CURVE-authenticate both engines' handshake and notify sockets with the\n"
+"                       key pair and allowed/ peer keys in DIR (kvxfer-perf keygen DIR); with\n"
+"                       --local both engines use DIR, so DIR/allowed/ must hold DIR/engine.key\n",
 		DEFAULT_PORT);
 }
 
@@ -81,7 +84,7 @@ enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
-	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM,
+	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_AUTH_DIR,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -179,6 +182,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"ctl-fd", required_argument, 0, OPT_CTL_FD},
 		{"max-blocks", required_argument, 0, OPT_MAX_BLOCKS},
 		{"mem", required_argument, 0, OPT_MEM},
+		{"auth-dir", required_argument, 0, OPT_AUTH_DIR},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -219,6 +223,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			break;
 		}
 		case OPT_MODELS_CSV: o->models_csv = optarg; break;
+		case OPT_AUTH_DIR: o->auth_dir = optarg; break;
 		case OPT_TRACE: o->trace = optarg; break;
 		case OPT_REQUESTS:
 			if (parse_u64("--requests", optarg, 0, UINT32_MAX, &o->requests))

@@ -64,6 +64,7 @@ struct trace_opts {
 	uint32_t timeout_ms;      /**< --timeout-ms: per-transfer deadline, ms. */
 	bool quiet;               /**< --quiet: no progress line. */
 	const char *mem;          /**< --mem host|hip[:N]|hostdev: KV pool memory; NULL = host. */
+	const char *auth_dir;     /**< --auth-dir DIR: kvx_engine_params.auth_dir of the engines; NULL = unauthenticated. */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */
