@@ -195,7 +195,7 @@ void ctl_auth_free(struct kvx_ctl *ctl)
 	if (!ctl->auth)
 		return;
 	free(ctl->auth->allowed);
-	memset(ctl->auth->sec, 0, sizeof(ctl->auth->sec));
+	explicit_bzero(ctl->auth->sec, sizeof(ctl->auth->sec));
 	free(ctl->auth);
 	ctl->auth = NULL;
 }
@@ -494,6 +494,6 @@ int kvx_ctl_auth_keygen(const char *dir)
 	int rc = write_cert(p, 0600, pub, sec);
 	snprintf(p, sizeof(p), "%s/engine.key", dir);
 	rc = rc ? rc : write_cert(p, 0644, pub, NULL);
-	memset(sec, 0, sizeof(sec));
+	explicit_bzero(sec, sizeof(sec));
 	return rc;
 }
