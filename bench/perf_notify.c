@@ -67,8 +67,10 @@ static void echo_cb(void *arg, const struct kvx_msg_notify *m)
 	uint16_t port = (uint16_t)atomic_load_explicit(&e->peer_port, memory_order_acquire);
 	/* This runs on the echo control thread, the consumer of e->ib: never wait for space
 	 * here. The parent's window (<= 2048) is below the inbox size (4096), so it fits. */
-	if (kvx_ctl_send_notify(e->ib, "127.0.0.1", port, &r))
-		fprintf(stderr, "kvxfer-perf notify: echo inbox full, reply lost\n");
+	int rc = kvx_ctl_send_notify(e->ib, "127.0.0.1", port, &r);
+	if (rc)
+		fprintf(stderr, "kvxfer-perf notify: echo reply to port %u lost: %s\n", port,
+			kvx_strerror(rc));
 }
 
 static int echo_connect(void *arg, const uint8_t *a, size_t la, uint8_t *b, size_t *lb)
@@ -214,6 +216,10 @@ static int child_main(int up, int down, uint32_t busy_poll_us, const char *auth_
 		return 1;
 	atomic_store_explicit(&e.peer_port, pp[0], memory_order_release);
 	atomic_store_explicit(&ea.peer_port, pp[1], memory_order_release);
+	/* Only now may the parent send: an echo before the store would go to port 0. */
+	char ok = 1;
+	if (full_io(up, &ok, 1, 1))
+		return 1;
 	char x;
 	while (read(down, &x, 1) > 0)
 		;
@@ -453,7 +459,8 @@ int kvx_perf_notify_main(int argc, char **argv)
 		kvx_ctl_bound_ports(actl, NULL, &my_nt[1]);
 	}
 	kvx_ctl_bound_ports(ctl, NULL, &my_nt[0]);
-	if (full_io(down[1], my_nt, sizeof(my_nt), 1))
+	char ok;
+	if (full_io(down[1], my_nt, sizeof(my_nt), 1) || full_io(up[0], &ok, 1, 0))
 		goto out_ctl;
 
 	uint64_t *rtt = calloc(o.iters, sizeof(uint64_t));
