@@ -63,6 +63,7 @@ int main(int argc, char **argv)
 		{"plan", kvx_perf_plan_main, "time to plan block offsets for a model's KV layout"},
 		{"trace", kvx_perf_trace_main, "replay a real request trace with a real model's KV layout"},
 		{"idle", kvx_perf_idle_main, "CPU of an idle engine and first-post latency from idle"},
+		{"keygen", kvx_perf_keygen_main, "create an --auth-dir: CURVE key pair + allowed/ (issue 17)"},
 	};
 	size_t n = sizeof(cmds) / sizeof(cmds[0]);
 	if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {

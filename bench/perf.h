@@ -14,4 +14,5 @@ int kvx_perf_lat_main(int argc, char **argv) __attribute__((weak));
 int kvx_perf_plan_main(int argc, char **argv) __attribute__((weak));
 int kvx_perf_trace_main(int argc, char **argv) __attribute__((weak));
 int kvx_perf_idle_main(int argc, char **argv) __attribute__((weak));
+int kvx_perf_keygen_main(int argc, char **argv) __attribute__((weak));
 #endif

@@ -45,6 +45,7 @@ struct nopts {
 	uint64_t hs_iters; /* handshakes per layer count */
 	uint64_t busy_poll_us; /* kvx_ctl_params.busy_poll_us of both control lcores */
 	const char *json;
+	const char *auth_dir; /* --auth-dir: also measure CURVE-authenticated control lcores */
 };
 
 /* CPU time of the whole calling process (all its threads), ns. */
@@ -73,8 +74,10 @@ static void echo_cb(void *arg, const struct kvx_msg_notify *m)
 	uint16_t port = (uint16_t)atomic_load_explicit(&e->peer_port, memory_order_acquire);
 	/* This runs on the echo control thread, the consumer of e->ib: never wait for space
 	 * here. The parent's window (<= 2048) is below the inbox size (4096), so it fits. */
-	if (kvx_ctl_send_notify(e->ib, "127.0.0.1", port, &r))
-		fprintf(stderr, "kvxfer-perf notify: echo inbox full, reply lost\n");
+	int rc = kvx_ctl_send_notify(e->ib, "127.0.0.1", port, &r);
+	if (rc)
+		fprintf(stderr, "kvxfer-perf notify: echo reply to port %u lost: %s\n", port,
+			kvx_strerror(rc));
 }
 
 static int echo_connect(void *arg, const uint8_t *a, size_t la, uint8_t *b, size_t *lb)
@@ -170,7 +173,7 @@ static void *zecho_thread(void *arg)
 }
 
 static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg,
-				     uint32_t busy_poll_us)
+				     uint32_t busy_poll_us, const char *auth_dir)
 {
 	struct kvx_ctl_params p;
 	memset(&p, 0, sizeof(p));
@@ -185,6 +188,7 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 	p.on_connect = echo_connect;
 	p.inbox_slots = 4096;
 	p.busy_poll_us = busy_poll_us;
+	p.auth_dir = auth_dir;
 	struct kvx_ctl *c = NULL;
 	if (kvx_ctl_create(&p, &c))
 		return NULL;
@@ -230,16 +234,21 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 	return c;
 }
 
-/* Child: report 4 ports on `up`, read the parent's notify port from `down`, run until EOF. */
-static int child_main(int up, int down, uint32_t busy_poll_us)
+/* Child: report 6 ports on `up` (plain echo hs/notify, 64-layer hs, TCP echo, CURVE echo
+ * hs/notify or 0), read the parent's notify ports from `down`, run until EOF. */
+static int child_main(int up, int down, uint32_t busy_poll_us, const char *auth_dir)
 {
-	struct echo e;
+	struct echo e, ea;
 	memset(&e, 0, sizeof(e));
-	e.ctl = make_listener(1, echo_cb, &e, busy_poll_us);
-	struct kvx_ctl *l64 = make_listener(64, NULL, NULL, 0);
+	memset(&ea, 0, sizeof(ea));
+	e.ctl = make_listener(1, echo_cb, &e, busy_poll_us, NULL);
+	struct kvx_ctl *l64 = make_listener(64, NULL, NULL, 0, NULL);
 	uint16_t tport = 0;
 	int ls = tcp_listen(&tport);
 	if (!e.ctl || !l64 || ls < 0 || kvx_ctl_inbox_open(e.ctl, &e.ib))
+		return 1;
+	if (auth_dir && (!(ea.ctl = make_listener(1, echo_cb, &ea, busy_poll_us, auth_dir)) ||
+			 kvx_ctl_inbox_open(ea.ctl, &ea.ib)))
 		return 1;
 	struct zecho z = {0};
 	if (zecho_open(&z))
@@ -247,15 +256,24 @@ static int child_main(int up, int down, uint32_t busy_poll_us)
 	pthread_t t, zt;
 	pthread_create(&t, NULL, tcp_echo_thread, (void *)(intptr_t)ls);
 	pthread_create(&zt, NULL, zecho_thread, &z);
-	uint16_t ports[5];
+	/* [0] handshake, [1] notify, [2] 64-layer handshake, [3] tcp echo, [4] ZMQ echo,
+	 * [5] authenticated handshake, [6] authenticated notify (0 without --auth-dir). */
+	uint16_t ports[7] = {0};
 	kvx_ctl_bound_ports(e.ctl, &ports[0], &ports[1]);
 	kvx_ctl_bound_ports(l64, &ports[2], NULL);
 	ports[3] = tport;
 	ports[4] = z.port;
-	uint16_t pp;
-	if (full_io(up, ports, sizeof(ports), 1) || full_io(down, &pp, sizeof(pp), 0))
+	if (ea.ctl)
+		kvx_ctl_bound_ports(ea.ctl, &ports[5], &ports[6]);
+	uint16_t pp[2];
+	if (full_io(up, ports, sizeof(ports), 1) || full_io(down, pp, sizeof(pp), 0))
 		return 1;
-	atomic_store_explicit(&e.peer_port, pp, memory_order_release);
+	atomic_store_explicit(&e.peer_port, pp[0], memory_order_release);
+	atomic_store_explicit(&ea.peer_port, pp[1], memory_order_release);
+	/* Only now may the parent send: an echo before the store would go to port 0. */
+	char ok = 1;
+	if (full_io(up, &ok, 1, 1))
+		return 1;
 	char x;
 	while (read(down, &x, 1) > 0)
 		;
@@ -263,6 +281,11 @@ static int child_main(int up, int down, uint32_t busy_poll_us)
 	kvx_ctl_inbox_close(e.ib);
 	kvx_ctl_destroy(e.ctl);
 	kvx_ctl_destroy(l64);
+	if (ea.ctl) {
+		kvx_ctl_stop(ea.ctl);
+		kvx_ctl_inbox_close(ea.ib);
+		kvx_ctl_destroy(ea.ctl);
+	}
 	close(ls);
 	pthread_join(t, NULL);
 	zmq_ctx_shutdown(z.ctx); /* the echo's blocking receive returns ETERM */
@@ -386,13 +409,16 @@ static int parse(int argc, char **argv, struct nopts *o)
 		int r;
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			printf("usage: kvxfer-perf notify [--iters N] [--msgs N] [--window N] "
-			       "[--hs-iters N] [--busy-poll US] [--json FILE]\n"
+			       "[--hs-iters N] [--busy-poll US] [--auth-dir DIR] [--json FILE]\n"
 			       "  --iters     round-trip samples (default 20000)\n"
 			       "  --msgs      messages for the throughput run (default 200000)\n"
 			       "  --window    in-flight notifications in the throughput run (default 256)\n"
 			       "  --hs-iters  handshakes per layer count, 1 and 64 layers (default 200)\n"
 			       "  --busy-poll both control lcores keep polling this long after the last\n"
 			       "              activity before sleeping, us (default 0: sleep at once)\n"
+			       "  --auth-dir  also measure RTT and handshakes between CURVE-authenticated\n"
+			       "              control lcores (both sides use DIR's key pair, so DIR/allowed/\n"
+			       "              must hold DIR/engine.key) and print the auth/plain ratios\n"
 			       "  --json      also write the figures to FILE\n");
 			return 1;
 		}
@@ -410,7 +436,12 @@ static int parse(int argc, char **argv, struct nopts *o)
 				goto bad;
 			continue;
 		}
-		else if ((r = perf_opt_value(argc, argv, &i, "--json", &v)) != 0) {
+		else if ((r = perf_opt_value(argc, argv, &i, "--auth-dir", &v)) != 0) {
+			if (r < 0)
+				goto bad;
+			o->auth_dir = v;
+			continue;
+		} else if ((r = perf_opt_value(argc, argv, &i, "--json", &v)) != 0) {
 			if (r < 0)
 				goto bad;
 			o->json = v;
@@ -447,12 +478,12 @@ int kvx_perf_notify_main(int argc, char **argv)
 	if (pid == 0) {
 		close(up[0]);
 		close(down[1]);
-		_exit(child_main(up[1], down[0], (uint32_t)o.busy_poll_us));
+		_exit(child_main(up[1], down[0], (uint32_t)o.busy_poll_us, o.auth_dir));
 	}
 	close(up[1]);
 	close(down[0]);
 	int ret = 1;
-	uint16_t ports[5];
+	uint16_t ports[7];
 	if (full_io(up[0], ports, sizeof(ports), 0)) {
 		fprintf(stderr, "kvxfer-perf notify: echo process failed to start\n");
 		goto out_child;
@@ -467,15 +498,26 @@ int kvx_perf_notify_main(int argc, char **argv)
 	p.on_notify = count_cb;
 	p.inbox_slots = 4096;
 	p.busy_poll_us = (uint32_t)o.busy_poll_us;
-	struct kvx_ctl *ctl = NULL;
-	struct kvx_ctl_inbox *ib = NULL;
+	struct kvx_ctl *ctl = NULL, *actl = NULL;
+	struct kvx_ctl_inbox *ib = NULL, *aib = NULL;
 	if (kvx_ctl_create(&p, &ctl) || kvx_ctl_start(ctl) || kvx_ctl_inbox_open(ctl, &ib)) {
 		fprintf(stderr, "kvxfer-perf notify: cannot start the control lcore\n");
 		goto out_ctl;
 	}
-	uint16_t my_nt;
-	kvx_ctl_bound_ports(ctl, NULL, &my_nt);
-	if (full_io(down[1], &my_nt, sizeof(my_nt), 1))
+	uint16_t my_nt[2] = {0, 0};
+	if (o.auth_dir) {
+		p.auth_dir = o.auth_dir;
+		if (kvx_ctl_create(&p, &actl) || kvx_ctl_start(actl) ||
+		    kvx_ctl_inbox_open(actl, &aib)) {
+			fprintf(stderr, "kvxfer-perf notify: cannot start the authenticated control "
+					"lcore (--auth-dir %s)\n", o.auth_dir);
+			goto out_ctl;
+		}
+		kvx_ctl_bound_ports(actl, NULL, &my_nt[1]);
+	}
+	kvx_ctl_bound_ports(ctl, NULL, &my_nt[0]);
+	char ok;
+	if (full_io(down[1], my_nt, sizeof(my_nt), 1) || full_io(up[0], &ok, 1, 0))
 		goto out_ctl;
 
 	uint64_t *rtt = calloc(o.iters, sizeof(uint64_t));
@@ -484,7 +526,9 @@ int kvx_perf_notify_main(int argc, char **argv)
 	void *zctx = NULL, *zd = NULL;
 	uint64_t *hs1 = calloc(o.hs_iters, sizeof(uint64_t));
 	uint64_t *hs64 = calloc(o.hs_iters, sizeof(uint64_t));
-	if (!rtt || !trtt || !zrtt || !rtt_tmp || !hs1 || !hs64)
+	uint64_t *artt = calloc(o.iters, sizeof(uint64_t));
+	uint64_t *ahs1 = calloc(o.hs_iters, sizeof(uint64_t));
+	if (!rtt || !trtt || !zrtt || !rtt_tmp || !hs1 || !hs64 || !artt || !ahs1)
 		goto out_mem;
 	struct kvx_msg_notify m;
 	memset(&m, 0, sizeof(m));
@@ -606,6 +650,27 @@ int kvx_perf_notify_main(int argc, char **argv)
 	if (run_handshakes(ib, ports[0], o.hs_iters, hs1) ||
 	    run_handshakes(ib, ports[2], o.hs_iters, hs64))
 		goto out_tcp;
+	/* Same session, CURVE on both sides (--auth-dir): RTT and 1-layer handshakes. */
+	struct perf_stats s_artt, s_ahs1;
+	if (aib) {
+		for (int i = 0; i < 100; i++) { /* warm-up: CURVE handshakes of both DEALERs */
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-awarm-%d", i);
+			while (kvx_ctl_send_notify(aib, "127.0.0.1", ports[6], &m) == -ENOBUFS)
+				sched_yield();
+			wait_rx(++sent);
+		}
+		for (uint64_t i = 0; i < o.iters; i++) {
+			snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-a-%llu",
+				 (unsigned long long)i);
+			uint64_t a0 = kvx_now_ns();
+			while (kvx_ctl_send_notify(aib, "127.0.0.1", ports[6], &m) == -ENOBUFS)
+				sched_yield();
+			wait_rx(++sent);
+			artt[i] = kvx_now_ns() - a0;
+		}
+		if (run_handshakes(aib, ports[5], o.hs_iters, ahs1))
+			goto out_tcp;
+	}
 
 	struct perf_stats s_rtt, s_trtt, s_zrtt, s_hs1, s_hs64;
 	perf_stats_u64(rtt, o.iters, &s_rtt);
@@ -613,6 +678,10 @@ int kvx_perf_notify_main(int argc, char **argv)
 	perf_stats_u64(trtt, o.iters, &s_trtt);
 	perf_stats_u64(hs1, o.hs_iters, &s_hs1);
 	perf_stats_u64(hs64, o.hs_iters, &s_hs64);
+	if (aib) {
+		perf_stats_u64(artt, o.iters, &s_artt);
+		perf_stats_u64(ahs1, o.hs_iters, &s_ahs1);
+	}
 	char cpu[128];
 	perf_cpu_model(cpu, sizeof(cpu));
 	printf("kvxfer-perf notify: 2 processes on loopback, unpinned (%ld online CPUs, %s)\n",
@@ -642,6 +711,15 @@ int kvx_perf_notify_main(int argc, char **argv)
 	printf("handshake (get_meta_msg + metadata + region map + 64 B connection setup):\n");
 	print_stats("1 layer", &s_hs1);
 	print_stats("64 layers", &s_hs64);
+	if (aib) {
+		printf("with CURVE authentication (--auth-dir %s), same session:\n", o.auth_dir);
+		print_stats("notify RTT, CURVE", &s_artt);
+		print_stats("handshake 1 layer, CURVE", &s_ahs1);
+		printf("  ratio CURVE/plain: notify RTT p50 %.2f p99 %.2f, handshake p50 %.2f "
+		       "p99 %.2f\n", (double)s_artt.p50 / (double)s_rtt.p50,
+		       (double)s_artt.p99 / (double)s_rtt.p99,
+		       (double)s_ahs1.p50 / (double)s_hs1.p50, (double)s_ahs1.p99 / (double)s_hs1.p99);
+	}
 	ret = 0;
 	if (o.json) {
 		struct perf_json j;
@@ -676,6 +754,14 @@ int kvx_perf_notify_main(int argc, char **argv)
 			perf_json_double(&j, "msgs_ratio", msgs_s / tcp_msgs_s);
 			json_us(&j, "handshake_1_layer", &s_hs1);
 			json_us(&j, "handshake_64_layers", &s_hs64);
+			if (aib) {
+				json_us(&j, "notify_rtt_curve", &s_artt);
+				json_us(&j, "handshake_1_layer_curve", &s_ahs1);
+				perf_json_double(&j, "curve_rtt_ratio_p50",
+						 (double)s_artt.p50 / (double)s_rtt.p50);
+				perf_json_double(&j, "curve_handshake_ratio_p50",
+						 (double)s_ahs1.p50 / (double)s_hs1.p50);
+			}
 			if (perf_json_close(&j))
 				ret = 1;
 		}
@@ -694,9 +780,14 @@ out_mem:
 	free(rtt_tmp);
 	free(hs1);
 	free(hs64);
+	free(artt);
+	free(ahs1);
 out_ctl:
 	kvx_ctl_inbox_close(ib);
 	kvx_ctl_destroy(ctl);
+	if (aib)
+		kvx_ctl_inbox_close(aib);
+	kvx_ctl_destroy(actl);
 out_child:
 	close(down[1]);
 	close(up[0]);

@@ -88,7 +88,10 @@ static void usage(FILE *f)
 "  --quiet              no progress line\n"
 "  --mem host|hip[:DEVICE]|hostdev  KV pool memory (default host); device pools are filled and\n"
 "                       verified through kvx_mem copies; refused up front when the provider's\n"
-"                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n",
+"                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n"
+"  --auth-dir DIR       CURVE-authenticate both engines' handshake and notify sockets with the\n"
+"                       key pair and allowed/ peer keys in DIR (kvxfer-perf keygen DIR); with\n"
+"                       --local both engines use DIR, so DIR/allowed/ must hold DIR/engine.key\n",
 		perf_data_dir(), perf_data_dir(), DEFAULT_TRACE, DEFAULT_PORT);
 }
 
@@ -97,7 +100,7 @@ enum {
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
-	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV,
+	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -202,6 +205,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"runs", required_argument, 0, OPT_RUNS},
 		{"metrics", required_argument, 0, OPT_METRICS},
 		{"ib-dev", required_argument, 0, 'd'},
+		{"auth-dir", required_argument, 0, OPT_AUTH_DIR},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -281,6 +285,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			break;
 		}
 		case OPT_MODELS_CSV: o->models_csv = optarg; break;
+		case OPT_AUTH_DIR: o->auth_dir = optarg; break;
 		case OPT_TRACE: o->trace = optarg; break;
 		case OPT_REQUESTS:
 			if (parse_u64("--requests", optarg, 0, UINT32_MAX, &o->requests))

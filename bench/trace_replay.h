@@ -78,6 +78,7 @@ struct trace_opts {
 	uint32_t set;             /**< TRACE_SET_* bits: options given on the command line. */
 	const char *metrics;      /**< --metrics ADDR: the engine serves Prometheus /metrics there. */
 	const char *ib_dev;       /**< -d/--ib-dev: RDMA device of this host's engine (implies verbs). */
+	const char *auth_dir;     /**< --auth-dir DIR: kvx_engine_params.auth_dir of the engines; NULL = unauthenticated. */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
 	int ctl_fd;               /**< --ctl-fd: inherited driver channel. */

@@ -566,6 +566,7 @@ static int setup_engine(struct role *R)
 	p.defer_timeout_ms = 2 * o->timeout_ms;
 	p.max_transfers = (uint32_t)R->nrx + 16;
 	p.max_blocks = o->max_blocks ? o->max_blocks : (uint32_t)(R->nb < 65536 ? R->nb : 65536);
+	p.auth_dir = o->auth_dir;
 	int rc = kvx_engine_create(&p, &R->e, err, sizeof(err));
 	if (rc) {
 		fatal(R, "kvx_engine_create: %s: %s", kvx_strerror(rc), err);

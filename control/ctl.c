@@ -129,6 +129,11 @@ int kvx_ctl_create(const struct kvx_ctl_params *p, struct kvx_ctl **out)
 	ctl->p.bind_host = ctl->bind_host;
 	ctl->p.proxy_address = ctl->proxy;
 	ctl->p.http_address = ctl->http;
+	ctl->p.auth_dir = NULL; /* not kept: the keys are loaded here */
+	if (p->auth_dir && p->auth_dir[0] && (rc = ctl_auth_load(ctl, p->auth_dir))) {
+		free(ctl);
+		return rc;
+	}
 	if (!ctl->p.heartbeat_ms)
 		ctl->p.heartbeat_ms = KVX_CTL_DEFAULT_HEARTBEAT_MS;
 	if (!ctl->p.max_peers)
@@ -249,6 +254,11 @@ static int bind_router(struct kvx_ctl *ctl, void **out, uint16_t port, int64_t m
 		return -zmq_errno();
 	sock_common(s);
 	zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+	int arc = ctl_auth_server(ctl, s);
+	if (arc) {
+		zmq_close(s);
+		return arc;
+	}
 	char ep[KVX_CTL_HOST_MAX + 32];
 	const char *h = ctl->bind_host;
 	int v6 = strchr(h, ':') != NULL;
@@ -274,6 +284,18 @@ static int bind_router(struct kvx_ctl *ctl, void **out, uint16_t port, int64_t m
 	atomic_store(bound, c ? (uint32_t)atoi(c + 1) : port);
 	*out = s;
 	return 0;
+}
+
+/* One line at start: ports that anyone on the network can reach, without authentication. */
+static void warn_unauthenticated(const struct kvx_ctl *ctl)
+{
+	const char *h = ctl->bind_host;
+	if (ctl_auth_on(ctl) || !strncmp(h, "127.", 4) || !strcmp(h, "::1") ||
+	    !strcmp(h, "localhost"))
+		return;
+	kvx_log(KVX_LOG_WARN, "control: binding %s without authentication: anyone who reaches "
+		"these ports can read metadata and send notifications (set auth_dir / --auth-dir)",
+		!strcmp(h, "*") ? "all interfaces" : h);
 }
 
 static int ctl_loop_lcore(void *arg)
@@ -311,10 +333,13 @@ int kvx_ctl_start(struct kvx_ctl *ctl)
 	ctl->zctx = zmq_ctx_new();
 	if (!ctl->zctx)
 		return -ENOMEM;
-	rc = bind_router(ctl, &ctl->hs_router, hs, KVX_MSG_HS_REQ_MAX_BYTES, &ctl->hs_port,
+	warn_unauthenticated(ctl);
+	rc = ctl_auth_zap_bind(ctl); /* before the ROUTERs can accept */
+	rc = rc ? rc : bind_router(ctl, &ctl->hs_router, hs, KVX_MSG_HS_REQ_MAX_BYTES, &ctl->hs_port,
 			 "handshake");
 	rc = rc ? rc : bind_router(ctl, &ctl->nt_router, nt, KVX_MSG_NOTIFY_MAX_BYTES,
 				   &ctl->nt_port, "notify");
+	rc = rc ? rc : ctl_auth_monitor(ctl);
 	if (!rc && ctl->proxy[0] && ctl->p.global_rank == 0) {
 		struct kvx_msg_heartbeat h = {.role = ctl->p.role,
 					      .dp_size = ctl->p.dp_size,
@@ -333,7 +358,10 @@ int kvx_ctl_start(struct kvx_ctl *ctl)
 		snprintf(ep, sizeof(ep), v6 ? "tcp://[%.*s]:%s" : "tcp://%.*s:%s", hl, ctl->proxy,
 			 c + 1);
 		ctl->hb_dealer = n < 0 ? NULL : ctl_dealer_new(ctl, 4096);
-		if (n < 0 || !ctl->hb_dealer || zmq_connect(ctl->hb_dealer, ep)) {
+		char ph[KVX_CTL_HOST_MAX + 1];
+		snprintf(ph, sizeof(ph), "%.*s", hl, ctl->proxy);
+		if (n < 0 || !ctl->hb_dealer || ctl_auth_client(ctl, ctl->hb_dealer, ph) ||
+		    zmq_connect(ctl->hb_dealer, ep)) {
 			kvx_log(KVX_LOG_ERROR, "control: cannot set up the proxy heartbeat to %s", ep);
 			rc = n < 0 ? n : -EINVAL;
 		} else {
@@ -360,6 +388,7 @@ int kvx_ctl_start(struct kvx_ctl *ctl)
 	ctl->thread_started = 1;
 	return 0;
 fail:
+	ctl_auth_close(ctl);
 	if (ctl->hb_dealer)
 		zmq_close(ctl->hb_dealer);
 	if (ctl->hs_router)
@@ -427,6 +456,7 @@ void kvx_ctl_stop(struct kvx_ctl *ctl)
 	if (ctl->nt_router)
 		zmq_close(ctl->nt_router);
 	ctl->hb_dealer = ctl->hs_router = ctl->nt_router = NULL;
+	ctl_auth_close(ctl);
 	zmq_ctx_term(ctl->zctx);
 	ctl->zctx = NULL;
 }
@@ -452,8 +482,10 @@ void kvx_ctl_destroy(struct kvx_ctl *ctl)
 		zmq_close(ctl->hs_router);
 	if (ctl->nt_router)
 		zmq_close(ctl->nt_router);
+	ctl_auth_close(ctl);
 	if (ctl->zctx)
 		zmq_ctx_term(ctl->zctx);
+	ctl_auth_free(ctl);
 	kvx_timer_heap_destroy(ctl->timers);
 	if (ctl->waiter_ok)
 		kvx_waiter_fini(&ctl->waiter);
@@ -478,7 +510,7 @@ void kvx_ctl_counters_get(const struct kvx_ctl *ctl, struct kvx_ctl_counters *ou
 	RD(notify_rx); RD(notify_tx); RD(dropped_terminal); RD(malformed); RD(unknown_type);
 	RD(oversize); RD(send_errors); RD(inbox_full); RD(hs_served); RD(connect_served);
 	RD(hs_ok); RD(hs_failed); RD(heartbeats); RD(peers_evicted); RD(peers_open);
-	RD(watch_errors);
+	RD(watch_errors); RD(auth_refused); RD(auth_accepted);
 #undef RD
 }
 
@@ -494,6 +526,7 @@ size_t kvx_ctl_peer_stats_get(const struct kvx_ctl *ctl, struct kvx_ctl_peer_sta
 		out[k].rx = atomic_load_explicit(&c->peers[i].rx, memory_order_relaxed);
 		out[k].malformed = atomic_load_explicit(&c->peers[i].malformed, memory_order_relaxed);
 		out[k].dropped = atomic_load_explicit(&c->peers[i].dropped, memory_order_relaxed);
+		out[k].refused = atomic_load_explicit(&c->peers[i].refused, memory_order_relaxed);
 	}
 	return k;
 }

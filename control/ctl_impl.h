@@ -119,13 +119,13 @@ struct hs_job {
 
 struct peer_stat {
 	char peer[64];
-	_Atomic uint64_t rx, malformed, dropped;
+	_Atomic uint64_t rx, malformed, dropped, refused;
 };
 
 struct ctr {
 	_Atomic uint64_t notify_rx, notify_tx, dropped_terminal, malformed, unknown_type, oversize,
 		send_errors, inbox_full, hs_served, connect_served, hs_ok, hs_failed, heartbeats,
-		peers_evicted, peers_open, watch_errors;
+		peers_evicted, peers_open, watch_errors, auth_refused, auth_accepted;
 };
 
 /* One raw fd in the control lcore's poll set (kvx_ctl_watch_fd()). */
@@ -205,6 +205,7 @@ struct kvx_ctl {
 	uint64_t watch_applied; /* generation the loop runs with */
 	int loop_live;          /* the loop is between its start and its exit */
 
+	struct ctl_auth *auth; /* NULL = unauthenticated; set at create, read-only after */
 	struct kvx_ratelimit rl;
 	struct ctr c;
 	struct peer_stat peers[KVX_CTL_PEER_STATS_MAX];
@@ -218,6 +219,18 @@ struct kvx_ctl {
 void ctl_warn_rl(struct kvx_ctl *ctl, const char *fmt, ...) KVX_PRINTF(2, 3);
 struct peer_stat *ctl_peer_of(struct kvx_ctl *ctl, const char *addr);
 void *ctl_dealer_new(struct kvx_ctl *ctl, int64_t maxmsg);
+
+/* auth.c: CURVE keys, ZAP handler, refusal monitors (issue 17). load/free at create/destroy;
+ * zap_bind, monitor and close by the creator in start/stop; the callbacks on the control lcore. */
+struct ctl_auth;
+int ctl_auth_load(struct kvx_ctl *ctl, const char *dir);
+void ctl_auth_free(struct kvx_ctl *ctl);
+int ctl_auth_on(const struct kvx_ctl *ctl);
+int ctl_auth_server(struct kvx_ctl *ctl, void *sock);
+int ctl_auth_client(struct kvx_ctl *ctl, void *sock, const char *host);
+int ctl_auth_zap_bind(struct kvx_ctl *ctl);
+int ctl_auth_monitor(struct kvx_ctl *ctl);
+void ctl_auth_close(struct kvx_ctl *ctl);
 
 /* loop.c (control lcore) */
 void *ctl_loop(void *arg);

@@ -118,6 +118,8 @@ static int job_send_get_meta(struct kvx_ctl *ctl, struct hs_job *j)
 	int rc = kvx_ctl_zmq_path(r->host, r->port, ep, sizeof(ep));
 	if (rc < 0)
 		return rc;
+	if ((rc = ctl_auth_client(ctl, j->sock, r->host)))
+		return rc;
 	if (zmq_connect(j->sock, ep))
 		return -zmq_errno();
 	if (zmq_send(j->sock, KVX_MSG_GET_META, KVX_MSG_GET_META_LEN, ZMQ_DONTWAIT) < 0)

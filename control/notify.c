@@ -47,7 +47,7 @@ static struct snode *dealer_get(struct kvx_ctl *ctl, const char *host, uint16_t 
 		int one = 1;
 		zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof(one));
 	}
-	if (zmq_connect(s, ep)) {
+	if (ctl_auth_client(ctl, s, host) || zmq_connect(s, ep)) {
 		ctl_warn_rl(ctl, "cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
 		zmq_close(s);
 		return NULL;

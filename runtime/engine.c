@@ -148,6 +148,11 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		free(e);
 		return bad(err, errlen, "proxy_addr/http_addr", "longer than 127 bytes");
 	}
+	if (copy_str(e->auth_dir, sizeof(e->auth_dir), p->auth_dir)) {
+		free(e);
+		return bad(err, errlen, "auth_dir", "longer than 1023 bytes");
+	}
+	e->p.auth_dir = e->auth_dir[0] ? e->auth_dir : NULL;
 	e->p.host = e->host;
 	e->p.transport = e->transport;
 	e->p.lcores = e->lcores[0] ? e->lcores : NULL;
@@ -406,6 +411,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		.notify_arg = e,
 		.on_connect = eng_on_connect,
 		.connect_arg = e,
+		.auth_dir = e->p.auth_dir,
 		.max_inboxes = e->n_po + 1 > 16 ? e->n_po + 1 : 0,
 	};
 	if ((rc = kvx_ctl_create(&cp, &e->ctl)))

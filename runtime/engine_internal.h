@@ -238,6 +238,9 @@ struct evwatch {
  * layers, contexts, pools, rings) are read-only afterwards; the others say their writer. */
 struct kvx_engine {
 	struct kvx_engine_params p;
+	struct kvx_metrics *metrics; /* runtime/metrics.c; NULL = no endpoint (application thread) */
+	char verbs_dev[64];          /* params.verbs_device, copied ("" = first ACTIVE device) */
+	char auth_dir[1024];         /* params.auth_dir, copied ("" = unauthenticated) */
 	char host[KVX_ENGINE_HOST_MAX];
 	char transport[16];
 	char lcores[128];

@@ -8,7 +8,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 pkgs=(
   build-essential cmake pkg-config clang
   libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils perftest
-  liburcu-dev libmsgpack-dev libzmq3-dev libcriterion-dev libnuma-dev libjansson-dev
+  liburcu-dev libmsgpack-dev libzmq3-dev libsodium-dev libcriterion-dev libnuma-dev libjansson-dev
   libmicrohttpd-dev curl iproute2
   libamdhip64-dev
   gnuplot-nox iperf3 ucx-utils python3

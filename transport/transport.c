@@ -226,6 +226,7 @@ static void cnt_read(const struct kvx_xport_cnt *c, struct kvx_xport_counters *o
 	RD(reqs_rejected);
 	RD(bytes_served);
 	RD(proto_errors);
+	RD(auth_refused);
 	RD(async_events);
 	RD(async_errors);
 #undef RD

@@ -33,7 +33,7 @@ enum kvx_xport_provider_id {
 struct kvx_xport_cnt {
 	_Atomic uint64_t ops_posted, ops_ok, ops_failed, batches_done, bytes_read, bytes_written,
 		post_nobufs, timeouts, resets, reqs_served, reqs_rejected, bytes_served,
-		proto_errors, async_events, async_errors;
+		proto_errors, async_events, async_errors, auth_refused;
 };
 
 /** Add to a counter owned by the calling thread (single writer: load + store, no RMW). */
@@ -226,5 +226,20 @@ void xport_mr_unlink(struct kvx_xport_mr *mr);
 
 /** Boot id of this host (16 bytes from /proc/sys/kernel/random/boot_id), 0 or -errno. */
 int xport_boot_id(uint8_t out[16]);
+
+/*
+ * Upper 16 bits of a region key (issue 17): random per registration, never 0 and never the
+ * previous value of the slot (a stale key still misses a reused slot). Keys advertised by
+ * tcp/shm are therefore neither sequential nor predictable from earlier ones.
+ */
+#include <sys/random.h>
+static inline uint16_t xport_key_gen(uint16_t prev)
+{
+	uint16_t g = 0;
+	while (g == 0 || g == prev)
+		if (getrandom(&g, sizeof(g), 0) != sizeof(g))
+			g = 0;
+	return g;
+}
 
 #endif /* KVX_TRANSPORT_INTERNAL_H */

@@ -183,6 +183,14 @@ struct kvx_engine_params {
 	                                    completions (at most every 100 ms); needs a build with
 	                                    libmicrohttpd (else kvx_engine_create() fails with
 	                                    -ENOTSUP). Copied. Metric names: docs/operations.md §6. */
+	const char *auth_dir;          /**< CURVE authentication of the handshake, notify and proxy
+	                                    sockets (issue 17): a directory made by `kvxfer-perf keygen
+	                                    DIR` (DIR/engine.key_secret = this engine's key pair,
+	                                    DIR/allowed/NAME.key = public keys of the peers allowed to
+	                                    connect; allowed/HOST.key or the only key there is the key
+	                                    expected when dialling HOST). Peers must use it too.
+	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
+	                                    warning is logged when the ports are not loopback-only. */
 };
 
 /** A KV layer to register (PROTOCOL.md §4.1). */

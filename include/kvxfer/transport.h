@@ -214,6 +214,8 @@ struct kvx_xport_counters {
 	                               kvx_xport_ctx_handle_events() (verbs). */
 	uint64_t async_errors;    /**< Context: of those, events that moved endpoints to error
 	                               state (QP fatal, CQ error, port down, device fatal). */
+	uint64_t auth_refused;    /**< Target side (tcp): data connections closed because they did not
+	                               prove the endpoint's secret (wrong token or challenge MAC). */
 };
 
 struct kvx_xport_ctx;

@@ -13,12 +13,21 @@ if ! command -v "$CC" >/dev/null; then
 fi
 SECS="${KVX_FUZZ_SECONDS:-30}"
 OUT="${KVX_FUZZ_DIR:-build-fuzz}"
-TARGETS="${KVX_FUZZ_TARGETS:-notify heartbeat meta layers connect address peer_regions}"
+TARGETS="${KVX_FUZZ_TARGETS:-notify heartbeat meta layers connect address peer_regions tcp_conn}"
 mkdir -p "$OUT"
 # shellcheck disable=SC2046
 MSGP="$(pkg-config --cflags --libs msgpack)"
+XPORT_LIBS="$(pkg-config --cflags --libs libsodium liburcu-qsbr liburcu-cds numa) -lpthread -ldl"
 for t in $TARGETS; do
   echo "fuzz: building fuzz_$t"
+  if [ "$t" = tcp_conn ]; then # tcp data-connection decoder through a real tcp context
+    # shellcheck disable=SC2086
+    "$CC" -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror \
+      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+      -Iinclude -Itransport -Ilcore transport/*.c transport/tcp/*.c transport/shm/*.c \
+      lcore/*.c "tests/fuzz/fuzz_$t.c" $XPORT_LIBS -o "$OUT/fuzz_$t"
+    continue
+  fi
   # shellcheck disable=SC2086
   "$CC" -std=c11 -D_GNU_SOURCE -g -O1 -Wall -Wextra -Werror \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \

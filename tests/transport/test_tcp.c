@@ -5,12 +5,16 @@
  * unregisters regions, accepts and destroys endpoints, and an initiator in the same process
  * moves data. Run under TSan in CI (label stress).
  */
+#include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "kvxfer/transport.h"
 
@@ -131,6 +135,119 @@ Test(transport_tcp, progress_thread_with_control_thread_churn, .timeout = 120)
 	kvx_xport_ctx_counters(tgt, &k);
 	cr_assert_geq(k.reqs_served, 12 * 4);
 	cr_assert_geq(k.reqs_rejected, 12);
+	kvx_xport_close(tgt);
+	kvx_xport_close(ini);
+	free(src);
+	free(dst);
+}
+
+/* ---- data-plane authentication (issue 17) ---------------------------------------------- */
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Connect to 127.0.0.1:port, send buf, then read until the target closes: returns the bytes
+ * the target sent back (the socket is blocking: EOF / reset is the observable end). */
+static size_t raw_session(uint16_t port, const uint8_t *buf, size_t len)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(fd, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
+	size_t got = 0;
+	uint8_t r[4096];
+	ssize_t n;
+	while ((n = recv(fd, r, sizeof(r), 0)) > 0)
+		got += (size_t)n;
+	close(fd);
+	return got;
+}
+
+/* A 40-byte request header (tcp_internal.h wire format). */
+static void req(uint8_t *h, int op, uint32_t key, uint64_t len, uint32_t seq)
+{
+	memset(h, 0, 40);
+	h[0] = (uint8_t)op;
+	put_le(h + 4, key, 4);
+	put_le(h + 16, len, 8);
+	put_le(h + 32, len, 4);
+	put_le(h + 36, seq, 4);
+}
+
+Test(transport_tcp, raw_client_without_the_endpoint_secret_gets_nothing, .timeout = 120)
+{
+	struct kvx_xport_ctx *tgt = NULL, *ini = NULL;
+	struct kvx_xport_ctx_params prm;
+	kvx_xport_ctx_params_init(&prm);
+	prm.num_channels = 1;
+	cr_assert_eq(kvx_xport_open("tcp", &prm, &tgt), 0);
+	cr_assert_eq(kvx_xport_open("tcp", &prm, &ini), 0);
+	struct prog p = {.ctx = tgt};
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, progress_thread, &p), 0);
+	enum { LEN = 4096 };
+	uint8_t *src = malloc(LEN), *dst = calloc(1, LEN);
+	memset(src, 0xAB, LEN);
+	struct kvx_xport_mr *tmr = NULL, *lmr = NULL;
+	struct kvx_xport_mr_params rp = {.addr = src, .len_bytes = LEN, .access = KVX_XPORT_ACCESS_ALL};
+	cr_assert_eq(kvx_xport_mr_register(tgt, &rp, &tmr), 0);
+	struct kvx_xport_mr_params lp = {.addr = dst, .len_bytes = LEN, .access = KVX_XPORT_ACCESS_ALL};
+	cr_assert_eq(kvx_xport_mr_register(ini, &lp, &lmr), 0);
+	uint32_t key = kvx_xport_mr_key(tmr);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
+	size_t al, bl;
+	struct kvx_xport_ep *iep = NULL, *tep = NULL;
+	cr_assert_eq(kvx_xport_ep_create(ini, &iep, a, sizeof(a), &al), 0);
+	cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, &tep, b, sizeof(b), &bl), 0);
+	uint16_t port = (uint16_t)(b[10] | b[11] << 8);
+	/* The attacker knows the port, the endpoint token and the region key, not the secret. */
+	uint8_t m[56 + 2 * 40 + LEN];
+	size_t ml = 0;
+	memset(m, 0, sizeof(m));
+	memcpy(m, "KXTH\x02\0\0\0", 8);
+	memcpy(m + 8, b + 16, 8); /* token */
+	put_le(m + 18, 1, 2);     /* channel 0 of 1; proof m[24..56) left zero */
+	ml = 56;
+	req(m + ml, 1 /* READ */, key, LEN, 0);
+	ml += 40;
+	req(m + ml, 2 /* WRITE */, key, LEN, 1);
+	ml += 40;
+	memset(m + ml, 0xEE, LEN);
+	ml += LEN;
+	cr_assert_eq(raw_session(port, m, ml), 0, "forged proof: no response byte");
+	/* Old (v1) hello with the right token: no proof at all. */
+	m[4] = 1;
+	cr_assert_eq(raw_session(port, m, ml), 0, "v1 hello: no response byte");
+	/* No hello: requests straight away. */
+	cr_assert_eq(raw_session(port, m + 56, ml - 56), 0, "requests without hello: nothing");
+	struct kvx_xport_counters k;
+	kvx_xport_ctx_counters(tgt, &k);
+	cr_assert_eq(k.auth_refused, 3);
+	cr_assert_eq(k.reqs_served, 0);
+	cr_assert_eq(k.bytes_served, 0);
+	for (int i = 0; i < LEN; i++)
+		cr_assert_eq(src[i], 0xAB, "target memory untouched at %d", i);
+	/* The listener survived: the real initiator proves the secret from blob B and reads. */
+	cr_assert_eq(kvx_xport_ep_connect(iep, b, bl), 0);
+	cr_assert_eq(kvx_xport_mr_export(tmr, d, sizeof(d), NULL), 0);
+	struct kvx_xport_rmr *rr = NULL;
+	cr_assert_eq(kvx_xport_rmr_import(iep, d, sizeof(d), &rr), 0);
+	struct kvx_xport_op op = {.lmr = lmr, .rmr = rr, .len = LEN};
+	cr_assert_eq(kvx_xport_post_bulk(iep, KVX_XPORT_OP_READ, &op, 1, 7), 0);
+	cr_assert_eq(wait_one(iep).status, 0);
+	cr_assert_arr_eq(dst, src, LEN);
+	kvx_xport_ctx_counters(tgt, &k);
+	cr_assert_eq(k.auth_refused, 3);
+	cr_assert_eq(k.reqs_served, 1);
+	kvx_xport_ep_destroy(iep);
+	kvx_xport_ep_destroy(tep);
+	atomic_store_explicit(&p.stop, true, memory_order_release);
+	pthread_join(th, NULL);
 	kvx_xport_close(tgt);
 	kvx_xport_close(ini);
 	free(src);

@@ -225,3 +225,33 @@ Test(transport_registry, tcp_and_shm_endpoint_recovery_is_enotsup)
 	recovery_enotsup("tcp");
 	recovery_enotsup("shm");
 }
+
+/* Region keys are random per registration (issue 17): with the old generation counter every
+ * fresh slot got generation 1 (key 0x1xxxx), so a peer could guess the keys of a new
+ * incarnation. 8 fresh slots all drawing generation 1 at random: p = 2^-128. */
+static void keys_not_sequential(const char *provider)
+{
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open(provider, NULL, &ctx), 0);
+	static uint8_t mem[8][4096];
+	struct kvx_xport_mr *mr[8];
+	int gen1 = 0;
+	for (int i = 0; i < 8; i++) {
+		struct kvx_xport_mr_params p = {.addr = mem[i], .len_bytes = sizeof(mem[i]),
+						.access = KVX_XPORT_ACCESS_REMOTE_READ};
+		cr_assert_eq(kvx_xport_mr_register(ctx, &p, &mr[i]), 0);
+		uint32_t k = kvx_xport_mr_key(mr[i]);
+		cr_assert_neq(k >> 16, 0, "%s: generation never 0", provider);
+		gen1 += (k >> 16) == 1;
+	}
+	cr_assert_lt(gen1, 8, "%s: keys follow a counter", provider);
+	for (int i = 0; i < 8; i++)
+		cr_assert_eq(kvx_xport_mr_unregister(mr[i]), 0);
+	kvx_xport_close(ctx);
+}
+
+Test(transport_registry, tcp_and_shm_region_keys_are_random)
+{
+	keys_not_sequential("tcp");
+	keys_not_sequential("shm");
+}

@@ -198,8 +198,9 @@ static int shm_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 	struct shm_mr *m = calloc(1, sizeof(*m));
 	if (!m)
 		return -ENOMEM;
-	/* key = generation (16 bits, never 0) << 16 | slot: a stale key never matches a reused slot. */
-	c->gen[slot] = (uint16_t)(c->gen[slot] + 1 ? c->gen[slot] + 1 : 1);
+	/* key = random generation (16 bits, never 0, never the previous one) << 16 | slot: a stale
+	 * key never matches a reused slot and keys are not guessable from earlier ones. */
+	c->gen[slot] = xport_key_gen(c->gen[slot]);
 	m->slot = slot;
 	m->base.ctx = ctx;
 	m->base.addr = p->addr;

@@ -54,6 +54,11 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 		return -ENOMEM;
 	c->lfd = -1;
 	c->epfd = -1;
+	c->rl.interval_ns = 1000000000ull;
+	if (sodium_init() < 0) {
+		free(c);
+		return -EIO;
+	}
 	for (int i = 0; i < TCP_HELLO_SLOTS; i++)
 		c->hello[i].fd = -1;
 	pthread_mutex_init(&c->lock, NULL);
@@ -209,7 +214,7 @@ static int tcp_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 	if (!m)
 		return -ENOMEM;
 	c->used[s] = true;
-	c->gen[s] = (uint16_t)(c->gen[s] + 1 ? c->gen[s] + 1 : 1);
+	c->gen[s] = xport_key_gen(c->gen[s]); /* random, see xport_key_gen() */
 	m->slot = s;
 	m->base.ctx = ctx;
 	m->base.addr = p->addr;
@@ -285,7 +290,7 @@ void tcp_ep_free(struct tcp_ep *e)
 }
 
 #define TCP_A_BYTES (XPORT_BLOB_HDR_BYTES + 8)
-#define TCP_B_BYTES (XPORT_BLOB_HDR_BYTES + 32)
+#define TCP_B_BYTES (XPORT_BLOB_HDR_BYTES + 32 + TCP_SECRET)
 
 static int tcp_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, uint8_t *blob,
 			 size_t cap, size_t *len)
@@ -373,6 +378,7 @@ static int tcp_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	}
 	while (getrandom(&e->token, sizeof(e->token), 0) != sizeof(e->token))
 		;
+	randombytes_buf(e->secret, sizeof(e->secret));
 	atomic_init(&e->refs, 2); /* control handle + progress list */
 	xport_blob_hdr_put(blob, KVX_XPORT_PROV_TCP, XPORT_BLOB_B);
 	memset(blob + 8, 0, 32);
@@ -391,6 +397,7 @@ static int tcp_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	xport_put_u16(blob + 10, port);
 	xport_put_u16(blob + 12, nch);
 	xport_put_u64(blob + 16, e->token);
+	memcpy(blob + 40, e->secret, TCP_SECRET);
 	*len = TCP_B_BYTES;
 	pthread_mutex_lock(&c->lock);
 	e->pnext = c->pending;
@@ -487,13 +494,15 @@ static int tcp_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen
 		sl = sizeof(*a6);
 	}
 	uint64_t token = xport_get_u64(b + 16);
+	memcpy(e->secret, b + 40, TCP_SECRET);
 	for (uint32_t i = 0; i < e->nch; i++) {
 		int fd = -1;
 		rc = connect_one(&ss, sl, &fd);
-		uint8_t h[TCP_HELLO] = {'K', 'X', 'T', 'H', 1};
+		uint8_t h[TCP_HELLO + TCP_PROOF] = {'K', 'X', 'T', 'H', 2};
 		xport_put_u64(h + 8, token);
 		xport_put_u16(h + 16, (uint16_t)i);
 		xport_put_u16(h + 18, (uint16_t)e->nch);
+		crypto_auth(h + TCP_HELLO, h, TCP_HELLO, e->secret);
 		if (!rc)
 			rc = send_all(fd, h, sizeof(h));
 		if (rc) {

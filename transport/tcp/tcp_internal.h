@@ -17,7 +17,15 @@
  * chunks, WRITE payload is discarded, and the target memory is never touched.
  *
  * Wire format (little-endian):
- *   hello    24 B: "KXTH", version u8, 3 x 0, token u64, channel u16, nch u16, 0 u32
+ *   hello    56 B: "KXTH", version u8 (2), 3 x 0, token u64, channel u16, nch u16, 0 u32,
+ *                  proof [32]: crypto_auth (HMAC-SHA-512-256, libsodium) of the first 24
+ *                  bytes keyed by the endpoint's random 32-byte secret from blob B (issue 17).
+ *                  Until the proof verified the target reads nothing else from the
+ *                  connection and serves no request; a wrong token or proof closes it
+ *                  (auth_refused, logged rate limited). Each channel of an endpoint is
+ *                  accepted once, so a replayed hello is refused too. Blob B travels in the
+ *                  handshake, CURVE-protected with auth_dir. No round trip: ep_connect does
+ *                  not wait for the target's progress thread.
  *   request  40 B: op u8 (1 READ, 2 WRITE), 0 u8, 0 u16, key u32, op_roff u64, op_len u64,
  *                  chunk_off u64, chunk_len u32, seq u32   [+ chunk_len payload for WRITE]
  *   response 16 B: status i32 (0, -ERANGE, -EACCES), seq u32, len u32, 0 u32
@@ -56,6 +64,8 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <sodium.h>
 
 #define TCP_MAX_CH 64u
 #define TCP_MAX_BATCH 4096u
@@ -96,10 +106,13 @@ struct tdev {
 	uint32_t copies;          /* D2H jobs not handed out + H2D copies not retired */
 };
 
+#define TCP_PROOF 32u  /* crypto_auth_BYTES */
+#define TCP_SECRET 32u /* crypto_auth_KEYBYTES */
+
 struct hello_slot {
 	int fd;
 	uint32_t got;
-	uint8_t buf[TCP_HELLO];
+	uint8_t buf[TCP_HELLO + TCP_PROOF];
 };
 
 struct tcp_ep;
@@ -120,6 +133,7 @@ struct tcp_ctx {
 	_Atomic int has_pending;
 	uint32_t tick;             /* progress calls, paces accept4() */
 	uint32_t n_hello;          /* hello slots in use */
+	struct kvx_ratelimit rl;   /* refusal logs; progress thread */
 	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
 	_Atomic(struct tdev *) tdev; /* target-side staging: stored (release) before the first
 	                                device slot's key is published; progress loads (acquire) */
@@ -236,6 +250,7 @@ struct tcp_ep {
 	                               device region or endpoint use (acquire in post/drive) */
 	/* target */
 	uint64_t token;
+	uint8_t secret[TCP_SECRET]; /* proof key (blob B); target: set at create; initiator: at connect */
 	struct tconn *conns;       /* Array[nch] */
 	struct tcp_ep *pnext;      /* pending / served list */
 	_Atomic int refs;

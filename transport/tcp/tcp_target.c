@@ -440,9 +440,52 @@ static void hello_close(struct tcp_ctx *c, struct hello_slot *h)
 	h->got = 0;
 }
 
+/* A connection that did not prove the endpoint's secret: counted, logged (rate limited, with
+ * the peer's address), closed. Nothing it sent beyond the hello/proof was read. */
+static void hello_refuse(struct tcp_ctx *c, struct hello_slot *h, const char *why)
+{
+	xport_cnt_add(&c->base.cnt, auth_refused, 1);
+	uint64_t sup = 0;
+	if (kvx_ratelimit_ok(&c->rl, &sup)) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		char as[INET6_ADDRSTRLEN + 8] = "?";
+		if (!getpeername(h->fd, (struct sockaddr *)&ss, &sl)) {
+			const void *a = ss.ss_family == AF_INET
+						? (const void *)&((struct sockaddr_in *)&ss)->sin_addr
+						: (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr;
+			inet_ntop(ss.ss_family, a, as, sizeof(as));
+		}
+		if (sup)
+			kvx_log(KVX_LOG_WARN, "tcp: refused a data connection from %s: %s (%llu "
+				"similar refusals suppressed)", as, why, (unsigned long long)sup);
+		else
+			kvx_log(KVX_LOG_WARN, "tcp: refused a data connection from %s: %s", as, why);
+	}
+	hello_close(c, h);
+}
+
+/* The served endpoint a hello names, or NULL when the hello is malformed or names none. */
+static struct tcp_ep *hello_ep(struct tcp_ctx *c, const uint8_t *hb)
+{
+	if (memcmp(hb, "KXTH\x02\0\0\0", 8))
+		return NULL;
+	uint64_t token = xport_get_u64(hb + 8);
+	uint16_t ch = xport_get_u16(hb + 16);
+	struct tcp_ep *e;
+	for (e = c->served; e && e->token != token; e = e->pnext)
+		;
+	if (!e || atomic_load_explicit(&e->closing, memory_order_acquire) || ch >= e->nch ||
+	    e->conns[ch].fd >= 0 || e->conns[ch].closed || xport_get_u16(hb + 18) != e->nch)
+		return NULL;
+	return e;
+}
+
+/* Hello: 24 B header + 32 B proof of the endpoint secret (tcp_internal.h). */
 static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 {
-	ssize_t n = recv(h->fd, h->buf + h->got, TCP_HELLO - h->got, MSG_DONTWAIT);
+	const uint32_t want = TCP_HELLO + TCP_PROOF;
+	ssize_t n = recv(h->fd, h->buf + h->got, want - h->got, MSG_DONTWAIT);
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return 0;
 	if (n <= 0) {
@@ -450,20 +493,19 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 		return 1;
 	}
 	h->got += (uint32_t)n;
-	if (h->got < TCP_HELLO)
+	if (h->got < want)
 		return 1;
-	uint64_t token = xport_get_u64(h->buf + 8);
-	uint16_t ch = xport_get_u16(h->buf + 16);
-	struct tcp_ep *e = NULL;
-	if (!memcmp(h->buf, "KXTH\x01\0\0\0", 8))
-		for (e = c->served; e && e->token != token; e = e->pnext)
-			;
-	if (!e || atomic_load_explicit(&e->closing, memory_order_acquire) || ch >= e->nch ||
-	    e->conns[ch].fd >= 0 || e->conns[ch].closed || xport_get_u16(h->buf + 18) != e->nch) {
+	struct tcp_ep *e = hello_ep(c, h->buf);
+	if (!e) {
 		xport_cnt_add(&c->base.cnt, proto_errors, 1);
-		hello_close(c, h);
+		hello_refuse(c, h, "its hello names no endpoint of this target");
 		return 1;
 	}
+	if (crypto_auth_verify(h->buf + TCP_HELLO, h->buf, TCP_HELLO, e->secret)) {
+		hello_refuse(c, h, "wrong proof of the endpoint secret");
+		return 1;
+	}
+	uint16_t ch = xport_get_u16(h->buf + 16);
 	/* Same fd, now also waiting for writability (READ responses to a slow reader). */
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET};
 	(void)epoll_ctl(c->epfd, EPOLL_CTL_MOD, h->fd, &ev);

@@ -153,7 +153,25 @@ struct kvx_ctl_params {
 	void *notify_arg;                   /**< Passed to on_notify. */
 	kvx_ctl_connect_fn on_connect;      /**< Connection setup; NULL = reply -ENOTSUP. */
 	void *connect_arg;                  /**< Passed to on_connect. */
+	const char *auth_dir;               /**< CURVE authentication (issue 17): directory holding this engine's key pair (exactly one *.key_secret, mode 0600) and allowed/ with the public keys (*.key, ZeroMQ certificate format) of the peers allowed to connect; see kvx_ctl_auth_keygen(). Both ROUTERs then require CURVE with an allowlisted client key; every DEALER dials with CURVE, taking the server key from allowed/HOST.key or the only key in allowed/. NULL/"" = unauthenticated (MoRIIO-compatible default). */
 };
+
+/**
+ * Create an auth directory for kvx_ctl_params.auth_dir: @p dir (mode 0700, created if absent),
+ * dir/engine.key_secret (a new CURVE key pair, mode 0600), dir/engine.key (its public key, to be
+ * copied into each peer's allowed/ directory) and dir/allowed/ (mode 0700, for the peers'
+ * engine.key files; name a copy HOST.key when this engine dials several peers). ZeroMQ
+ * certificate format with Z85 keys.
+ *
+ * @param dir   Directory path, not NULL/empty, at most 4000 bytes.
+ * @return      0 on success.
+ * @retval -EEXIST   dir already holds engine.key_secret / engine.key (never overwritten).
+ * @retval -ENOTSUP  libzmq lacks CURVE.
+ * @retval -EINVAL   Bad path.
+ * @retval <0        Other -errno from mkdir/open/write.
+ * @par Thread safety  Any thread. @par Source  issue 17; ZeroMQ zcert file format.
+ */
+int kvx_ctl_auth_keygen(const char *dir);
 
 /** Global counters (monotonic, read with kvx_ctl_counters_get() from any thread). */
 struct kvx_ctl_counters {
@@ -173,6 +191,8 @@ struct kvx_ctl_counters {
 	uint64_t peers_evicted;      /**< Idle DEALERs closed to respect max_peers. */
 	uint64_t peers_open;         /**< DEALERs currently cached (gauge). */
 	uint64_t watch_errors;       /**< Watched fds that reported an error or hang-up without data and were taken out of the poll set. */
+	uint64_t auth_refused;       /**< With auth_dir: inbound connections refused (no CURVE, bad handshake, or a key not in allowed/). */
+	uint64_t auth_accepted;      /**< With auth_dir: inbound CURVE connections admitted by the ZAP handler. */
 };
 
 /** Counters of one remote peer, keyed by its source IP (ZMQ "Peer-Address"). */
@@ -181,6 +201,7 @@ struct kvx_ctl_peer_stats {
 	uint64_t rx;          /**< Frames received from it (both ROUTERs). */
 	uint64_t malformed;   /**< Frames from it dropped as malformed/unknown/oversize. */
 	uint64_t dropped;     /**< Valid notifications from it dropped as terminal. */
+	uint64_t refused;     /**< With auth_dir: CURVE connections from it refused by the allowlist. */
 };
 
 /**
