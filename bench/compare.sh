@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Side-by-side comparison of kvxfer's tcp and shm providers with their peers, in one run on
-# loopback (DESIGN.md §6: performance is reported as ratios against a peer measured in the
+# loopback (docs/architecture.md §6: performance is reported as ratios against a peer measured in the
 # same run):
 #   1. iperf3 single stream, 1 MiB writes          vs  kvxfer-perf bw -t tcp -m write -s 1M
 #   2. ucx_perftest UCX_TLS=tcp ucp_put_bw, 64 KiB  vs  kvxfer-perf bw -t tcp -m write -s 64K

@@ -7,7 +7,7 @@
  * bench/data/models.README.md for every column's source) and derive the per-layer KV-cache
  * geometry a transfer moves.
  *
- * Layout rules (PROTOCOL.md §4.1-4.2, dtype bf16 = 2 bytes, as the CSV's computed columns):
+ * Layout rules (docs/protocol.md §4.1-4.2, dtype bf16 = 2 bytes, as the CSV's computed columns):
  * - GQA/MHA models: split K/V. Each layer registers two planes (K, V); a block of BS tokens is
  *   `BS * num_kv_heads * head_dim * 2` bytes per plane and the block moves as 2 transfers.
  * - MLA models (non-empty `mla_latent_dim`, e.g. DeepSeek-V3): one latent plane per layer; a
@@ -78,7 +78,7 @@ int perf_model_find(const char *path, const char *name, struct perf_model *out, 
 		    size_t errlen);
 
 /**
- * Bytes of one block in one plane of one layer (the `block_len` of PROTOCOL.md §4.2).
+ * Bytes of one block in one plane of one layer (the `block_len` of docs/protocol.md §4.2).
  *
  * @param m             Model; not NULL.
  * @param block_tokens  Tokens per KV block, >= 1.

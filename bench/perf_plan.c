@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kvxfer-perf plan: time to plan a transfer (offsets per PROTOCOL.md §4.3 + merge per §4.4) for
+/* kvxfer-perf plan: time to plan a transfer (offsets per docs/protocol.md §4.3 + merge per §4.4) for
  * a real model's KV layout, in ns per block-layer, for random and contiguous block ids.
  * Measured in the same run on the same geometry and block ids, in alternating rounds:
  *   - kvx:      kvx_plan_build for every layer (no cache), the fastest single call;

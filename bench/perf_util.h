@@ -10,7 +10,7 @@
  * - sample statistics (nearest-rank percentiles, mean) on uint64 samples (ns, bytes, ...);
  * - option helpers (perf_opt_value(), perf_parse_u64(), perf_parse_seconds());
  * - topology of a CPU pair (same CPU, SMT siblings, cross-core, cross-package, cross-NUMA)
- *   and the CPU model, which every benchmark prints beside its numbers (STYLE.md §8).
+ *   and the CPU model, which every benchmark prints beside its numbers (docs/style.md §8).
  * Not thread-safe: one owner thread per object.
  */
 #include <getopt.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""Peer of `kvxfer-perf plan`: the seed's planning algorithm (PROTOCOL.md §4.3-§4.4) in numpy.
+"""Peer of `kvxfer-perf plan`: the seed's planning algorithm (docs/protocol.md §4.3-§4.4) in numpy.
 
 The seed (vLLM's MoRIIO connector) plans one layer like this, and this file re-states it in our
 own code so kvxfer-perf can time it in the same session, on the same geometry and block ids:

@@ -9,7 +9,7 @@
  * prefix KV. The consumer keeps an LRU set of resident hash ids (bounded, in hash blocks).
  * A new request's longest run of leading ids that are resident is a prefix hit: the KV blocks
  * those tokens cover are already on the consumer and only the suffix is transferred
- * (PROTOCOL.md §5.7: a full hit transfers nothing and only releases the producer).
+ * (docs/protocol.md §5.7: a full hit transfers nothing and only releases the producer).
  *
  * Not thread-safe: one owner thread per cache.
  */

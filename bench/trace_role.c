@@ -396,7 +396,7 @@ static void handle_cpl(struct role *R, const struct kvx_completion *c)
 		x->bytes = c->bytes;
 		x->elapsed_ns = kvx_now_ns() - x->t_recv;
 		/* A full prefix hit ends with `release` and no data: the producer's transfer may
-		 * terminate as aborted; that is the protocol's expected outcome (PROTOCOL.md §5.7). */
+		 * terminate as aborted; that is the protocol's expected outcome (docs/protocol.md §5.7). */
 		if (R->r == TRACE_ROLE_PRODUCER && x->hit == x->blocks && x->status == -ECANCELED)
 			x->status = 0;
 	} else if (c->kind == KVX_CPL_BLOCKS_RELEASED) {
@@ -500,7 +500,7 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 			R->quit = true;
 			return;
 		}
-		/* PROTOCOL.md §6 item 8: with c cached blocks read remote[c : c + len(local)]. */
+		/* docs/protocol.md §6 item 8: with c cached blocks read remote[c : c + len(local)]. */
 		x->nremote = b->n;
 		x->got_read = true;
 		x->remote = malloc((b->n ? b->n : 1) * sizeof(uint32_t));

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Strict msgpack codec, handshake messages (PROTOCOL.md §3.1): metadata (a), region map (b) and
+/* Strict msgpack codec, handshake messages (docs/protocol.md §3.1): metadata (a), region map (b) and
  * the kvx_connect request/reply. */
 #include <errno.h>
 #include <inttypes.h>

@@ -2,7 +2,7 @@
 /*
  * Handshakes: the initiator's jobs (get_meta_msg, then the optional kvx_connect exchange, rank by
  * rank, with a deadline each) and the handshake ROUTER that answers remote initiators.
- * PROTOCOL.md §2.
+ * docs/protocol.md §2.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * The control lcore's loop: one poll(2) over the handshake ROUTER, the notify ROUTER, the DEALERs
  * of running handshake jobs, the watched fds (kvx_ctl_watch_fd()) and the waiter eventfd of the
  * inboxes; notify DEALERs (cached per peer path) and the heartbeat DEALER are send-only.
- * Also the ROUTER receive helpers shared by handshake.c and notify.c. DESIGN.md §1, §4;
+ * Also the ROUTER receive helpers shared by handshake.c and notify.c. docs/architecture.md §1, §4;
  * RUNTIME_GUIDE.md §5.2.
  */
 #include <errno.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Notifications: the send path (a cached DEALER per peer path, pinned by live transfers; terminal
- * ids) and the notify ROUTER's receive path. PROTOCOL.md §3.
+ * ids) and the notify ROUTER's receive path. docs/protocol.md §3.
  */
 #include <stdatomic.h>
 #include <stdlib.h>

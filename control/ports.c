@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Ports, ranks and addresses (PROTOCOL.md §2.1, §2.2, §3.4, §3.5, §4.5). Pure functions. */
+/* Ports, ranks and addresses (docs/protocol.md §2.1, §2.2, §3.4, §3.5, §4.5). Pure functions. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
 /**
  * @file
  * Umbrella public header of kvxfer: include this one. Each module's public header lives in
- * include/kvxfer/<module>.h (see DESIGN.md §2 and STYLE.md §8).
+ * include/kvxfer/<module>.h (see docs/architecture.md §2 and docs/style.md §8).
  */
 #include "kvxfer/common.h"
 #if __has_include("kvxfer/lcore.h")

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "metrics_internal.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* App-thread API                                                                            */
@@ -329,6 +330,8 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 		}
 	}
 	e->cpl_rr = e->n_po ? (e->cpl_rr + 1) % e->n_po : 0;
+	if (e->metrics)
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, out, got, kvx_xfer_live_count(e->reg), false);
 	return got;
 }
 

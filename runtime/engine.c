@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The engine: ties the lcores, the control lcore and a transport provider together and drives
- * both transfer modes on both roles (PROTOCOL.md §1.3, §1.4, §5 with §6 fixed; DESIGN.md §1).
+ * both transfer modes on both roles (docs/protocol.md §1.3, §1.4, §5 with §6 fixed; docs/architecture.md §1).
  * This file: create, layer registration, start, stop, destroy, stats. The rest, by thread:
  * api.c (app thread), poller.c (polling lcores), peer.c (control lcore: handshakes,
  * connections, inbound notifications), xfer.c (per-transfer state, no I/O).
@@ -296,7 +296,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	if ((rc = kvx_rcu_table_create(&tp, &e->conns)))
 		return rc;
 
-	/* DESIGN.md §3 `auto`: verbs if usable; else tcp, plus shm for same-host peers when CMA is
+	/* docs/architecture.md §3 `auto`: verbs if usable; else tcp, plus shm for same-host peers when CMA is
 	 * permitted (chosen per peer at the handshake: see connect_locked()). */
 	const char *prov = e->transport, *provs[2] = {NULL, NULL};
 	bool is_auto = !strcmp(prov, "auto");
@@ -461,7 +461,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	snprintf(lm.engine_key, sizeof(lm.engine_key), "%s", meta.engine_key);
 	lm.num_descs = e->n_layers;
 	lm.descs = descs;
-	/* MoRIIO form (PROTOCOL.md §3.1, §4.1): a split layer advertises its K and V planes as two
+	/* MoRIIO form (docs/protocol.md §3.1, §4.1): a split layer advertises its K and V planes as two
 	 * regions of one memory region; the region map keeps one MemoryDesc of the whole tensor. */
 	for (uint32_t i = 0; i < e->n_layers; i++) {
 		const struct layer *ly = &e->layers[i];

@@ -106,7 +106,7 @@ struct peer {
 	char host[KVX_ENGINE_HOST_MAX];
 	uint16_t hs_port, notify_port;
 	uint32_t dp_rank, dp_size_local, tp_size;
-	/* Multi-pod (PROTOCOL.md §5.8): per-pod hosts; ranks [k*dp_size_local, (k+1)*dp_size_local)
+	/* Multi-pod (docs/protocol.md §5.8): per-pod hosts; ranks [k*dp_size_local, (k+1)*dp_size_local)
 	 * live on pod_host[k]. Part of the peer's identity, so a transfer's routing is fixed at
 	 * submission and a later transfer with other hosts is another peer. */
 	char pod_host[KVX_ENGINE_MAX_PODS][KVX_ENGINE_HOST_MAX];

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* KV layout geometry, per-block offsets, range merging and the per-geometry plan cache
- * (PROTOCOL.md §4.1–§4.4). */
+ * (docs/protocol.md §4.1–§4.4). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -808,7 +808,7 @@ KVX_API int kvx_layout_check_peer_layer(const struct kvx_layout_geom *g, const s
 		goto overflow;
 	if (want == 2 && pl->kv_offset != kv) {
 		set_err(err, errlen,
-			"peer V plane is %llu bytes above K, the offsets of PROTOCOL.md §4.3 expect %llu "
+			"peer V plane is %llu bytes above K, the offsets of docs/protocol.md §4.3 expect %llu "
 			"(remote_kv_stride %llu elements x %llu bytes, peer num_blocks %llu)",
 			(unsigned long long)pl->kv_offset, (unsigned long long)kv,
 			(unsigned long long)g->remote_kv_stride, (unsigned long long)es, (unsigned long long)nbr);

@@ -34,7 +34,7 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 	struct kvx_engine *e = arg;
 	bool producer = e->p.role == KVX_SCHED_PRODUCER;
 	enum kvx_msg_type t = msg->type;
-	/* Role filter (PROTOCOL.md §3.2): P takes remote_blocks and release, D takes write_done;
+	/* Role filter (docs/protocol.md §3.2): P takes remote_blocks and release, D takes write_done;
 	 * a legacy plain id is a release on P and a write completion on D. */
 	if (t == KVX_MSG_COMPLETION)
 		t = producer ? KVX_MSG_RELEASE : KVX_MSG_WRITE_DONE;
@@ -343,7 +343,7 @@ void eng_conn_table_free(void *value, void *ctx)
 	eng_conn_put(value);
 }
 
-/* The peer's advertised regions (metadata (a) + region map (b), PROTOCOL.md §3.1, §4.1) must be
+/* The peer's advertised regions (metadata (a) + region map (b), docs/protocol.md §3.1, §4.1) must be
  * what the §4.3 offsets assume for every local layer: split layers with the V plane exactly
  * es*remote_kv_stride above K, every plannable block inside the peer's memory region. */
 static int check_peer_regions(struct kvx_engine *e, const struct peer *pr, const struct kvx_ctl_hs_rank *r,
@@ -476,7 +476,7 @@ void eng_on_xport_events(void *arg)
 		kvx_log(KVX_LOG_WARN, "engine: %s async events: %s", kvx_xport_name(w->e->xctx[w->k]), kvx_strerror(n));
 }
 
-/* Heterogeneous TP (PROTOCOL.md §4.2/§4.5): whole blocks move between different TP sizes only
+/* Heterogeneous TP (docs/protocol.md §4.2/§4.5): whole blocks move between different TP sizes only
  * when every rank holds whole KV heads; a peer that fails is rejected (its transfers fail with
  * the returned errno, the message names the values). MLA layers and unknown head counts
  * (spec.num_kv_heads 0) pass. */

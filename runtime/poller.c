@@ -28,7 +28,7 @@ static uint32_t peer_tp(const struct kvx_engine *e, const struct peer *pr)
 	return pr->tp_size ? pr->tp_size : e->p.tp_size;
 }
 
-/* Host of the peer's DP rank @p dp: its pod's host, else the peer host (PROTOCOL.md §5.8). */
+/* Host of the peer's DP rank @p dp: its pod's host, else the peer host (docs/protocol.md §5.8). */
 static const char *peer_host_of(const struct peer *pr, uint32_t dp)
 {
 	const char *host;
@@ -38,7 +38,7 @@ static const char *peer_host_of(const struct peer *pr, uint32_t dp)
 	return host;
 }
 
-/* Notify port of the peer TP rank this worker pairs with (PROTOCOL.md §2.4 targets). */
+/* Notify port of the peer TP rank this worker pairs with (docs/protocol.md §2.4 targets). */
 static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *pr, uint32_t rtp)
 {
 	uint32_t ptp = peer_tp(e, pr);
@@ -84,7 +84,7 @@ static void send_to_paired_rank(struct poller *po, const struct peer *pr, enum k
 	send_notify(po, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0);
 }
 
-/* D WRITE: remote_blocks / release go to every P TP rank, from TP rank 0 only (PROTOCOL.md
+/* D WRITE: remote_blocks / release go to every P TP rank, from TP rank 0 only (docs/protocol.md
  * §1.3 step 5b: the scheduler of the D DP rank sends once). */
 static void send_to_all_ranks(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid,
 			      const uint32_t *blocks, uint32_t n)
@@ -543,7 +543,7 @@ static void write_progress(struct poller *po, struct xf *x)
 	if (cr == 0)
 		return;
 	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
-	 * block (first generated token) stays unpaired (PROTOCOL.md §6 item 8). */
+	 * block (first generated token) stays unpaired (docs/protocol.md §6 item 8). */
 	size_t nl = x->n, nr = t->n_remote_blocks, n = nl < nr ? nl : nr;
 	const uint32_t *lids = x->lblocks + (nl > nr ? nl - nr : 0);
 	kvx_plan_cache_reset(po->pc);
@@ -666,7 +666,7 @@ static void handle_notify(struct poller *po, struct emsg *m)
 
 /* A connection's endpoint is in error state (transport.h: every op on it fails from now on):
  * no new transfer binds it, and the peer is re-handshaken at once (a new connection with new
- * endpoints; the old one drains and is freed when unreferenced) (PROTOCOL.md §6 item 18). */
+ * endpoints; the old one drains and is freed when unreferenced) (docs/protocol.md §6 item 18). */
 static void conn_stale(struct poller *po, struct conn *c)
 {
 	if (atomic_exchange_explicit(&c->stale, true, memory_order_acq_rel))
@@ -777,7 +777,7 @@ static void handle_cin(struct poller *po, struct emsg *m)
 	}
 }
 
-/* P READ defer timeout (PROTOCOL.md §5.4 with §6 item 11): the producer cannot see one-sided
+/* P READ defer timeout (docs/protocol.md §5.4 with §6 item 11): the producer cannot see one-sided
  * reads, so it revokes them: destroying the target endpoints makes every consumer's further
  * access impossible (verbs: the QPs are gone; tcp: the context's progress stops serving them at
  * its next call), and only then are the blocks reported reusable. shm cannot be revoked by the

@@ -3,7 +3,7 @@
 #define KVX_RUNTIME_INTERNAL_H
 /*
  * Module-private: the per-transfer state machines the engine drives on its polling lcores
- * (PROTOCOL.md §1.3 steps 8–11, §1.4 steps 8–12, §5.5, §5.6), kept free of I/O so the unit
+ * (docs/protocol.md §1.3 steps 8–11, §1.4 steps 8–12, §5.5, §5.6), kept free of I/O so the unit
  * tests drive them directly with an injected clock. One owner thread per table.
  */
 #include <stdbool.h>
@@ -17,7 +17,7 @@
 #define KVX_XFER_ID_MAX 128
 /** Layers per transfer tracked by the write-state bitmap. */
 #define KVX_XFER_MAX_LAYERS 512
-/** Default size of the terminal-id LRU (PROTOCOL.md Appendix A item 4). */
+/** Default size of the terminal-id LRU (docs/protocol.md Appendix A item 4). */
 #define KVX_XFER_TERMINAL_LRU 4096
 
 enum kvx_xfer_state {
@@ -38,7 +38,7 @@ struct kvx_xfer {
 	uint32_t state;          /* enum kvx_xfer_state */
 	uint32_t next;           /* hash chain, index+1 (0 = end) */
 	uint32_t lru_next;       /* terminal FIFO, index+1 */
-	/* WRITE producer (PROTOCOL.md §1.3 steps 8–11). */
+	/* WRITE producer (docs/protocol.md §1.3 steps 8–11). */
 	uint64_t layers_sched[KVX_XFER_MAX_LAYERS / 64];
 	uint32_t writes_scheduled; /* distinct layers scheduled */
 	uint32_t writes_done;      /* layer writes whose ops are terminal */
@@ -51,7 +51,7 @@ struct kvx_xfer {
 	uint32_t n_remote_blocks;
 	int32_t decode_dp_rank;
 	uint64_t alloc_epoch;      /* `kvx_epoch` of the remote_blocks sender (0: a MoRIIO peer) */
-	/* ACK fan-in on the producer (PROTOCOL.md §5.6). */
+	/* ACK fan-in on the producer (docs/protocol.md §5.6). */
 	uint32_t ack_count;
 	bool ack_completed;
 	/* Owner's attachment: the engine's transfer object while it is live (poller tables: set at
@@ -99,7 +99,7 @@ bool kvx_xfer_schedule_write(struct kvx_xfer *x, uint32_t layer);
  * transfer is then terminal). */
 int kvx_xfer_seal_count(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t n_layers, enum kvx_xfer_action *act);
 /* One layer's writes are terminal on the wire (ok = every op succeeded). A failure makes the
- * transfer terminal (the producer frees its blocks, PROTOCOL.md §5.5). */
+ * transfer terminal (the producer frees its blocks, docs/protocol.md §5.5). */
 enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct kvx_xfer *x, bool ok);
 /* Store D's allocation (remote_blocks), taking ownership of the malloc'ed @p ids (freed on
  * every path). 1 stored, 0 ignored (terminal), -EEXIST duplicate, -EPROTO empty list. */
@@ -165,29 +165,29 @@ struct kvx_xfer_out {
 
 /* Events the owning poller feeds into a transfer's lifecycle (kvx_xfer_step()). */
 enum kvx_xfer_ev_type {
-	/* The submission reached its poller (PROTOCOL.md §1.3 step 5, §1.4 step 8, §6 items 3,
+	/* The submission reached its poller (docs/protocol.md §1.3 step 5, §1.4 step 8, §6 items 3,
 	 * 10): a consumer READ posts (nothing to move: release P, DONE); D WRITE announces its
 	 * blocks (none: release every P rank, DONE); a notification that came first (the entry is
 	 * terminal with its fan-in complete) ends it at once: DONE, or for P WRITE ABORTED with a
 	 * write_done telling D that nothing was written. */
 	KVX_XFER_EV_SUBMIT = 1,
-	/* The application aborts (PROTOCOL.md §5.3, §6 item 10): D WRITE tells every P rank to stop
+	/* The application aborts (docs/protocol.md §5.3, §6 item 10): D WRITE tells every P rank to stop
 	 * and quarantines its blocks; P WRITE stops posting (its entry turns terminal) and releases
 	 * once its ops are terminal; D READ releases P once its ops are terminal; P READ releases. */
 	KVX_XFER_EV_ABORT = 2,
-	/* The clock (PROTOCOL.md §5.4, §5.5, §6 item 11): a transfer not yet reported times out once
+	/* The clock (docs/protocol.md §5.4, §5.5, §6 item 11): a transfer not yet reported times out once
 	 * now - start > its limit (strict), the defer timeout for a producer holding blocks for a
 	 * peer (SERVE; WRITE before D's allocation), else the transfer timeout. D WRITE: tell P to
 	 * stop, quarantine; P WRITE: stop, release once ops are terminal; P READ: hold the blocks
 	 * until every reader is revoked (fence); D READ: settle once ops are terminal. A reported
 	 * D WRITE leaves quarantine once now > quarantine_ns. */
 	KVX_XFER_EV_TICK = 3,
-	/* D READ: posting went on or an op completed (PROTOCOL.md §1.4 steps 9-10, §5.5). Nothing
+	/* D READ: posting went on or an op completed (docs/protocol.md §1.4 steps 9-10, §5.5). Nothing
 	 * while ops are in flight. Ended already: P is released only if something was posted or
 	 * it was aborted (a producer that never answered gets no late release), then the blocks.
 	 * Every layer posted or failed: release P, DONE or FAILED, blocks reusable. */
 	KVX_XFER_EV_READ_SETTLE = 4,
-	/* Inbound release (PROTOCOL.md §5.6): on a P WRITE, D aborted: stop posting, ABORTED,
+	/* Inbound release (docs/protocol.md §5.6): on a P WRITE, D aborted: stop posting, ABORTED,
 	 * write_done once the ops are terminal. Else one ACK of the fan-in on the entry (a parked
 	 * entry when the transfer is not submitted yet: @p lf NULL); when it completes a P READ:
 	 * DONE, blocks reusable. A bad tp combination is late. */
@@ -205,9 +205,9 @@ enum kvx_xfer_ev_type {
 	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
 	KVX_XFER_EV_FENCED = 9,
 	/* P WRITE: the application says layer `layer` is (or will be, by its event) computed
-	 * (PROTOCOL.md §1.3 step 8): POST_LAYER once per layer; a duplicate is a no-op. */
+	 * (docs/protocol.md §1.3 step 8): POST_LAYER once per layer; a duplicate is a no-op. */
 	KVX_XFER_EV_LAYER_READY = 10,
-	/* P WRITE: the application seals the transfer at `n_layers` layers (PROTOCOL.md §1.3 step
+	/* P WRITE: the application seals the transfer at `n_layers` layers (docs/protocol.md §1.3 step
 	 * 10); if they are all written, write_done is due now: DONE. */
 	KVX_XFER_EV_SEAL = 11,
 	/* P WRITE: one layer's writes all completed successfully (or it had nothing to move);
@@ -217,7 +217,7 @@ enum kvx_xfer_ev_type {
 	 * more is written, FAILED; the blocks are released once the ops in flight are terminal
 	 * (KVX_XFER_EV_WRITE_SETTLE). */
 	KVX_XFER_EV_WRITE_FAILED = 13,
-	/* Inbound remote_blocks (D's allocation, PROTOCOL.md §1.3 step 5b): stored on the entry
+	/* Inbound remote_blocks (D's allocation, docs/protocol.md §1.3 step 5b): stored on the entry
 	 * (parked if not submitted yet); a P WRITE then posts what is ready. A duplicate, an empty
 	 * list or one for a finished transfer is late. */
 	KVX_XFER_EV_REMOTE_BLOCKS = 14,
@@ -234,7 +234,7 @@ struct kvx_xfer_ev {
 	uint32_t *block_ids;          /* REMOTE_BLOCKS: malloc'ed Array[n_blocks], always taken */
 	int32_t decode_dp_rank;       /* REMOTE_BLOCKS: the D DP rank that sent it */
 	uint64_t alloc_epoch;         /* REMOTE_BLOCKS: its sender's incarnation (0: a MoRIIO peer) */
-	uint32_t consumer_tp;         /* RELEASE / WRITE_DONE: fan-in sizes (PROTOCOL.md §5.6) */
+	uint32_t consumer_tp;         /* RELEASE / WRITE_DONE: fan-in sizes (docs/protocol.md §5.6) */
 	uint32_t producer_tp;
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
@@ -249,7 +249,7 @@ struct kvx_xfer_ev {
 void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
 		   struct kvx_xfer_out *o);
 
-/* ACK fan-in (PROTOCOL.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
+/* ACK fan-in (docs/protocol.md §5.6, vectors T26–T27): returns 1 when @p x completes now, 0 if more
  * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp
  * combination. A completed transfer becomes terminal. */
 int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp);

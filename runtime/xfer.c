@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Per-transfer state the polling lcores keep, free of I/O: the transfer table with its terminal
  * LRU (one-shot ids, parked notifications), WRITE producer sealing and write_done-once, D's
- * allocation, ACK fan-in, and the deadlines of a clock tick (PROTOCOL.md §1.3, §1.4, §5.4-§5.6). */
+ * allocation, ACK fan-in, and the deadlines of a clock tick (docs/protocol.md §1.3, §1.4, §5.4-§5.6). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,7 +192,7 @@ enum kvx_xfer_action kvx_xfer_mark_write_done(struct kvx_xfer_table *t, struct k
 	if (x->state != KVX_XFER_S_LIVE)
 		return KVX_XFER_ACT_NONE;
 	if (!ok) {
-		/* A failed write ends the transfer: the producer frees its blocks (PROTOCOL.md §5.5). */
+		/* A failed write ends the transfer: the producer frees its blocks (docs/protocol.md §5.5). */
 		x->failed = true;
 		kvx_xfer_make_terminal(t, x);
 		return KVX_XFER_ACT_NONE;
@@ -320,7 +320,7 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 	}
 	bool holds = lf->kind == KVX_XFER_K_SERVE || (lf->kind == KVX_XFER_K_WRITE && !ev->has_alloc);
 	uint64_t limit = holds ? ev->defer_timeout_ns : ev->transfer_timeout_ns;
-	/* Strict '>': exactly at the limit the transfer is still pending (PROTOCOL.md §5.5); a
+	/* Strict '>': exactly at the limit the transfer is still pending (docs/protocol.md §5.5); a
 	 * clock reading older than the start (another thread's) is no timeout. */
 	if (now > lf->start_ns && now - lf->start_ns > limit) {
 		lf->timed_out = true;

@@ -72,7 +72,7 @@ int kvx_xport_select(const char *requested, bool peer_same_host, const char **ou
 		*out = find_provider(requested)->name;
 		return 0;
 	}
-	/* DESIGN.md §3: verbs if a usable RDMA device exists, else shm for a same-host peer when
+	/* docs/architecture.md §3: verbs if a usable RDMA device exists, else shm for a same-host peer when
 	 * CMA is permitted, else tcp. */
 	if (find_provider("verbs") && kvx_xport_provider_probe("verbs", NULL, 0) == 0) {
 		*out = "verbs";

@@ -154,7 +154,7 @@ extern const struct kvx_xport_ops kvx_xport_shm_ops;
 extern const struct kvx_xport_ops kvx_xport_verbs_ops;
 #endif
 
-/* Stubs for providers that lack an op (STYLE.md §8: no NULL slots): progress has no
+/* Stubs for providers that lack an op (docs/style.md §8: no NULL slots): progress has no
  * target-side work (returns 0 = idle), rmr_check refuses every descriptor (-ENOTSUP). */
 int kvx_xport_noop_progress(struct kvx_xport_ctx *ctx);
 int kvx_xport_enotsup_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rmr);

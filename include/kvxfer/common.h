@@ -4,7 +4,7 @@
 /**
  * @file
  * Shared conventions of every kvxfer module: export and branch-hint macros, the cache-line
- * size, the error convention (0 or a negative errno, STYLE.md §8), the monotonic clock and the
+ * size, the error convention (0 or a negative errno, docs/style.md §8), the monotonic clock and the
  * rate-limited logger used by the slow path.
  *
  * Error table (the only codes kvxfer functions return, always negated):

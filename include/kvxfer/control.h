@@ -5,7 +5,7 @@
  * @file
  * Control plane of kvxfer: the MoRIIO-compatible wire codec (`kvx_msg_*`), the port and
  * address helpers (`kvx_ctl_*` pure functions), and the control lcore object (`struct kvx_ctl`)
- * that owns every ZMQ socket of a worker (DESIGN.md §1, §4; PROTOCOL.md §2, §3).
+ * that owns every ZMQ socket of a worker (docs/architecture.md §1, §4; docs/protocol.md §2, §3).
  *
  * Installed and exported: the pure helpers (layer 1) below. The codec (layer 2,
  * kvxfer/internal/codec.h) and the control lcore (layer 3, kvxfer/internal/ctl.h) are the
@@ -29,7 +29,7 @@
  *     (`struct kvx_ctl_inbox`, one per producer thread, single-producer/single-consumer, no
  *     locks). All callbacks run on the control thread.
  *
- * Wire compatibility (PROTOCOL.md Appendix A):
+ * Wire compatibility (docs/protocol.md Appendix A):
  *  - Handshake: the initiator DEALER sends the 12 bytes `get_meta_msg`; the listener ROUTER
  *    answers with two messages, each seen by the DEALER as `["", payload]`: (a) the metadata map
  *    and (b) the per-layer region map. kvxfer's own metadata fields are **extra keys after the
@@ -40,13 +40,13 @@
  *    the reply `{type:"kvx_connect_reply", status, blob}` carrying **blob B**. A MoRIIO peer never
  *    sends it, so a kvxfer listener still serves MoRIIO initiators.
  *  - Notifications: one msgpack map (or a legacy plain UTF-8 string) per frame, DEALER ->
- *    ROUTER, keys as in PROTOCOL.md §3.2.
- *  - Heartbeat: the L1+ map of PROTOCOL.md §3.4, one frame every 3 s to the proxy.
+ *    ROUTER, keys as in docs/protocol.md §3.2.
+ *  - Heartbeat: the L1+ map of docs/protocol.md §3.4, one frame every 3 s to the proxy.
  *
  * Limits (everything larger is rejected with -EMSGSIZE or -EPROTO and counted, never
  * allocated): see the KVX_MSG_* constants below.
  *
- * Only `control/` includes zmq.h and msgpack.h (STYLE.md §8).
+ * Only `control/` includes zmq.h and msgpack.h (docs/style.md §8).
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -62,9 +62,9 @@ extern "C" {
 /* Constants                                                                                   */
 /* ------------------------------------------------------------------------------------------ */
 
-/** Default handshake base port (PROTOCOL.md §2.2, DEFAULT_HANDSHAKE_PORT). */
+/** Default handshake base port (docs/protocol.md §2.2, DEFAULT_HANDSHAKE_PORT). */
 #define KVX_CTL_DEFAULT_HANDSHAKE_PORT 6301
-/** Default notify base port (PROTOCOL.md §2.2, DEFAULT_NOTIFY_PORT). */
+/** Default notify base port (docs/protocol.md §2.2, DEFAULT_NOTIFY_PORT). */
 #define KVX_CTL_DEFAULT_NOTIFY_PORT 61005
 /** Longest host (IP literal or name) in an address, bytes. */
 #define KVX_CTL_HOST_MAX 255
@@ -73,7 +73,7 @@ extern "C" {
 /* Enumerations                                                                                */
 /* ------------------------------------------------------------------------------------------ */
 
-/** Port arithmetic mode (PROTOCOL.md §2.1, §6 item 6; DESIGN.md §4). */
+/** Port arithmetic mode (docs/protocol.md §2.1, §6 item 6; docs/architecture.md §4). */
 enum kvx_ctl_port_mode {
 	/** `dp_local * tp_size + tp_rank`: injective over (dp, tp). The default. */
 	KVX_CTL_PORT_INJECTIVE = 0,
@@ -85,20 +85,20 @@ enum kvx_ctl_port_mode {
 	KVX_CTL_PORT_VLLM = 1,
 };
 
-/** Worker role (PROTOCOL.md §1.1). */
+/** Worker role (docs/protocol.md §1.1). */
 enum kvx_ctl_role {
 	KVX_CTL_ROLE_PRODUCER = 0, /**< Prefill, "P", `kv_producer`. */
 	KVX_CTL_ROLE_CONSUMER = 1, /**< Decode, "D", `kv_consumer`. */
 };
 
-/** Transfer mode (PROTOCOL.md §1.2); heartbeat `transfer_mode` "WRITE" / "READ". */
+/** Transfer mode (docs/protocol.md §1.2); heartbeat `transfer_mode` "WRITE" / "READ". */
 enum kvx_ctl_xfer_mode {
 	KVX_CTL_MODE_WRITE = 0, /**< Push: P writes into D's blocks (default). */
 	KVX_CTL_MODE_READ = 1,  /**< Pull: D reads P's blocks. */
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* Pure helpers: ports, ranks, addresses (PROTOCOL.md §2.1, §2.2, §3.4, §3.5, §4.5)            */
+/* Pure helpers: ports, ranks, addresses (docs/protocol.md §2.1, §2.2, §3.4, §3.5, §4.5)            */
 /* ------------------------------------------------------------------------------------------ */
 
 /**
@@ -114,7 +114,7 @@ enum kvx_ctl_xfer_mode {
  * @retval -EINVAL    tp_size is 0 ("tp_size must be positive"), tp_rank >= tp_size in
  *                    injective mode, bad mode, or the offset exceeds 65535.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.1 port_offset, §6 item 6, T33, T54.
+ * @par Source         docs/protocol.md §2.1 port_offset, §6 item 6, T33, T54.
  */
 KVX_API int kvx_ctl_port_offset(enum kvx_ctl_port_mode mode, uint32_t dp_local, uint32_t tp_rank,
 				uint32_t tp_size, uint32_t *offset);
@@ -128,7 +128,7 @@ KVX_API int kvx_ctl_port_offset(enum kvx_ctl_port_mode mode, uint32_t dp_local, 
  * @return            0 on success.
  * @retval -EINVAL    As kvx_ctl_port_offset(), base 0, or the sum exceeds 65535.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.2, §2.4 targets.
+ * @par Source         docs/protocol.md §2.2, §2.4 targets.
  */
 KVX_API int kvx_ctl_port(enum kvx_ctl_port_mode mode, uint16_t base, uint32_t dp_local,
 			 uint32_t tp_rank, uint32_t tp_size, uint16_t *port);
@@ -141,7 +141,7 @@ KVX_API int kvx_ctl_port(enum kvx_ctl_port_mode mode, uint16_t base, uint32_t dp
  * @param dp_local  DP ranks per pod; 0 = single pod.
  * @return          The local rank.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.1 fold_local_rank, T54.
+ * @par Source         docs/protocol.md §2.1 fold_local_rank, T54.
  */
 KVX_API uint32_t kvx_ctl_fold_local_rank(uint32_t g, uint32_t dp_local);
 
@@ -152,7 +152,7 @@ KVX_API uint32_t kvx_ctl_fold_local_rank(uint32_t g, uint32_t dp_local);
  * @param dp_local  DP ranks per pod; 0 = single pod.
  * @return          The pod index (index into remote_hosts).
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.1 pod_index, §5.8, T54.
+ * @par Source         docs/protocol.md §2.1 pod_index, §5.8, T54.
  */
 KVX_API uint32_t kvx_ctl_pod_index(uint32_t g, uint32_t dp_local);
 
@@ -172,7 +172,7 @@ KVX_API uint32_t kvx_ctl_pod_index(uint32_t g, uint32_t dp_local);
  * @retval -EINVAL     local_size 0, local_rank out of range, or neither size is a multiple
  *                     of the other (the message contains "multiple").
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.1, §4.5, T23, T35.
+ * @par Source         docs/protocol.md §2.1, §4.5, T23, T35.
  */
 KVX_API int kvx_ctl_remote_tp_rank(uint32_t local_rank, uint32_t local_size, uint32_t remote_size,
 				   uint32_t *out, char *err, size_t err_len);
@@ -186,7 +186,7 @@ KVX_API int kvx_ctl_remote_tp_rank(uint32_t local_rank, uint32_t local_size, uin
  * @return           0 on success.
  * @retval -EINVAL   A size is 0, or c_tp > p_tp and c_tp is not a multiple of p_tp.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §4.5 expected_acks, §5.6, T25.
+ * @par Source         docs/protocol.md §4.5 expected_acks, §5.6, T25.
  */
 KVX_API int kvx_ctl_expected_acks(uint32_t p_tp, uint32_t c_tp, uint32_t *out);
 
@@ -199,7 +199,7 @@ KVX_API int kvx_ctl_expected_acks(uint32_t p_tp, uint32_t c_tp, uint32_t *out);
  * @param local_tp_size   This worker's TP size.
  * @return                The peer TP size.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §3.3, T33.
+ * @par Source         docs/protocol.md §3.3, T33.
  */
 KVX_API uint32_t kvx_ctl_peer_tp_size(int64_t remote_tp_size, int64_t tp_size,
 				      uint32_t local_tp_size);
@@ -218,7 +218,7 @@ KVX_API uint32_t kvx_ctl_peer_tp_size(int64_t remote_tp_size, int64_t tp_size,
  * @param[out] host       Points at the chosen string (one of the inputs); not NULL.
  * @param[out] local_rank Folded rank for the port computation; not NULL.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.3 fan-out, §5.8, T36, T39.
+ * @par Source         docs/protocol.md §2.3 fan-out, §5.8, T36, T39.
  */
 KVX_API void kvx_ctl_dp_target(uint32_t dp_rank, uint32_t dp_size_local,
 			       const char *const *hosts, uint32_t num_hosts,
@@ -246,7 +246,7 @@ struct kvx_ctl_addr {
  * @retval -EINVAL   Missing key, empty host, host too long, or a port that is not an integer
  *                   in 1..65535.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §3.4 parse_moriio_zmq_address, T52.
+ * @par Source         docs/protocol.md §3.4 parse_moriio_zmq_address, T52.
  */
 KVX_API int kvx_ctl_zmq_address_parse(const char *s, size_t len, struct kvx_ctl_addr *out,
 				      char *err, size_t err_len);
@@ -261,7 +261,7 @@ KVX_API int kvx_ctl_zmq_address_parse(const char *s, size_t len, struct kvx_ctl_
  * @return       Length written (without the NUL), > 0.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §3.4.
+ * @par Source         docs/protocol.md §3.4.
  */
 KVX_API int kvx_ctl_zmq_address_format(const struct kvx_ctl_addr *a, char *buf, size_t cap);
 
@@ -277,7 +277,7 @@ KVX_API int kvx_ctl_zmq_address_format(const struct kvx_ctl_addr *a, char *buf, 
  * @retval -EINVAL    Empty host or port 0.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.1 zmq path.
+ * @par Source         docs/protocol.md §2.1 zmq path.
  */
 KVX_API int kvx_ctl_zmq_path(const char *host, uint16_t port, char *buf, size_t cap);
 
@@ -292,7 +292,7 @@ KVX_API int kvx_ctl_zmq_path(const char *host, uint16_t port, char *buf, size_t 
  * @retval -ENOENT   No embedded prefill address (callers fall back to params, L2).
  * @retval -EMSGSIZE buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §3.5, T52.
+ * @par Source         docs/protocol.md §3.5, T52.
  */
 KVX_API int kvx_ctl_reqid_prefill_addr(const char *rid, char *buf, size_t cap);
 
@@ -307,7 +307,7 @@ KVX_API int kvx_ctl_reqid_prefill_addr(const char *rid, char *buf, size_t cap);
  * @retval -ENOENT   No embedded decode address.
  * @retval -EMSGSIZE buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §3.5, T52.
+ * @par Source         docs/protocol.md §3.5, T52.
  */
 KVX_API int kvx_ctl_reqid_decode_addr(const char *rid, char *buf, size_t cap);
 
@@ -324,7 +324,7 @@ KVX_API int kvx_ctl_reqid_decode_addr(const char *rid, char *buf, size_t cap);
  * @retval -EINVAL    hex32 is not 32 lowercase hex digits.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §1.3 step 2, §3.5.
+ * @par Source         docs/protocol.md §1.3 step 2, §3.5.
  */
 KVX_API int kvx_ctl_reqid_format(const char *p_addr, const char *d_addr, const char *hex32,
 				 char *buf, size_t cap);
@@ -339,7 +339,7 @@ KVX_API int kvx_ctl_reqid_format(const char *p_addr, const char *d_addr, const c
  * @return         Length written (without the NUL), >= 0.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §3.5 _strip_vllm_request_suffix, T52.
+ * @par Source         docs/protocol.md §3.5 _strip_vllm_request_suffix, T52.
  */
 KVX_API int kvx_ctl_reqid_strip_suffix(const char *rid, char *buf, size_t cap);
 
@@ -356,7 +356,7 @@ KVX_API int kvx_ctl_reqid_strip_suffix(const char *rid, char *buf, size_t cap);
  * @return         Length written (without the NUL), > 0.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Pure; any thread.
- * @par Source         PROTOCOL.md §2.2, Appendix A item 1, T48.
+ * @par Source         docs/protocol.md §2.2, Appendix A item 1, T48.
  */
 KVX_API int kvx_ctl_engine_key(enum kvx_ctl_role role, const char *ip, uint16_t hs_base,
 			       uint32_t tp_rank, uint32_t dp_rank, char *buf, size_t cap);

@@ -3,8 +3,8 @@
 #define KVX_ENGINE_H
 /**
  * @file
- * The engine: what an inference engine programs against (PROTOCOL.md §1, §4, §5, with the
- * fixes of §6; DESIGN.md §1 and §5).
+ * The engine: what an inference engine programs against (docs/protocol.md §1, §4, §5, with the
+ * fixes of §6; docs/architecture.md §1 and §5).
  *
  * An engine is one worker (one (dp_rank, tp_rank)) of a producer (prefill, P) or consumer
  * (decode, D) instance, in READ or WRITE mode. It owns pinned polling lcores (transfer
@@ -30,7 +30,7 @@
  * consumer gets KVX_CPL_BLOCKS_RELEASED for the destination blocks of a failed/aborted
  * transfer once they are out of quarantine.
  *
- * Reader fence (P READ, PROTOCOL.md §5.4 and §6 item 11): a producer cannot see the
+ * Reader fence (P READ, docs/protocol.md §5.4 and §6 item 11): a producer cannot see the
  * consumer's one-sided READs, so when a served transfer's defer_timeout passes without
  * `release` it first revokes access at the wire: its polling lcore destroys every target
  * (accepted) endpoint of the engine (verbs: the responder QPs are gone; tcp: the connections
@@ -40,11 +40,11 @@
  * consumer connected to it loses its endpoint: their in-flight READs (of any transfer) fail
  * with -ECONNRESET and each consumer re-handshakes before its next transfer (below). shm
  * cannot be fenced by the target (the consumer reads with process_vm_readv under the
- * same-host, same-user trust model, DESIGN.md §3): there the release relies on the consumer
+ * same-host, same-user trust model, docs/architecture.md §3): there the release relies on the consumer
  * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
  * transfer_timeout_ms.
  *
- * Endpoint errors and peer restarts (PROTOCOL.md §6 item 18): when an op completes with the
+ * Endpoint errors and peer restarts (docs/protocol.md §6 item 18): when an op completes with the
  * peer's endpoint in error state (peer lost, restarted, fenced, op timeout), the poller stops
  * using the cached peer, drains its endpoint and re-handshakes (new endpoint, new remote
  * regions, the peer's current epoch); transfers submitted meanwhile wait for it.
@@ -54,7 +54,7 @@
  * epoch is the same (the producer fenced it: its blocks may be reused). WRITE transfers whose
  * ops failed end FAILED; later ones use the new endpoint.
  *
- * Consumer restart in WRITE mode (PROTOCOL.md §6 item 18): a kvxfer consumer names the
+ * Consumer restart in WRITE mode (docs/protocol.md §6 item 18): a kvxfer consumer names the
  * incarnation that made an allocation in its `remote_blocks` (extension key `kvx_epoch`, which a
  * MoRIIO peer ignores). Before a WRITE transfer's first post the producer compares it with its
  * connection's epoch: a different epoch means the consumer restarted, so the producer
@@ -66,7 +66,7 @@
  * connection setup on the control lcore). That fallback can misattribute an allocation made by
  * a consumer that died and restarted on the same ports inside the window.
  *
- * Thread model (DESIGN.md §1): one application thread (the engine's worker thread) owns the
+ * Thread model (docs/architecture.md §1): one application thread (the engine's worker thread) owns the
  * engine and makes every call in this header; the calls never block except
  * kvx_xfer_layer_wait() and kvx_engine_stop(), and never allocate per submission (see below).
  * - Every polling lcore of `params.lcores` runs transfers. A transfer belongs to one polling
@@ -120,7 +120,7 @@ extern "C" {
 /** Most per-pod hosts of one peer (struct kvx_engine_peer.remote_hosts). */
 #define KVX_ENGINE_MAX_PODS 16
 
-/** Idle policy of the polling lcores (DESIGN.md §1). */
+/** Idle policy of the polling lcores (docs/architecture.md §1). */
 enum kvx_engine_idle {
 	KVX_ENGINE_IDLE_BUSY = 0,     /**< Spin with a pause hint: lowest latency, burns the core. */
 	KVX_ENGINE_IDLE_ADAPTIVE = 1, /**< Spin, back off, then sleep on an eventfd; default. */
@@ -138,7 +138,7 @@ enum kvx_engine_mem {
 /** Engine parameters; initialise with kvx_engine_params_init(), then set fields. */
 struct kvx_engine_params {
 	enum kvx_sched_role role;      /**< Producer (prefill) or consumer (decode). */
-	enum kvx_sched_mode mode;      /**< READ or WRITE (PROTOCOL.md §1.2). Default WRITE. */
+	enum kvx_sched_mode mode;      /**< READ or WRITE (docs/protocol.md §1.2). Default WRITE. */
 	const char *transport;         /**< "auto" (default), "verbs", "tcp" or "shm". */
 	const char *lcores;            /**< Polling lcore list, DPDK `-l` syntax ("2,3" or "2-3"), at most
 	                                    KVX_ENGINE_MAX_POLLERS; every one runs transfers (sharded by
@@ -150,11 +150,11 @@ struct kvx_engine_params {
 	uint16_t notify_port;          /**< Notify base port (default 61005); 0 = ephemeral (tests). */
 	uint32_t dp_rank;              /**< Global DP rank of this worker, < dp_size. */
 	uint32_t dp_size;              /**< DP size, > 0. */
-	uint32_t dp_size_local;        /**< DP ranks per pod; 0 = single pod (PROTOCOL.md §2.1). */
+	uint32_t dp_size_local;        /**< DP ranks per pod; 0 = single pod (docs/protocol.md §2.1). */
 	uint32_t tp_rank;              /**< TP rank, < tp_size. */
 	uint32_t tp_size;              /**< TP size, > 0. */
 	uint32_t total_kv_heads;       /**< The model's KV heads over all TP ranks (heterogeneous-TP
-	                                    guard, PROTOCOL.md §4.5); 0 = layers' num_kv_heads x
+	                                    guard, docs/protocol.md §4.5); 0 = layers' num_kv_heads x
 	                                    tp_size, which is right only when heads are not
 	                                    replicated (tp_size <= heads). */
 	uint32_t handshake_timeout_ms; /**< Handshake deadline from its start, ms (default 10000). */
@@ -193,7 +193,7 @@ struct kvx_engine_params {
 	                                    warning is logged when the ports are not loopback-only. */
 };
 
-/** A KV layer to register (PROTOCOL.md §4.1). */
+/** A KV layer to register (docs/protocol.md §4.1). */
 struct kvx_engine_layer {
 	const char *name;               /**< Layer name, unique, 1..KVX_ENGINE_NAME_MAX-1 bytes; peers must agree. */
 	void *base;                     /**< Address of element 0; not NULL. */
@@ -211,7 +211,7 @@ struct kvx_engine_layer {
 /**
  * Where a peer worker listens (one DP rank of the peer instance).
  *
- * Multi-pod (Wide-EP) peers (PROTOCOL.md §5.8, vector T39): ranks
+ * Multi-pod (Wide-EP) peers (docs/protocol.md §5.8, vector T39): ranks
  * `[k*dp_size_local, (k+1)*dp_size_local)` live on `remote_hosts[k]`; the handshake, the
  * notifications of the transfer and the producer's `write_done` (to the decode DP rank named
  * in `remote_blocks`) go to `remote_hosts[pod_index(rank, dp_size_local)]` when that index is
@@ -230,7 +230,7 @@ struct kvx_engine_peer {
 	uint32_t num_remote_hosts; /**< Entries in remote_hosts, 0..KVX_ENGINE_MAX_PODS. */
 };
 
-/** D READ: read a request's blocks from P (PROTOCOL.md §1.4 steps 7–10). */
+/** D READ: read a request's blocks from P (docs/protocol.md §1.4 steps 7–10). */
 struct kvx_engine_read {
 	const char *transfer_id;        /**< Transfer id; not NULL. */
 	struct kvx_engine_peer peer;    /**< The producer worker. */
@@ -239,7 +239,7 @@ struct kvx_engine_read {
 	size_t n;                       /**< Pairs; 0 = full prefix hit: `release` only, no RDMA. */
 };
 
-/** D WRITE: announce the blocks allocated for a transfer (PROTOCOL.md §1.3 step 5b). */
+/** D WRITE: announce the blocks allocated for a transfer (docs/protocol.md §1.3 step 5b). */
 struct kvx_engine_announce {
 	const char *transfer_id;       /**< Transfer id; not NULL. */
 	struct kvx_engine_peer peer;   /**< The producer instance (remote_blocks goes to its TP ranks). */
@@ -247,7 +247,7 @@ struct kvx_engine_announce {
 	size_t n;                      /**< Blocks; 0 = full prefix hit: sends `release` instead. */
 };
 
-/** P WRITE: start a push transfer (PROTOCOL.md §1.3 steps 8–11). */
+/** P WRITE: start a push transfer (docs/protocol.md §1.3 steps 8–11). */
 struct kvx_engine_write {
 	const char *transfer_id;       /**< Transfer id; not NULL. */
 	struct kvx_engine_peer peer;   /**< The consumer instance (dp_rank = decode DP rank). */
@@ -255,7 +255,7 @@ struct kvx_engine_write {
 	size_t n;                      /**< Blocks, > 0. */
 };
 
-/** P READ: make a transfer's blocks readable until `release` (PROTOCOL.md §1.4 steps 3, 11–12). */
+/** P READ: make a transfer's blocks readable until `release` (docs/protocol.md §1.4 steps 3, 11–12). */
 struct kvx_engine_serve {
 	const char *transfer_id;       /**< Transfer id; not NULL. */
 	const uint32_t *local_blocks;  /**< Array[n] block ids the consumer will read. */
@@ -395,7 +395,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e);
 KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_port, uint16_t *notify_port);
 
 /**
- * D READ: read a request's blocks from a producer (PROTOCOL.md §1.4 steps 7–10, §6 items 8–10).
+ * D READ: read a request's blocks from a producer (docs/protocol.md §1.4 steps 7–10, §6 items 8–10).
  * The remote num_blocks comes from the handshake. Completion: one KVX_CPL_TRANSFER; `release`
  * is sent to P when every op is terminal (done or failed), never after a timeout (the peer's
  * endpoints are torn down instead, then the blocks leave quarantine).
@@ -417,10 +417,10 @@ KVX_API int kvx_xfer_read(struct kvx_engine *e, const struct kvx_engine_read *r)
 KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, uint32_t layer);
 
 /**
- * D: wait until layer @p layer of a READ transfer is complete (PROTOCOL.md §1.4 step 9), so
+ * D: wait until layer @p layer of a READ transfer is complete (docs/protocol.md §1.4 step 9), so
  * compute on that layer can start while later layers are in flight.
  * The caller sleeps on the engine's waiter (an eventfd, include/kvxfer/lcore.h) that the
- * polling lcore signals when a layer lands or a transfer ends (PROTOCOL.md §6 item 1): no
+ * polling lcore signals when a layer lands or a transfer ends (docs/protocol.md §6 item 1): no
  * polling loop; a wake for another layer or transfer costs one re-check.
  * @param timeout_ms  Upper bound, ms.
  * @return 0 complete (the layer's bytes are visible), -ETIMEDOUT, or as kvx_xfer_layer_poll();
@@ -433,7 +433,7 @@ KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, u
 
 /**
  * D WRITE: announce the blocks allocated for a transfer: `remote_blocks` to every P TP rank of
- * the target DP rank (PROTOCOL.md §1.3 step 5b, §5.8); an empty list sends `release` instead.
+ * the target DP rank (docs/protocol.md §1.3 step 5b, §5.8); an empty list sends `release` instead.
  * Completion: KVX_CPL_TRANSFER when `write_done` arrives, or TIMED_OUT after transfer_timeout.
  * @return As kvx_xfer_read().
  */
@@ -464,7 +464,7 @@ KVX_API int kvx_xfer_write_begin(struct kvx_engine *e, const struct kvx_engine_w
  * @retval -ENOBUFS    Submission ring full; retry.
  * @retval -EBUSY      Engine not started or stopped.
  * @par Thread safety  Application thread. @par Context  Non-blocking (ring enqueue).
- * @par Source  PROTOCOL.md §1.3 step 8 (WRITE per layer), DESIGN.md §1 (gate on layer-ready).
+ * @par Source  docs/protocol.md §1.3 step 8 (WRITE per layer), docs/architecture.md §1 (gate on layer-ready).
  */
 KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
 				 const atomic_uint *ready);
@@ -499,7 +499,7 @@ KVX_API int kvx_xfer_layer_ready(struct kvx_engine *e, const char *transfer_id, 
  * @retval -EBUSY      Engine not started or stopped.
  * @par Thread safety  Application thread. @par Context  Non-blocking (ring enqueue); the
  *                     first hipEvent_t call probes the HIP runtime once (slow path).
- * @par Source  Issue #8 (layer-ready events), PROTOCOL.md §1.3 step 8, DESIGN.md §1.
+ * @par Source  Issue #8 (layer-ready events), docs/protocol.md §1.3 step 8, docs/architecture.md §1.
  */
 KVX_API int kvx_xfer_layer_ready_event(struct kvx_engine *e, const char *transfer_id, uint32_t layer,
 				       const struct kvx_mem_event *ev);
@@ -583,7 +583,7 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 KVX_API int kvx_engine_metrics_addr(const struct kvx_engine *e, char *buf, size_t len);
 
 /**
- * Transport provider this engine actually uses (DESIGN.md §3, `auto` rule).
+ * Transport provider this engine actually uses (docs/architecture.md §3, `auto` rule).
  *
  * With `transport` "verbs", "tcp" or "shm" every peer connection uses that provider. With
  * "auto" the engine opens verbs if a usable RDMA device exists, else tcp; without verbs it also
@@ -599,7 +599,7 @@ KVX_API int kvx_engine_metrics_addr(const struct kvx_engine *e, char *buf, size_
  *         then the provider of the most recent peer connection set up by either side
  *         ("verbs", "tcp" or "shm").
  * @par Thread safety  Safe from any thread (atomic read). @par Context  Control path.
- * @par Source  DESIGN.md §3 (providers, `auto`).
+ * @par Source  docs/architecture.md §3 (providers, `auto`).
  */
 KVX_API const char *kvx_engine_transport_name(const struct kvx_engine *e);
 

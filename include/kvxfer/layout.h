@@ -3,7 +3,7 @@
 #define KVX_LAYOUT_H
 /**
  * @file
- * KV-cache layout geometry and transfer planning (PROTOCOL.md §4).
+ * KV-cache layout geometry and transfer planning (docs/protocol.md §4).
  *
  * A registered KV layer is described by its tensor (shape and strides in elements, element
  * size) and the engine's KV-cache spec (logical block size, KV heads, head size, MLA or not).
@@ -12,7 +12,7 @@
  * turns paired (local block id, remote block id) lists into (local offset, remote offset, size)
  * triples per §4.3 using the *peer's* num_blocks, and kvx_plan_merge() merges contiguous ranges
  * per §4.4. struct kvx_plan_cache keeps one merged plan per distinct geometry so layers that
- * share a geometry are planned once per transfer (PROTOCOL.md §7 T15).
+ * share a geometry are planned once per transfer (docs/protocol.md §7 T15).
  *
  * Threading: geometry and offset functions are pure and reentrant. A plan cache has one owner
  * thread (the polling lcore that plans a transfer); it is allocated up front and never
@@ -37,7 +37,7 @@ extern "C" {
 /** Maximum number of distinct geometries kept by one plan cache. */
 #define KVX_PLAN_CACHE_MAX 8
 
-/** Layout family of a KV layer (PROTOCOL.md §4.2). */
+/** Layout family of a KV layer (docs/protocol.md §4.2). */
 enum kvx_layout_kind {
 	KVX_LAYOUT_KIND_MLA = 1,         /**< 3-D `[NB, BS, D]`, one latent per token. */
 	KVX_LAYOUT_KIND_SPLIT = 2,       /**< 5-D `[2, NB, a, b, HD]`: separate K and V planes. */
@@ -60,7 +60,7 @@ struct kvx_layout_tensor {
 	uint32_t elem_size;                        /**< Bytes per element (2 for bf16), > 0. */
 };
 
-/** Transfer geometry of one layer (PROTOCOL.md §4.2 output fields). */
+/** Transfer geometry of one layer (docs/protocol.md §4.2 output fields). */
 struct kvx_layout_geom {
 	enum kvx_layout_kind kind;     /**< Layout family. */
 	uint64_t num_blocks;           /**< Logical blocks in the local tensor. */
@@ -79,14 +79,14 @@ struct kvx_layout_geom {
 	bool has_kv_stride;            /**< false for MLA and kernel-block interleaved ("none"). */
 };
 
-/** One registered memory region of a layer (PROTOCOL.md §4.1). */
+/** One registered memory region of a layer (docs/protocol.md §4.1). */
 struct kvx_layout_region {
 	uint64_t addr;     /**< Base address (the tensor pointer, plus the V-plane offset). */
 	uint64_t len;      /**< Length, bytes. */
 };
 
 /**
- * Classify a layer tensor and compute its transfer geometry (PROTOCOL.md §4.2).
+ * Classify a layer tensor and compute its transfer geometry (docs/protocol.md §4.2).
  *
  * @param spec              KV-cache spec; not NULL.
  * @param t                 Tensor shape/strides; not NULL.
@@ -102,7 +102,7 @@ struct kvx_layout_region {
  *                  or kernel blocks that do not divide num_blocks.
  * @par Thread safety  Reentrant.
  * @par Context        Control path (registration); no allocation.
- * @par Source         PROTOCOL.md §4.2, vectors T1–T6, T9, T11.
+ * @par Source         docs/protocol.md §4.2, vectors T1–T6, T9, T11.
  */
 KVX_API int kvx_layout_geometry(const struct kvx_layout_spec *spec, const struct kvx_layout_tensor *t,
 				uint64_t remote_num_blocks, struct kvx_layout_geom *out, char *err, size_t errlen);
@@ -113,12 +113,12 @@ KVX_API int kvx_layout_geometry(const struct kvx_layout_spec *spec, const struct
  * @param g                  Geometry from kvx_layout_geometry(); not NULL.
  * @param remote_num_blocks  Peer num_blocks from the handshake; 0 means "same as local".
  * @par Thread safety  One writer per geometry.
- * @par Source         PROTOCOL.md §4.2 item 2 (`remote_kv_stride = stride[1]*kbpb*NBr`).
+ * @par Source         docs/protocol.md §4.2 item 2 (`remote_kv_stride = stride[1]*kbpb*NBr`).
  */
 KVX_API void kvx_layout_set_remote_blocks(struct kvx_layout_geom *g, uint64_t remote_num_blocks);
 
 /**
- * Memory regions to register for a layer (PROTOCOL.md §4.1, vector T13).
+ * Memory regions to register for a layer (docs/protocol.md §4.1, vector T13).
  *
  * Split: 2 regions (K plane at @p base, V plane at base + stride[0]*elem_size), each
  * num_blocks*block_stride*elem_size bytes. Interleaved and MLA: 1 region of
@@ -135,7 +135,7 @@ KVX_API int kvx_layout_regions(const struct kvx_layout_geom *g, const struct kvx
 			       struct kvx_layout_region out[2]);
 
 /**
- * Compute per-block (local, remote, size) byte triples (PROTOCOL.md §4.3), not merged.
+ * Compute per-block (local, remote, size) byte triples (docs/protocol.md §4.3), not merged.
  *
  * For each pair (lb, rb) in order: K entry (es*lb*block_stride, es*rb*block_stride, block_len);
  * with 2 transfers per block also a V entry (es*(local_kv_stride + lb*block_stride),
@@ -157,14 +157,14 @@ KVX_API int kvx_layout_regions(const struct kvx_layout_geom *g, const struct kvx
  * @retval -EINVAL   Lengths differ ("must have the same length"), or a local id >= num_blocks.
  * @retval -ENOBUFS  @p cap too small.
  * @par Thread safety  Reentrant. @par Context Hot path: no allocation, no syscall.
- * @par Source         PROTOCOL.md §4.3, vectors T1, T12, T14.
+ * @par Source         docs/protocol.md §4.3, vectors T1, T12, T14.
  */
 KVX_API int kvx_plan_offsets(const struct kvx_layout_geom *g, const uint32_t *local_ids, size_t n_local,
 			     const uint32_t *remote_ids, size_t n_remote, uint64_t *loc, uint64_t *rem, uint64_t *size,
 			     size_t cap);
 
 /**
- * Merge contiguous (local, remote, size) triples in place (PROTOCOL.md §4.4).
+ * Merge contiguous (local, remote, size) triples in place (docs/protocol.md §4.4).
  *
  * If @p loc is not non-decreasing the triples are first sorted by local offset with a stable
  * sort (remote and size move with their local). Entry i+1 joins the current run iff it is
@@ -179,13 +179,13 @@ KVX_API int kvx_plan_offsets(const struct kvx_layout_geom *g, const uint32_t *lo
  * @return              Number of merged triples, 0..n.
  * @retval -EINVAL      Unsorted input and @p scratch is NULL.
  * @par Thread safety  Reentrant. @par Context Hot path: no allocation.
- * @par Source         PROTOCOL.md §4.4, vector T51.
+ * @par Source         docs/protocol.md §4.4, vector T51.
  */
 KVX_API int kvx_plan_merge(uint64_t *loc, uint64_t *rem, uint64_t *size, size_t n, uint32_t *scratch);
 
 /**
  * Plan one layer: the merged triples of kvx_plan_offsets() + kvx_plan_merge(), in one pass
- * (PROTOCOL.md §4.3-§4.4). The result is identical to those two calls, entry for entry.
+ * (docs/protocol.md §4.3-§4.4). The result is identical to those two calls, entry for entry.
  *
  * For one-plane layouts (MLA, kernel-block interleaved) and split layouts whose V plane lies
  * above the whole K plane, the triples are never materialised unmerged: the (local, remote)
@@ -208,13 +208,13 @@ KVX_API int kvx_plan_merge(uint64_t *loc, uint64_t *rem, uint64_t *size, size_t 
  *                   input on the offsets-then-merge route with no scratch.
  * @retval -ENOBUFS  @p cap too small.
  * @par Thread safety  Reentrant. @par Context Hot path: no allocation, no syscall.
- * @par Source         PROTOCOL.md §4.3, §4.4; used by kvx_plan_cache_get().
+ * @par Source         docs/protocol.md §4.3, §4.4; used by kvx_plan_cache_get().
  */
 KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *local_ids, const uint32_t *remote_ids,
 			   size_t n, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t cap, uint64_t *scratch);
 
 /**
- * Pair consumer blocks with producer blocks by token position (PROTOCOL.md §6 item 8).
+ * Pair consumer blocks with producer blocks by token position (docs/protocol.md §6 item 8).
  *
  * With @p cached_blocks prefix-cached blocks on the consumer, consumer block i (of the newly
  * allocated list) holds the same tokens as producer block cached_blocks+i. The pair count is
@@ -232,7 +232,7 @@ KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t
 					 size_t *remote_start);
 
 /**
- * Check that a heterogeneous-TP pair can move whole blocks (PROTOCOL.md §4.2, §4.3, §4.5,
+ * Check that a heterogeneous-TP pair can move whole blocks (docs/protocol.md §4.2, §4.3, §4.5,
  * vector T24).
  *
  * Block transfers between different TP sizes are only valid when every rank's per-rank KV
@@ -256,7 +256,7 @@ KVX_API size_t kvx_plan_pair_by_position(size_t n_local, size_t n_remote, size_t
  * @retval -ENOTSUP       min(tp_local, tp_remote) < total_kv_heads ("replicated KV heads").
  * @par Thread safety  Pure, reentrant.
  * @par Context        Control path (handshake / request admission); no allocation.
- * @par Source         PROTOCOL.md §4.3 preconditions (L3 heterogeneous-TP validation), §4.5.
+ * @par Source         docs/protocol.md §4.3 preconditions (L3 heterogeneous-TP validation), §4.5.
  */
 KVX_API int kvx_layout_check_hetero_tp(uint32_t tp_local, uint32_t tp_remote, uint32_t total_kv_heads, bool mla,
 				       char *err, size_t errlen);
@@ -266,7 +266,7 @@ struct kvx_msg_meta;
 struct kvx_msg_layers;
 
 /**
- * The handshake regions of one registered layer, in MoRIIO's form (PROTOCOL.md §3.1 (a),
+ * The handshake regions of one registered layer, in MoRIIO's form (docs/protocol.md §3.1 (a),
  * §4.1, vector T13): what the layer contributes to `kv_caches_base_addr` and `kvx_regions`.
  *
  * Split K/V: 2 regions, the K plane at @p base and the V plane at base + stride[0]*elem_size,
@@ -285,7 +285,7 @@ struct kvx_msg_layers;
  * @retval -EINVAL  NULL argument.
  * @par Thread safety  Reentrant.
  * @par Context        Control path (engine start); no allocation.
- * @par Source         PROTOCOL.md §3.1 (a) "split-K/V layouts contribute 2 regions per
+ * @par Source         docs/protocol.md §3.1 (a) "split-K/V layouts contribute 2 regions per
  *                     layer", §4.1 advertised base addresses, T13.
  */
 KVX_API int kvx_layout_meta_regions(const struct kvx_layout_geom *g, const struct kvx_layout_tensor *t, uint64_t base,
@@ -304,7 +304,7 @@ struct kvx_layout_peer_layer {
 
 /**
  * Assign a peer's advertised regions (metadata (a)) to its layers (region map (b)) and
- * validate MoRIIO's form (PROTOCOL.md §3.1, §4.1).
+ * validate MoRIIO's form (docs/protocol.md §3.1, §4.1).
  *
  * Peers must agree on the layers and on the number of regions of each layer (§4.1), so the
  * caller passes its own per-layer counts (what kvx_layout_meta_regions() returns for each
@@ -329,7 +329,7 @@ struct kvx_layout_peer_layer {
  *                   MemoryDesc, or V is not above K / overlaps K.
  * @par Thread safety  Reentrant.
  * @par Context        Control path (handshake); no allocation.
- * @par Source         PROTOCOL.md §3.1 (a)/(b), §4.1.
+ * @par Source         docs/protocol.md §3.1 (a)/(b), §4.1.
  */
 KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct kvx_msg_layers *l,
 				    const uint32_t *regions_per_layer, uint32_t n_layers,
@@ -351,7 +351,7 @@ KVX_API int kvx_layout_peer_regions(const struct kvx_msg_meta *m, const struct k
  * @retval -EPROTO Region count, V-plane offset or extent mismatch.
  * @par Thread safety  Reentrant.
  * @par Context        Control path (handshake); no allocation.
- * @par Source         PROTOCOL.md §4.2 item 2, §4.3 (remote_kv_stride = NB_remote*block_stride).
+ * @par Source         docs/protocol.md §4.2 item 2, §4.3 (remote_kv_stride = NB_remote*block_stride).
  */
 KVX_API int kvx_layout_check_peer_layer(const struct kvx_layout_geom *g, const struct kvx_layout_peer_layer *pl,
 					char *err, size_t errlen);
@@ -391,7 +391,7 @@ KVX_API void kvx_plan_cache_reset(struct kvx_plan_cache *c);
 
 /**
  * Get the merged plan of a layer, computing it only if no layer with the same geometry was
- * planned since the last reset (PROTOCOL.md §4.3 "cache per geometry", vector T15).
+ * planned since the last reset (docs/protocol.md §4.3 "cache per geometry", vector T15).
  *
  * @param c          Cache; not NULL.
  * @param g          Layer geometry (peer num_blocks set).

@@ -3,7 +3,7 @@
 #define KVX_LCORE_H
 /**
  * @file
- * kvx_lcore: the runtime core of kvxfer (DESIGN.md §1, RUNTIME_GUIDE.md §1, §2, §4).
+ * kvx_lcore: the runtime core of kvxfer (docs/architecture.md §1, RUNTIME_GUIDE.md §1, §2, §4).
  *
  * - **Options** (RUNTIME_GUIDE.md §1.1): DPDK EAL-style core selection, `-l/--lcores` (lists and
  *   the `lcores@cpus` mapping grammar), `-c` hex mask (compat alias), `--main-lcore`,
@@ -94,7 +94,7 @@ enum kvx_lcore_control {
 	KVX_LCORE_CONTROL_EXPLICIT = 2, /**< Given with `--control-lcore`. */
 };
 
-/** Poller return values (STYLE.md §8 "Hot-path rules"). */
+/** Poller return values (docs/style.md §8 "Hot-path rules"). */
 enum kvx_poll_result {
 	KVX_POLL_IDLE = 0, /**< The poller found no work. */
 	KVX_POLL_BUSY = 1, /**< The poller did work (dequeued, completed, posted ...). */

@@ -4,7 +4,7 @@
 /**
  * @file
  * Memory operations for host and HIP device memory: the layer every provider and the runtime
- * use so that a KV cache in GPU memory is accepted wherever host memory is (DESIGN.md §3,
+ * use so that a KV cache in GPU memory is accepted wherever host memory is (docs/architecture.md §3,
  * RUNTIME_GUIDE.md §3.9).
  *
  * Pieces, from bottom to top:
@@ -23,7 +23,7 @@
  *   always-ready, a host counter (ready once `*counter >= threshold`), a wrapped `hipEvent_t`,
  *   or a stream copy. kvx_mem_event_query() never blocks.
  *   The engine's producer poller queries a layer's event before posting its WRITEs, so no
- *   host-side synchronize ever runs on the engine thread (PROTOCOL.md §1 WRITE mode).
+ *   host-side synchronize ever runs on the engine thread (docs/protocol.md §1 WRITE mode).
  * - **Provider internals**, in kvxfer/internal/mem.h (in-tree only: neither installed nor
  *   exported by libkvxfer.so; this header includes it when it is on the include path):
  *   **staging** (`struct kvx_mem_stage`), a small ring of pinned host bounce buffers per lcore

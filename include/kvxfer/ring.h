@@ -45,7 +45,7 @@ struct kvx_ring;
  *
  * Any ring supports every enqueue/dequeue variant; the `_sp`/`_mp`/`_sc`/`_mc` qualifier of
  * each call is the caller's promise about concurrency: `_sp` only while no other thread
- * enqueues, `_sc` only while no other thread dequeues (DESIGN.md: one ring per thread pair,
+ * enqueues, `_sc` only while no other thread dequeues (docs/architecture.md: one ring per thread pair,
  * SPSC on the fast path).
  *
  * @param p         Parameters; not NULL.

@@ -4,7 +4,7 @@
 /**
  * @file
  * Data-path providers: one-sided READ and WRITE of byte ranges between registered regions of
- * two engines (DESIGN.md §3). One ops table, three providers: `verbs` (RDMA RC QPs), `tcp`
+ * two engines (docs/architecture.md §3). One ops table, three providers: `verbs` (RDMA RC QPs), `tcp`
  * (one-sided semantics emulated over TCP, serviced by the target's polling lcore) and `shm`
  * (process_vm_readv/writev between two processes of one host and one user).
  *
@@ -81,10 +81,10 @@
  * listed only when a HIP device is present; KVX_XPORT_MEM_HOSTDEV (a test-only mock of device
  * memory) takes the same provider code paths as HIP without a GPU.
  *
- * Provider selection (`auto`, DESIGN.md §3): verbs when a usable RDMA device exists, else
+ * Provider selection (`auto`, docs/architecture.md §3): verbs when a usable RDMA device exists, else
  * shm when the peer is on the same host and CMA is permitted, else tcp.
  *
- * Source: DESIGN.md §3, RUNTIME_GUIDE.md §3.2, §3.6-3.8, §3.10.
+ * Source: docs/architecture.md §3, RUNTIME_GUIDE.md §3.2, §3.6-3.8, §3.10.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -256,7 +256,7 @@ KVX_API size_t kvx_xport_provider_list(const char **names, size_t cap);
 KVX_API int kvx_xport_provider_probe(const char *name, char *reason, size_t reason_cap);
 
 /**
- * Resolve a requested provider name, applying the `auto` rule of DESIGN.md §3.
+ * Resolve a requested provider name, applying the `auto` rule of docs/architecture.md §3.
  *
  * @param requested       "tcp", "shm", "verbs" or "auto"; not NULL.
  * @param peer_same_host  Whether the peer engine runs on this host (lets `auto` pick shm).

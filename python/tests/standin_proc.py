@@ -41,7 +41,7 @@ class InstanceProc:
 
 
 def proxy_ids(p: InstanceProc, d: InstanceProc) -> tuple[str, str]:
-    """(request_id, transfer_id) as the MoRIIO proxy makes them (PROTOCOL.md §1.3 step 2)."""
+    """(request_id, transfer_id) as the MoRIIO proxy makes them (docs/protocol.md §1.3 step 2)."""
     return (f"___prefill_addr_{p.zmq}___decode_addr_{d.zmq}_{uuid.uuid4().hex}", f"tx-{uuid.uuid4()}")
 
 

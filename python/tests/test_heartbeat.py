@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The connector's proxy heartbeat is MoRIIO's (PROTOCOL.md §2.5, §3.4): with proxy_ip set,
+"""The connector's proxy heartbeat is MoRIIO's (docs/protocol.md §2.5, §3.4): with proxy_ip set,
 global rank 0's engine registers with a real ZMQ ROUTER (pyzmq) standing in for the proxy."""
 from __future__ import annotations
 

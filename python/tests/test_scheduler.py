@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The connector's scheduler half and MoRIIO conventions, checked against PROTOCOL.md's rules
+"""The connector's scheduler half and MoRIIO conventions, checked against docs/protocol.md's rules
 and test vectors (test_NN: vector NN of §7; test_secX_Y: section X.Y) without an engine."""
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ Test(control_codec, structured_rejections_name_the_field)
 				   cases[i].msg);
 		cr_assert_neq(err[0], 0, "%s: no message", cases[i].what);
 	}
-	/* PROTOCOL.md T22 pins this message exactly. */
+	/* docs/protocol.md T22 pins this message exactly. */
 	cr_assert_eq(dec(cases[1].bytes, cases[1].len, &d, err), -EPROTO);
 	cr_assert_str_eq(err, "block_notify_list cannot be empty");
 	struct exp e = {.n = 0};

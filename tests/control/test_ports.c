@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Pure helpers: ports, ranks, addresses (PROTOCOL.md §2.1, §3.4, §3.5, §4.5). */
+/* Pure helpers: ports, ranks, addresses (docs/protocol.md §2.1, §3.4, §3.5, §4.5). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <string.h>

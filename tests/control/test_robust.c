@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Untrusted input on both ROUTERs: every hostile message is dropped and counted, and the
- * valid message sent right after it is still processed (PROTOCOL.md §6 item 3). */
+ * valid message sent right after it is still processed (docs/protocol.md §6 item 3). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* PROTOCOL.md §7 vectors T20-T22, T33-T36, T38-T43, T50, T52, T54 (T37 is not in the spec). */
+/* docs/protocol.md §7 vectors T20-T22, T33-T36, T38-T43, T50, T52, T54 (T37 is not in the spec). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <inttypes.h>

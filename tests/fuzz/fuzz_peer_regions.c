@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target: a peer's handshake metadata (a) + region map (b), decoded and assigned to
- * layers by kvx_layout_peer_regions() (MoRIIO split K/V form, PROTOCOL.md §3.1, §4.1), then
+ * layers by kvx_layout_peer_regions() (MoRIIO split K/V form, docs/protocol.md §3.1, §4.1), then
  * checked against local split and interleaved geometries. Input: [u8 flags][u16le len_a]
  * [len_a bytes of (a)][rest: (b)]; flags bit 0 = 2 regions per layer. Aborts when an accepted
  * assignment breaks its documented invariants. */

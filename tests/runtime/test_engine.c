@@ -494,7 +494,7 @@ static const char *two_lcores(void)
 	return "0,1";
 }
 
-/* PROTOCOL.md §6 item 18: D caches P's connection after the first transfer; P restarts on the
+/* docs/protocol.md §6 item 18: D caches P's connection after the first transfer; P restarts on the
  * same ports (new epoch, new tcp data port, new regions). D's second READ must not be poisoned
  * by the stale connection: the poller that meets the dead endpoint marks it stale, D
  * re-handshakes, the new connection replaces the old one in the RCU table (the old one is
@@ -566,7 +566,7 @@ Test(runtime_engine, producer_restart_two_pollers_second_succeeds)
 
 Test(runtime_engine, g_layer_wait_sleeps_until_the_layer_lands)
 {
-	/* kvx_xfer_layer_wait() sleeps on the engine's waiter (PROTOCOL.md §6 item 1: no busy or
+	/* kvx_xfer_layer_wait() sleeps on the engine's waiter (docs/protocol.md §6 item 1: no busy or
 	 * backoff polling): while layer 1 is held back it neither returns nor wakes up repeatedly,
 	 * and it returns 0 with the layer's bytes visible once the poller completes the layer. */
 	struct kvx_engine_params pp, dp;
@@ -921,7 +921,7 @@ Test(runtime_engine, devmem_tcp_write_staged) { devmem_case(KVX_SCHED_MODE_WRITE
 Test(runtime_engine, devmem_shm_read_ipc) { devmem_case(KVX_SCHED_MODE_READ, "shm"); }
 Test(runtime_engine, devmem_shm_write_ipc) { devmem_case(KVX_SCHED_MODE_WRITE, "shm"); }
 
-/* Issue 6 / DESIGN.md §1: transfers run on every polling lcore. Two engines with two polling
+/* Issue 6 / docs/architecture.md §1: transfers run on every polling lcore. Two engines with two polling
  * lcores each (adaptive idle: this host may have fewer free CPUs than threads) move 24
  * transfers in 4 rounds of 6 concurrent ones; every byte is checked, and the per-lcore stats
  * show that both lcores of each engine ran transfers (routing by transfer-id hash). */
@@ -1038,7 +1038,7 @@ Test(runtime_engine, two_pollers_tcp_write_many) { multi_poller_case(KVX_SCHED_M
 Test(runtime_engine, two_pollers_shm_read_many) { multi_poller_case(KVX_SCHED_MODE_READ, "shm"); }
 Test(runtime_engine, two_pollers_shm_write_many) { multi_poller_case(KVX_SCHED_MODE_WRITE, "shm"); }
 
-/* PROTOCOL.md §5.8 / T39, multi-pod peers: the producer reaches decode DP rank 1, which lives
+/* docs/protocol.md §5.8 / T39, multi-pod peers: the producer reaches decode DP rank 1, which lives
  * on pod 1 (remote_hosts[1] = 127.0.0.1; the fallback host 192.0.2.9, TEST-NET-1, has nobody),
  * for the handshake and for write_done (routed to the decode rank of remote_blocks). A later
  * transfer naming other pod hosts (192.0.2.7: nobody) is another peer: it fails on its own and
@@ -1165,7 +1165,7 @@ static struct seen hetero_tp_read(uint32_t total, const char *tid)
 	return s;
 }
 
-/* PROTOCOL.md §4.2/§4.5: a consumer with TP 2 and one KV head per rank (2 heads in all) cannot
+/* docs/protocol.md §4.2/§4.5: a consumer with TP 2 and one KV head per rank (2 heads in all) cannot
  * take whole blocks from a TP 1 producer (min TP 1 < 2 heads): the peer is rejected when its
  * metadata arrives, and the READ fails with -ENOTSUP (no crash, no hang, nothing written). */
 Test(runtime_engine, hetero_tp_peer_rejected_at_handshake)

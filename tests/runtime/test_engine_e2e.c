@@ -350,7 +350,7 @@ Test(runtime_e2e, verbs_write_interleaved) { run_e2e(KVX_SCHED_MODE_WRITE, "verb
 Test(runtime_e2e, verbs_write_mla) { run_e2e(KVX_SCHED_MODE_WRITE, "verbs", L_MLA, false); }
 Test(runtime_e2e, verbs_write_consumer_extra_block) { run_e2e(KVX_SCHED_MODE_WRITE, "verbs", L_SPLIT, true); }
 
-/* DESIGN.md §3 `auto` (no RDMA here): two engines on one host agree on shm when CMA is
+/* docs/architecture.md §3 `auto` (no RDMA here): two engines on one host agree on shm when CMA is
  * permitted; KVX_ENGINE_AUTO_NO_SHM=1 keeps them on tcp; an explicit peer wins the agreement. */
 static void run_auto(enum kvx_sched_mode mode, const char *prov_p, bool no_shm, const char *want)
 {
@@ -376,7 +376,7 @@ Test(runtime_e2e, auto_read_tcp_peer_agrees_on_tcp) { run_auto(KVX_SCHED_MODE_RE
 Test(runtime_e2e, auto_write_tcp_peer_agrees_on_tcp) { run_auto(KVX_SCHED_MODE_WRITE, "tcp", false, "tcp"); }
 Test(runtime_e2e, auto_read_shm_peer_agrees_on_shm) { run_auto(KVX_SCHED_MODE_READ, "shm", false, "shm"); }
 
-/* ---- WRITE after a consumer restart (PROTOCOL.md §6 item 18), three real processes ---------- */
+/* ---- WRITE after a consumer restart (docs/protocol.md §6 item 18), three real processes ---------- */
 
 #define RB (BS * MLA_D * 2) /* bytes of one MLA block */
 static const uint32_t g_r_p[3][2] = {{3, 17}, {4, 5}, {30, 0}};  /* tx-1, tx-1b, tx-2 on P */

@@ -3,7 +3,7 @@
  * (include/kvxfer/engine.h): two real engines in this process on loopback (real libzmq control
  * sockets, real tcp provider, split K/V host layers), and where a scenario needs a MoRIIO-style
  * process that the engine API cannot impersonate (the decode scheduler sending `remote_blocks`,
- * a worker repeating `write_done`), a real libzmq DEALER speaking the PROTOCOL.md §3.2 wire
+ * a worker repeating `write_done`), a real libzmq DEALER speaking the docs/protocol.md §3.2 wire
  * format. Scenarios: (a) request ids rewritten so that two transfers share one — completions
  * and bytes keyed by transfer id; (b) `write_done` before the consumer registered the transfer
  * — parked, then applied at registration; (h) a consumer block more than the producer, paired
@@ -38,7 +38,7 @@ static void push_ready(struct et_eng *p, const struct et_eng *d, const char *tid
 	cr_assert_eq(kvx_xfer_seal(p->e, tid, ET_NL), 0);
 }
 
-/* What the decode scheduler (DS) sends each producer worker (PROTOCOL.md §3.2). */
+/* What the decode scheduler (DS) sends each producer worker (docs/protocol.md §3.2). */
 static struct kvx_msg_notify remote_blocks(const char *req_id, const char *tid, uint32_t *ids, uint32_t n)
 {
 	struct kvx_msg_notify m;
@@ -77,7 +77,7 @@ static bool sent_at_least(struct kvx_engine *e, void *arg)
 
 Test(runtime_engine_faults, a_request_ids_rewritten_completions_keyed_by_transfer_id)
 {
-	/* vLLM's input processor rewrites request ids (PROTOCOL.md §5.1): tx-a1's request started as
+	/* vLLM's input processor rewrites request ids (docs/protocol.md §5.1): tx-a1's request started as
 	 * "cmpl-7-0-1a2b3c4d" and is now "cmpl-7", which is also tx-a2's request id. The decode
 	 * scheduler's remote_blocks carry that one request id for both transfers; everything must
 	 * still be matched by transfer id: each transfer's blocks go to its own destination and
@@ -294,7 +294,7 @@ static bool received_at_least(struct kvx_engine *e, void *arg)
 
 Test(runtime_engine_faults, d_write_consumer_times_out_releases_producer_blocks_quarantined)
 {
-	/* WRITE: D announced, P never begins within D's transfer timeout (PROTOCOL.md §6 item 10:
+	/* WRITE: D announced, P never begins within D's transfer timeout (docs/protocol.md §6 item 10:
 	 * vLLM's D waits forever here). D reports TIMED_OUT within its timeout and tells P
 	 * (`release`); its blocks stay quarantined, since P may still be writing, until P answers.
 	 * P, beginning late, sees the release, writes nothing and answers; only then are D's blocks

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* PROTOCOL.md §7 vectors owned by the runtime: layout (T1–T6, T9, T11–T15, T51), WRITE state
+/* docs/protocol.md §7 vectors owned by the runtime: layout (T1–T6, T9, T11–T15, T51), WRITE state
  * machine (T16–T19), fan-in and routing (T23–T27), READ batch (T28, T30, T31), scheduler
  * (T44, T45, T47, T53). Layout cases: bf16, block_size 4, 2 KV heads, head size 3, local
  * blocks [1,3], remote [4,5], remote num_blocks 16. */
@@ -625,7 +625,7 @@ Test(runtime_vectors, t51_merge)
 	cr_assert_eq(kvx_plan_merge(l5, r5, s5, 2, NULL), -EINVAL);
 }
 
-/* ---- MoRIIO handshake form for split K/V layers (PROTOCOL.md §3.1, §4.1) ----------------- */
+/* ---- MoRIIO handshake form for split K/V layers (docs/protocol.md §3.1, §4.1) ----------------- */
 
 /* Hand-built msgpack, written byte by byte from the msgpack spec (smallest encodings, as
  * Python's msgpack.packb(use_bin_type=True) writes them), independent of msgpack-c. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Provider conformance suite (DESIGN.md §3), parameterised over providers: every test runs
+ * Provider conformance suite (docs/architecture.md §3), parameterised over providers: every test runs
  * for tcp, shm and verbs; a provider that cannot run here skips with its reason. The target
  * is a real forked process (tests/transport/peer.c) that runs kvx_xport_progress() in its
  * loop; every byte moved is checked against a per-byte pattern.

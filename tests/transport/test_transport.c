@@ -162,7 +162,7 @@ Test(transport_registry, region_table_full_is_enobufs)
 	kvx_xport_close(ctx); /* frees the registered regions */
 }
 
-/* STYLE.md §8: provider ops tables have no NULL slots. */
+/* docs/style.md §8: provider ops tables have no NULL slots. */
 #include "transport/transport_internal.h"
 
 extern const struct kvx_xport_ops kvx_xport_verbs_ops __attribute__((weak));

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * shm provider: READ/WRITE with process_vm_readv/process_vm_writev (cross-memory attach)
- * against the peer's advertised regions (DESIGN.md §3).
+ * against the peer's advertised regions (docs/architecture.md §3).
  *
  * Trust model: both engines run on one host (same boot id) as one user (same uid). The
  * target publishes a table of its registered regions in its own memory; the initiator

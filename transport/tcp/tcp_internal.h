@@ -2,7 +2,7 @@
 #ifndef KVX_TCP_INTERNAL_H
 #define KVX_TCP_INTERNAL_H
 /*
- * tcp provider: one-sided READ/WRITE emulated over TCP (DESIGN.md §3). Private to transport/tcp:
+ * tcp provider: one-sided READ/WRITE emulated over TCP (docs/architecture.md §3). Private to transport/tcp:
  * tcp.c (setup, regions, endpoints, ops table), tcp_init.c (initiator), tcp_target.c (target).
  *
  * Initiator: ops are split into chunks of at most chunk_bytes, striped round-robin over the

@@ -3,7 +3,7 @@
 #define KVX_VERBS_INTERNAL_H
 /**
  * @file
- * Module-private: the verbs provider (RDMA RC QPs through rdma-core), DESIGN.md §3,
+ * Module-private: the verbs provider (RDMA RC QPs through rdma-core), docs/architecture.md §3,
  * RUNTIME_GUIDE.md §3.
  *
  * Objects:

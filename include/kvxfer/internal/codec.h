@@ -41,12 +41,12 @@ extern "C" {
 #define KVX_MSG_HS_REQ_MAX_BYTES (256u * 1024u)
 /** Largest handshake reply accepted by the initiator (metadata, region map), bytes. */
 #define KVX_MSG_HS_REPLY_MAX_BYTES (16u * 1024u * 1024u)
-/** The 12-byte handshake request, PROTOCOL.md §3.1 (GET_META_MSG). Not NUL-counted. */
+/** The 12-byte handshake request, docs/protocol.md §3.1 (GET_META_MSG). Not NUL-counted. */
 #define KVX_MSG_GET_META "get_meta_msg"
 /** Length of KVX_MSG_GET_META, bytes. */
 #define KVX_MSG_GET_META_LEN 12
 
-/** Kind of a notify message (PROTOCOL.md §3.2). */
+/** Kind of a notify message (docs/protocol.md §3.2). */
 enum kvx_msg_type {
 	KVX_MSG_REMOTE_BLOCKS = 1, /**< D -> P: D's block ids for a transfer (WRITE). */
 	KVX_MSG_WRITE_DONE = 2,    /**< P -> D: all writes of a transfer landed (WRITE). */
@@ -55,7 +55,7 @@ enum kvx_msg_type {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* Codec: notify messages (PROTOCOL.md §3.2)                                                  */
+/* Codec: notify messages (docs/protocol.md §3.2)                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
 /**
@@ -95,12 +95,12 @@ struct kvx_msg_notify {
  * @retval -EINVAL    A field is out of range (empty id, empty block list, bad type, ...).
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Any thread (touches only its arguments). No heap allocation.
- * @par Source         PROTOCOL.md §3.2, T21, T38.
+ * @par Source         docs/protocol.md §3.2, T21, T38.
  */
 int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap);
 
 /**
- * Decode a notify frame with strict validation (the L2 dispatcher of PROTOCOL.md §3.2, with
+ * Decode a notify frame with strict validation (the L2 dispatcher of docs/protocol.md §3.2, with
  * the robustness fixes of §6 item 3).
  *
  * A msgpack map with `type` in {remote_blocks, write_done, release}, or with no `type` but a
@@ -123,13 +123,13 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
  * @retval -EMSGSIZE  Frame, id, nesting, element count or block count over a limit.
  * @par Thread safety  Any thread. Allocates only inside msgpack-c, bounded by len, freed
  *                     before returning.
- * @par Source         PROTOCOL.md §3.2, §6 item 3, T21, T22; RUNTIME_GUIDE.md §5.1.
+ * @par Source         docs/protocol.md §3.2, §6 item 3, T21, T22; RUNTIME_GUIDE.md §5.1.
  */
 int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 			  char *err, size_t err_len);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Codec: proxy heartbeat (PROTOCOL.md §2.5, §3.4)                                            */
+/* Codec: proxy heartbeat (docs/protocol.md §2.5, §3.4)                                            */
 /* ------------------------------------------------------------------------------------------ */
 
 /** Proxy registration map `{type, http_address, zmq_address, dp_size, tp_size, transfer_mode}`. */
@@ -152,7 +152,7 @@ struct kvx_msg_heartbeat {
  * @retval -EINVAL    A field is empty or out of range.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Any thread; no heap allocation.
- * @par Source         PROTOCOL.md §3.4, T50.
+ * @par Source         docs/protocol.md §3.4, T50.
  */
 int kvx_msg_heartbeat_encode(const struct kvx_msg_heartbeat *h, void *buf, size_t cap);
 
@@ -169,13 +169,13 @@ int kvx_msg_heartbeat_encode(const struct kvx_msg_heartbeat *h, void *buf, size_
  * @retval -EPROTO    Malformed, missing key, wrong type, bad value.
  * @retval -EMSGSIZE  Over a size, depth or count limit.
  * @par Thread safety  Any thread.
- * @par Source         PROTOCOL.md §3.4, T50.
+ * @par Source         docs/protocol.md §3.4, T50.
  */
 int kvx_msg_heartbeat_decode(const void *buf, size_t len, struct kvx_msg_heartbeat *h,
 			     char *err, size_t err_len);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Codec: handshake metadata (a), region map (b), connection setup (PROTOCOL.md §3.1)          */
+/* Codec: handshake metadata (a), region map (b), connection setup (docs/protocol.md §3.1)          */
 /* ------------------------------------------------------------------------------------------ */
 
 /** One registered memory region as kvxfer advertises it (`kvx_regions` entry). */
@@ -225,7 +225,7 @@ struct kvx_msg_meta {
  * @retval -EINVAL    Empty engine_id or inconsistent regions.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Any thread; no heap allocation.
- * @par Source         PROTOCOL.md §3.1 (a), DESIGN.md §4.
+ * @par Source         docs/protocol.md §3.1 (a), docs/architecture.md §4.
  */
 int kvx_msg_meta_encode(const struct kvx_msg_meta *m, void *buf, size_t cap);
 
@@ -243,7 +243,7 @@ int kvx_msg_meta_encode(const struct kvx_msg_meta *m, void *buf, size_t cap);
  * @retval -EPROTO    Malformed, missing/duplicate key, wrong type, value out of range.
  * @retval -EMSGSIZE  Over a limit, or more regions than regions_cap.
  * @par Thread safety  Any thread.
- * @par Source         PROTOCOL.md §3.1 (a), T48.
+ * @par Source         docs/protocol.md §3.1 (a), T48.
  */
 int kvx_msg_meta_decode(const void *buf, size_t len, struct kvx_msg_meta *m, char *err,
 			size_t err_len);
@@ -282,7 +282,7 @@ struct kvx_msg_layers {
  * @retval -EINVAL    Empty layer name, duplicate layer, or loc not 1/2.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Any thread; no heap allocation.
- * @par Source         PROTOCOL.md §3.1 (b).
+ * @par Source         docs/protocol.md §3.1 (b).
  */
 int kvx_msg_layers_encode(const struct kvx_msg_layers *l, void *buf, size_t cap);
 
@@ -299,7 +299,7 @@ int kvx_msg_layers_encode(const struct kvx_msg_layers *l, void *buf, size_t cap)
  * @retval -EPROTO    Malformed or wrong types/values.
  * @retval -EMSGSIZE  Over a limit, or more descs than descs_cap.
  * @par Thread safety  Any thread.
- * @par Source         PROTOCOL.md §3.1 (b).
+ * @par Source         docs/protocol.md §3.1 (b).
  */
 int kvx_msg_layers_decode(const void *buf, size_t len, struct kvx_msg_layers *l,
 			  char *err, size_t err_len);
@@ -331,7 +331,7 @@ struct kvx_msg_connect {
  * @retval -EINVAL    Empty engine_id (request), blob too large, status out of range.
  * @retval -EMSGSIZE  buf too small.
  * @par Thread safety  Any thread; no heap allocation.
- * @par Source         DESIGN.md §4 (transport connection setup).
+ * @par Source         docs/architecture.md §4 (transport connection setup).
  */
 int kvx_msg_connect_encode(const struct kvx_msg_connect *c, void *buf, size_t cap);
 
@@ -348,7 +348,7 @@ int kvx_msg_connect_encode(const struct kvx_msg_connect *c, void *buf, size_t ca
  * @retval -EPROTO    Malformed, missing key, wrong type, value out of range.
  * @retval -EMSGSIZE  Over a limit (blob > KVX_MSG_BLOB_MAX).
  * @par Thread safety  Any thread.
- * @par Source         DESIGN.md §4.
+ * @par Source         docs/architecture.md §4.
  */
 int kvx_msg_connect_decode(const void *buf, size_t len, struct kvx_msg_connect *c,
 			   char *err, size_t err_len);

@@ -20,13 +20,13 @@
 extern "C" {
 #endif
 
-/** Default proxy heartbeat period, ms (PROTOCOL.md §3.7 PING_INTERVAL). */
+/** Default proxy heartbeat period, ms (docs/protocol.md §3.7 PING_INTERVAL). */
 #define KVX_CTL_DEFAULT_HEARTBEAT_MS 3000
-/** Size of the terminal-transfer LRU (PROTOCOL.md §3.7 _MAX_TERMINAL_TRANSFER_IDS). */
+/** Size of the terminal-transfer LRU (docs/protocol.md §3.7 _MAX_TERMINAL_TRANSFER_IDS). */
 #define KVX_CTL_TERMINAL_LRU 4096
 /** Default bound of the DEALER cache (peer paths kept open). */
 #define KVX_CTL_DEFAULT_MAX_PEERS 256
-/** Default handshake deadline, ms (PROTOCOL.md Appendix A item 9, BR handshake_timeout). */
+/** Default handshake deadline, ms (docs/protocol.md Appendix A item 9, BR handshake_timeout). */
 #define KVX_CTL_DEFAULT_HANDSHAKE_MS 10000
 /** Payload bytes stored inline in an inbox slot; larger sends allocate (slow path). */
 #define KVX_CTL_INLINE_BYTES 1024
@@ -296,7 +296,7 @@ uint64_t kvx_ctl_epoch(const struct kvx_ctl *ctl);
  * Open an inbox: a single-producer channel from the calling thread to the control lcore
  * (bounded SPSC ring of pre-allocated slots + a free-slot ring back, plus a wake-up on the
  * control lcore's eventfd). One inbox per producer thread keeps every ring single-producer
- * (DESIGN.md §1), so no submission needs a CAS or a lock.
+ * (docs/architecture.md §1), so no submission needs a CAS or a lock.
  *
  * @param ctl       Object (started or not).
  * @param[out] out  New inbox.
@@ -400,7 +400,7 @@ int kvx_ctl_mark_live(struct kvx_ctl_inbox *ib, const char *transfer_id,
  * @retval -ENOBUFS  Inbox full.
  * @retval -ENOMEM   Allocation failed.
  * @par Thread safety  One thread per inbox. Allocates (slow path).
- * @par Source         PROTOCOL.md §2.3, §3.1, §6 items 4-5, T39-T43.
+ * @par Source         docs/protocol.md §2.3, §3.1, §6 items 4-5, T39-T43.
  */
 int kvx_ctl_handshake_start(struct kvx_ctl_inbox *ib, const struct kvx_ctl_hs_params *p);
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MoRIIO-compatible configuration and address conventions (PROTOCOL.md §1.2, §2.1-2.2, §3.3-3.5).
+"""MoRIIO-compatible configuration and address conventions (docs/protocol.md §1.2, §2.1-2.2, §3.3-3.5).
 
 The connector reads the same ``kv_transfer_config`` / ``kv_connector_extra_config`` keys as
 MoRIIOConnector, so a deployment switches by changing the connector name and module path.

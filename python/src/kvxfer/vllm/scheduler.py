@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Scheduler half of the connector: runs in vLLM's scheduler process (one per DP rank), opens
-no engine. Request bookkeeping as MoRIIO's (PROTOCOL.md §1.3-1.4, §5): matched tokens,
+no engine. Request bookkeeping as MoRIIO's (docs/protocol.md §1.3-1.4, §5): matched tokens,
 allocation, per-step metadata, deferred frees with early/stale ACK handling, aborts."""
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ class KvxferScheduler:
         self.saving.add(req_id)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Optional[dict[str, Any]]]:
-        """(delay_free, params for the HTTP response). See PROTOCOL.md §1.3 step 13, §1.4
+        """(delay_free, params for the HTTP response). See docs/protocol.md §1.3 step 13, §1.4
         step 3, §3.6, §5.4, §5.5."""
         params = _params(request)
         req_id = request.request_id
