@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvxfer-perf bw (and the setup shared with lat): provider bandwidth, perftest style
- * (RUNTIME_GUIDE.md §7). Server: `kvxfer-perf bw [opts]` (no host) waits on the out-of-band
+ * (docs/runtime-notes.md §7). Server: `kvxfer-perf bw [opts]` (no host) waits on the out-of-band
  * TCP port; client: `kvxfer-perf bw [opts] HOST`; `--local` forks the server on this machine.
  * The out-of-band socket carries the parameters, the connection blobs (A, B) and the region
  * descriptor, then a barrier, as perftest's ctx_hand_shake does.

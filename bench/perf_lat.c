@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvxfer-perf lat: latency of one outstanding READ or WRITE, perftest ib_*_lat style
- * (RUNTIME_GUIDE.md §7.3), in microseconds. Two methods (-m pingpong|completion):
+ * (docs/runtime-notes.md §7.3), in microseconds. Two methods (-m pingpong|completion):
  *
  * - ping-pong (default for WRITE), ib_write_lat's method: each side owns an initiator endpoint
  *   into the other (one per direction) and a buffer split into a send half and a receive half.

@@ -3,7 +3,7 @@
 #define KVX_BENCH_PERF_XPORT_H
 /*
  * Shared state of `kvxfer-perf bw` and `kvxfer-perf lat` (perf_bw.c holds options, the
- * out-of-band setup modelled on perftest (RUNTIME_GUIDE.md §7.2) and the bw loop;
+ * out-of-band setup modelled on perftest (docs/runtime-notes.md §7.2) and the bw loop;
  * perf_lat.c the latency loop).
  */
 #include <stdbool.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Strict msgpack codec for the MoRIIO control wire format (docs/protocol.md §3, RUNTIME_GUIDE §5.1):
+/* Strict msgpack codec for the MoRIIO control wire format (docs/protocol.md §3, docs/runtime-notes.md §5.1):
  * notifications and the proxy heartbeat. Handshake messages: codec_hs.c. */
 #include <errno.h>
 #include <inttypes.h>

@@ -2,7 +2,7 @@
 /*
  * The control lcore object: parameters, create/start/stop/destroy, counters. The loop is in
  * loop.c, the inboxes in inbox.c, handshakes in handshake.c, notifications in notify.c.
- * docs/architecture.md §1, §4; docs/protocol.md §2, §3; RUNTIME_GUIDE.md §5.2.
+ * docs/architecture.md §1, §4; docs/protocol.md §2, §3; docs/runtime-notes.md §5.2.
  */
 #include <errno.h>
 #include <inttypes.h>

@@ -4,7 +4,7 @@
  * of running handshake jobs, the watched fds (kvx_ctl_watch_fd()) and the waiter eventfd of the
  * inboxes; notify DEALERs (cached per peer path) and the heartbeat DEALER are send-only.
  * Also the ROUTER receive helpers shared by handshake.c and notify.c. docs/architecture.md §1, §4;
- * RUNTIME_GUIDE.md §5.2.
+ * docs/runtime-notes.md §5.2.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -204,7 +204,7 @@ void ctl_router_reply(void *sock, zmq_msg_t *id, const void *data, size_t len)
 /* ---------------------------------------------------------------------------------------- */
 
 /* The ZMQ_FD of a socket: readable when the socket's command mailbox was signalled. It is
- * edge-like (RUNTIME_GUIDE.md §5.2): a socket whose fd fired must be read until EAGAIN (or kept
+ * edge-like (docs/runtime-notes.md §5.2): a socket whose fd fired must be read until EAGAIN (or kept
  * "due") before the loop waits on the fd again. Returns -1 on error. */
 static int sock_fd(void *s)
 {

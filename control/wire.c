@@ -2,7 +2,7 @@
 /*
  * msgpack wire primitives of the control codec: bounded write buffer, the allocation-free
  * pre-scan, strict unpacking and the UTF-8 check (control_internal.h). The messages built on
- * them are in codec.c. docs/protocol.md §3, RUNTIME_GUIDE §5.1.
+ * them are in codec.c. docs/protocol.md §3, docs/runtime-notes.md §5.1.
  */
 #include <errno.h>
 #include <inttypes.h>

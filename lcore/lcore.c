@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Pinned lcore threads, launch/wait/stop (RUNTIME_GUIDE.md §1.3, §2), poll loop and idle policy. */
+/* Pinned lcore threads, launch/wait/stop (docs/runtime-notes.md §1.3, §2), poll loop and idle policy. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

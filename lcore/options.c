@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* EAL-style lcore options (RUNTIME_GUIDE.md §1.1): grammar, validation, default sets. */
+/* EAL-style lcore options (docs/runtime-notes.md §1.1): grammar, validation, default sets. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* QSBR helpers and the read-mostly table over cds_lfht (RUNTIME_GUIDE.md §4.2, gotcha 5). */
+/* QSBR helpers and the read-mostly table over cds_lfht (docs/runtime-notes.md §4.2, gotcha 5). */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Endpoint recovery after an error (kvx_xport_ep_reset / kvx_xport_ep_reaccept): dispatched
  * through the provider's ops table; providers without it (tcp, shm) answer -ENOTSUP (verbs: QP
- * reset and re-connect, RUNTIME_GUIDE.md §3.10). */
+ * reset and re-connect, docs/runtime-notes.md §3.10). */
 #include "transport_internal.h"
 
 #include <errno.h>

@@ -3,9 +3,9 @@
 #define KVX_LCORE_H
 /**
  * @file
- * kvx_lcore: the runtime core of kvxfer (docs/architecture.md §1, RUNTIME_GUIDE.md §1, §2, §4).
+ * kvx_lcore: the runtime core of kvxfer (docs/architecture.md §1, docs/runtime-notes.md §1, §2, §4).
  *
- * - **Options** (RUNTIME_GUIDE.md §1.1): DPDK EAL-style core selection, `-l/--lcores` (lists and
+ * - **Options** (docs/runtime-notes.md §1.1): DPDK EAL-style core selection, `-l/--lcores` (lists and
  *   the `lcores@cpus` mapping grammar), `-c` hex mask (compat alias), `--main-lcore`,
  *   `--control-lcore`, `--idle busy|adaptive`. Parsing (grammar only, any machine) and
  *   validation (against the CPUs of this host / this process) are separate steps.
@@ -157,7 +157,7 @@ KVX_API void kvx_lcore_cfg_init(struct kvx_lcore_cfg *cfg);
  * - `-l` / `--lcores` LIST: `0-3,8` (lcore id == CPU) or DPDK's mapping form
  *   `<lcores[@cpus]>[,<lcores[@cpus]>...]`, where `lcores` and `cpus` are a number, a range
  *   `a-b`, or a group `(a,b-c,...)`; e.g. `1,2@(5-7),(3-5)@(0,2),(0,6),7-8`
- *   (RUNTIME_GUIDE.md §1.1). Ranges must be ascending.
+ *   (docs/runtime-notes.md §1.1). Ranges must be ascending.
  * - `-c` HEXMASK: optional `0x`, blanks trimmed, bit j of the last digit = CPU j (compat
  *   alias of `-l`, DPDK-deprecated). Only one of `-c` and `-l` may be given.
  * - `--main-lcore` ID: one of the polling lcores (checked by kvx_lcore_cfg_validate()).

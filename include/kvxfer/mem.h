@@ -5,7 +5,7 @@
  * @file
  * Memory operations for host and HIP device memory: the layer every provider and the runtime
  * use so that a KV cache in GPU memory is accepted wherever host memory is (docs/architecture.md §3,
- * RUNTIME_GUIDE.md §3.9).
+ * docs/runtime-notes.md §3.9).
  *
  * Pieces, from bottom to top:
  * - **Memory type and context** (`struct kvx_mem_type`, `struct kvx_mem`): `host`,

@@ -4,7 +4,7 @@
 /**
  * @file
  * kvx_rcu: QSBR thread helpers (liburcu qsbr flavour) and a read-mostly hash table over
- * cds_lfht (RUNTIME_GUIDE.md §4.2). Included by kvxfer/lcore.h.
+ * cds_lfht (docs/runtime-notes.md §4.2). Included by kvxfer/lcore.h.
  */
 #include <stdbool.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
 /**
  * @file
  * kvx_ring: bounded, power-of-two FIFO rings of pointers or fixed-size elements, SP/MP, SC/MC
- * (RUNTIME_GUIDE.md §1.4); the only objects shared between threads on the hot path. The
+ * (docs/runtime-notes.md §1.4); the only objects shared between threads on the hot path. The
  * enqueue/dequeue bodies are inline (kvxfer/ring_impl.h). Included by kvxfer/lcore.h.
  */
 #include <stdbool.h>

@@ -5,7 +5,7 @@
  * @file
  * @internal
  * Inline hot-path bodies of kvxfer/ring.h (the waiter wake is in kvxfer/waiter.h). Not for
- * direct inclusion: include kvxfer/ring.h. Layout follows RUNTIME_GUIDE.md §1.4 (rte_ring, C11 orders of
+ * direct inclusion: include kvxfer/ring.h. Layout follows docs/runtime-notes.md §1.4 (rte_ring, C11 orders of
  * rte_ring_c11_pvt.h) and §4.1 (cached opposite tail for SPSC).
  *
  * Index arithmetic: head/tail are free-running uint32_t, masked (& mask) only to address a

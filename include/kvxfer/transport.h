@@ -84,7 +84,7 @@
  * Provider selection (`auto`, docs/architecture.md §3): verbs when a usable RDMA device exists, else
  * shm when the peer is on the same host and CMA is permitted, else tcp.
  *
- * Source: docs/architecture.md §3, RUNTIME_GUIDE.md §3.2, §3.6-3.8, §3.10.
+ * Source: docs/architecture.md §3, docs/runtime-notes.md §3.2, §3.6-3.8, §3.10.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -710,7 +710,7 @@ KVX_API int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *
  * @retval -ENOTSUP  The provider has no device async events (tcp, shm).
  * @retval -EINVAL   NULL context.
  * @par Thread safety  Any thread.
- * @par Source  RUNTIME_GUIDE.md §3.7 (async events read by the control core).
+ * @par Source  docs/runtime-notes.md §3.7 (async events read by the control core).
  */
 KVX_API int kvx_xport_ctx_event_fd(const struct kvx_xport_ctx *ctx);
 

@@ -4,7 +4,7 @@
 /**
  * @file
  * kvx_waiter: eventfd + "sleeping" flag, the race-free sleep/wake hand-off between producers
- * and one consumer thread (RUNTIME_GUIDE.md §1.7). Rings wake their consumer's waiter
+ * and one consumer thread (docs/runtime-notes.md §1.7). Rings wake their consumer's waiter
  * (kvx_ring_set_waiter(), kvxfer/ring.h); lcores own one each (kvx_lcore_waiter()).
  * Included by kvxfer/lcore.h.
  */

@@ -65,7 +65,7 @@ Test(bench_trace_lcores, one_lcore_on_several_cpus_is_not_split)
 
 Test(bench_trace_lcores, dpdk_worked_example_splits_with_cpu_sets)
 {
-	/* RUNTIME_GUIDE.md §1.1 / DPDK: lcores 0..8; 0 and 6 on CPUs {0,6}, 2 on {5,6,7},
+	/* docs/runtime-notes.md §1.1 / DPDK: lcores 0..8; 0 and 6 on CPUs {0,6}, 2 on {5,6,7},
 	 * 3-5 on {0,2}. */
 	const char *list = "1,2@(5-7),(3-5)@(0,2),(0,6),7-8";
 	char out[2][TRACE_LCORES_MAX];

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* verbs provider: device bring-up, GID selection, PD, memory regions (host and HIP), device
- * async events (RUNTIME_GUIDE.md §3.1, §3.4, §3.7, §3.9). */
+ * async events (docs/runtime-notes.md §3.1, §3.4, §3.7, §3.9). */
 #include "verbs_internal.h"
 
 #include <arpa/inet.h>
@@ -49,7 +49,7 @@ static bool gid_is_link_local(const union ibv_gid *g)
 }
 
 /*
- * RoCE GID choice (RUNTIME_GUIDE.md §3.4, after perftest's compute_gid_score): skip empty
+ * RoCE GID choice (docs/runtime-notes.md §3.4, after perftest's compute_gid_score): skip empty
  * entries; prefer the interface named by KVX_VERBS_IFNAME, then IPv4-mapped, then not
  * link-local, then RoCE v2 over v1. Returns the index or -ENODATA.
  */
@@ -121,7 +121,7 @@ static int list_devices(struct ibv_device ***list, int *n, char *reason, size_t 
 	errno = 0;
 	*list = ibv_get_device_list(n);
 	if (!*list) {
-		/* RUNTIME_GUIDE.md §0.1 item 3: NULL + ENOSYS without kernel RDMA; never free NULL. */
+		/* docs/runtime-notes.md §0.1 item 3: NULL + ENOSYS without kernel RDMA; never free NULL. */
 		int err = errno ? errno : ENODEV;
 		snprintf(reason, cap, "verbs: ibv_get_device_list: %s%s", strerror(err),
 			 err == ENOSYS ? " (no RDMA in the kernel)" : "");
@@ -170,7 +170,7 @@ static void vctx_free(struct vctx *c)
 }
 
 /*
- * Whether HIP device memory can be registered here (RUNTIME_GUIDE.md §3.9, §0.1 item 1): a HIP
+ * Whether HIP device memory can be registered here (docs/runtime-notes.md §3.9, §0.1 item 1): a HIP
  * device, and either dma-buf export (ibv_reg_dmabuf_mr) or a peer-memory client (ibv_reg_mr on
  * the device pointer). 0, or a negative errno with the reason in why.
  */
@@ -449,7 +449,7 @@ static void async_fail_ep(struct vep *e)
 }
 
 /*
- * Device async events (RUNTIME_GUIDE.md §3.7), on the control thread: QP fatal / request error
+ * Device async events (docs/runtime-notes.md §3.7), on the control thread: QP fatal / request error
  * / access error fail that QP's endpoint; CQ error fails every endpoint on the CQ; port error
  * (our port) and device fatal fail every endpoint. The rest is counted and logged.
  */

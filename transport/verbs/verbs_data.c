@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* verbs provider data path: op queue, chunking over QPs, WR chains with selective signaling,
  * inline and SGE merging, CQ polling, per-batch accounting, error cascade
- * (RUNTIME_GUIDE.md §3.5-3.8, §3.10). Hot path: no allocation, no logging. */
+ * (docs/runtime-notes.md §3.5-3.8, §3.10). Hot path: no allocation, no logging. */
 #include "verbs_internal.h"
 
 #include <errno.h>
@@ -118,7 +118,7 @@ KVX_COLD void verbs_ep_fail(struct vep *e, int err)
 	atomic_store_explicit(&e->base.status, err, memory_order_relaxed);
 	e->fail_ns = kvx_now_ns();
 	cnt_add(e, resets, 1);
-	/* Every QP of the endpoint goes to ERR so all outstanding WRs flush (RUNTIME_GUIDE.md
+	/* Every QP of the endpoint goes to ERR so all outstanding WRs flush (docs/runtime-notes.md
 	 * §3.10): completions for everything, then kvx_xport_ep_reset() recovers. */
 	for (uint32_t i = 0; i < e->nqp; i++) {
 		struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};

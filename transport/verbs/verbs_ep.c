@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* verbs provider: RC QPs per endpoint, out-of-band connection blobs, QP state machine,
- * reset/re-connect (RUNTIME_GUIDE.md §3.2, §3.8, §3.10, §3.11). */
+ * reset/re-connect (docs/runtime-notes.md §3.2, §3.8, §3.10, §3.11). */
 #include "verbs_internal.h"
 
 #include <errno.h>
@@ -331,7 +331,7 @@ static int group_get(struct vctx *c, uint32_t id, struct vgroup **out)
 	return 0;
 }
 
-/* Worst-case CQ entries of an endpoint: every QP's whole send queue flushed (RUNTIME_GUIDE.md
+/* Worst-case CQ entries of an endpoint: every QP's whole send queue flushed (docs/runtime-notes.md
  * §3.7: an overrun CQ is lost), plus its receive slot. */
 static uint32_t ep_cqe_need(const struct vep *e)
 {
@@ -557,7 +557,7 @@ int verbs_ep_set_group(struct kvx_xport_ep *ep, uint32_t group)
 }
 
 /*
- * Idle wait on the CQ's completion channel (RUNTIME_GUIDE.md §3.7 with ibv_req_notify_cq):
+ * Idle wait on the CQ's completion channel (docs/runtime-notes.md §3.7 with ibv_req_notify_cq):
  * arm, drain once more (completions that arrived before arming raise no event), then sleep in
  * poll() and acknowledge what woke us.
  */

@@ -4,7 +4,7 @@
 /**
  * @file
  * Module-private: the verbs provider (RDMA RC QPs through rdma-core), docs/architecture.md §3,
- * RUNTIME_GUIDE.md §3.
+ * docs/runtime-notes.md §3.
  *
  * Objects:
  * - struct vctx: one opened device + port + PD, the chosen GID and the device limits.
@@ -26,7 +26,7 @@
  * endpoint's own queues: the endpoints of a group are driven by one thread, so no lock and no
  * allocation. Each QP keeps a ring of WR records indexed by sequence; RC completes in order
  * per QP, so a signaled CQE for sequence s retires every unsignaled WR before it (selective
- * signaling, RUNTIME_GUIDE.md §3.6). Sequences run on across kvx_xport_ep_reset(): a stale
+ * signaling, docs/runtime-notes.md §3.6). Sequences run on across kvx_xport_ep_reset(): a stale
  * completion from before a reset is never taken for a live WR.
  *
  * Destroying an endpoint of a shared CQ (control thread) while the group's poller drains that
@@ -35,7 +35,7 @@
  *
  * Direct verbs: VERBS_DV_MLX5 when built with <infiniband/mlx5dv.h> (KVX_HAVE_MLX5DV) and
  * mlx5dv_is_supported() says so at run time. rdma-core 44 has no bnxt_re direct verbs
- * (RUNTIME_GUIDE.md §0.1 item 2): the extension point is enum verbs_dv plus
+ * (docs/runtime-notes.md §0.1 item 2): the extension point is enum verbs_dv plus
  * verbs_dv_create_qp() in verbs_ep.c; a bnxt_re entry would dlopen the vendor library there.
  */
 #include <infiniband/verbs.h>
@@ -60,7 +60,7 @@
 #define VERBS_WRID_SLOT_SHIFT 40
 #define VERBS_WRID_GEN_SHIFT 48
 
-/* RC path parameters: local ACK timeout 4.096 us * 2^14 = 67 ms (RUNTIME_GUIDE.md §3.2), 6
+/* RC path parameters: local ACK timeout 4.096 us * 2^14 = 67 ms (docs/runtime-notes.md §3.2), 6
  * retries: a dead peer is detected in about 0.5 s. Not 7: rdma_rxe (drivers/infiniband/sw/rxe,
  * rxe_comp.c) never decrements a retry count of 7, i.e. it would retry forever there. */
 #define VERBS_QP_TIMEOUT 14

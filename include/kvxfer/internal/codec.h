@@ -123,7 +123,7 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
  * @retval -EMSGSIZE  Frame, id, nesting, element count or block count over a limit.
  * @par Thread safety  Any thread. Allocates only inside msgpack-c, bounded by len, freed
  *                     before returning.
- * @par Source         docs/protocol.md §3.2, §6 item 3, T21, T22; RUNTIME_GUIDE.md §5.1.
+ * @par Source         docs/protocol.md §3.2, §6 item 3, T21, T22; docs/runtime-notes.md §5.1.
  */
 int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 			  char *err, size_t err_len);

@@ -427,7 +427,7 @@ int kvx_ctl_handshake_start(struct kvx_ctl_inbox *ib, const struct kvx_ctl_hs_pa
  * @retval -ENOSPC  KVX_CTL_WATCH_MAX (8) fds are already watched.
  * @par Thread safety  Any thread, including the control thread (callbacks). Takes a lock that
  *                     the loop takes only when the set of watched fds changed (slow path).
- * @par Source  TEAM2.md cross-helper interface; RUNTIME_GUIDE.md §5.2 (one zmq_poll over the
+ * @par Source  TEAM2.md cross-helper interface; docs/runtime-notes.md §5.2 (one zmq_poll over the
  *              sockets and the device fds).
  */
 int kvx_ctl_watch_fd(struct kvx_ctl *ctl, int fd, void (*cb)(void *arg), void *arg);

@@ -315,7 +315,7 @@ void kvx_mem_ipc_cache_stats(const struct kvx_mem_ipc_cache *c, uint32_t *entrie
 /**
  * Decide how the verbs provider registers [ptr, ptr + len) and export a dma-buf if needed.
  *
- * Decision chain (RUNTIME_GUIDE.md §3.9, §0.1 item 1):
+ * Decision chain (docs/runtime-notes.md §3.9, §0.1 item 1):
  * 1. host memory -> KVX_MEM_REG_HOST (`ibv_reg_mr`).
  * 2. HIP memory and the ROCm at run time exports dma-bufs (`hsa_amd_portable_export_dmabuf`
  *    found with dlsym in libhsa-runtime64.so.1; absent in ROCm 5.2) -> KVX_MEM_REG_DMABUF with
