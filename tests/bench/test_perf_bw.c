@@ -2,10 +2,9 @@
 /*
  * End to end: `kvxfer-perf bw --local` and `kvxfer-perf lat --local` as real processes (client
  * and server threads) on loopback, checking that every printed number is finite and consistent
- * and that the average is consistent with the process's own lifetime: the timed ops' bytes
- * divided by the wall time of the whole process is a lower bound (the timed interval, first post
- * to last completion, lies inside the process's lifetime). No test here asserts a speed: how fast
- * the machine copies is measured by `kvxfer-perf bw --peer memcpy` and bench/compare.sh, as ratios.
+ * (peak >= average, average = message rate x size, latency percentiles between min and max). No
+ * test here asserts a speed or compares one with a clock: how fast the machine moves bytes is
+ * measured by `kvxfer-perf bw --peer memcpy` and bench/compare.sh, as ratios.
  */
 #include <math.h>
 #include <sched.h>
@@ -28,7 +27,6 @@ TestSuite(bench_perf_bw, .timeout = 240.0);
 
 struct run {
 	int status;
-	double wall_s; /* fork to reap, seconds */
 	char out[16384];
 	char err[8192];
 };
@@ -50,14 +48,13 @@ static void slurp(int fd, char *buf, size_t cap)
 	fclose(f);
 }
 
-/* Run kvxfer-perf with args (NULL-terminated); capture stdout, stderr and the wall time. */
+/* Run kvxfer-perf with args (NULL-terminated); capture stdout and stderr. */
 static void run_perf(struct run *r, const char *const *args)
 {
 	char outp[] = "/tmp/kvx_bw_out_XXXXXX", errp[] = "/tmp/kvx_bw_err_XXXXXX";
 	int fo = mkstemp(outp), fe = mkstemp(errp);
 	cr_assert_geq(fo, 0);
 	cr_assert_geq(fe, 0);
-	uint64_t t0 = mono_ns();
 	pid_t pid = fork();
 	cr_assert_geq(pid, 0);
 	if (pid == 0) {
@@ -74,7 +71,6 @@ static void run_perf(struct run *r, const char *const *args)
 	}
 	int st;
 	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	r->wall_s = (double)(mono_ns() - t0) * 1e-9;
 	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 	slurp(fo, r->out, sizeof(r->out));
 	slurp(fe, r->err, sizeof(r->err));
@@ -126,9 +122,6 @@ static void check_bw(const char *transport, const char *size_arg, uint64_t size,
 	double tol = 0.0051 + 5e-7 * (double)size / 1e3 + 1e-6 * avg;
 	cr_assert(fabs(avg - mpps * (double)size / 1e3) <= tol, "avg %.4f vs mpps %.6f x %llu B",
 		  avg, mpps, (unsigned long long)size);
-	double lower = (double)size * (double)n / (r->wall_s * 1e9);
-	cr_assert_geq(avg + 0.0051, lower, "avg %.2f GB/s below bytes/process wall time %.4f GB/s",
-		      avg, lower);
 	free(r);
 }
 
@@ -183,7 +176,6 @@ Test(bench_perf_bw, shm_finite_bounded_with_duration)
 	cr_assert_gt(iters, 0);
 	cr_assert(isfinite(peak) && isfinite(avg) && peak > 0 && avg > 0, "row: %s", row);
 	cr_assert_geq(peak, avg);
-	cr_assert_geq(avg + 0.0051, 65536.0 * (double)iters / (r->wall_s * 1e9));
 	free(r);
 }
 
@@ -238,8 +230,6 @@ static struct run *check_lat(const char *transport, const char *const *extra, ui
 		if (i != 4)
 			cr_assert(v[0] <= v[i] && v[i] <= v[1], "column %d outside [min, max]: %s", i,
 				  row);
-	/* Every sample is inside the process's lifetime. */
-	cr_assert_leq(v[1], r->wall_s * 1e6, "t_max %.2f us > process wall time", v[1]);
 	return r; /* the caller frees */
 }
 
