@@ -345,7 +345,8 @@ int kvx_ctl_start(struct kvx_ctl *ctl)
 					      .dp_size = ctl->p.dp_size,
 					      .tp_size = ctl->p.tp_size,
 					      .mode = ctl->p.transfer_mode};
-		struct kvx_ctl_addr a = {.handshake_port = ctl->hs_port_cfg,
+		/* The ports bound (rank 0: the base ports; ephemeral: the kernel's choice). */
+		struct kvx_ctl_addr a = {.handshake_port = (uint16_t)atomic_load(&ctl->hs_port),
 					 .notify_port = (uint16_t)atomic_load(&ctl->nt_port)};
 		snprintf(a.host, sizeof(a.host), "%s", ctl->host);
 		snprintf(h.http_address, sizeof(h.http_address), "%s", ctl->http);

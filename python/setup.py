@@ -55,7 +55,8 @@ def locate() -> tuple[list[str], list[str], list[str]]:
 incs, objs, libs = locate()
 ext = Extension(
     "kvxfer._kvxfer",
-    sources=["src/kvxfer/_kvxfer.c", "src/kvxfer/ext_args.c", "src/kvxfer/ext_pump.c"],
+    sources=["src/kvxfer/_kvxfer.c", "src/kvxfer/ext_args.c", "src/kvxfer/ext_pump.c",
+             "src/kvxfer/ext_notifier.c"],
     depends=["src/kvxfer/ext.h"],
     include_dirs=incs,
     extra_objects=objs,

@@ -111,7 +111,10 @@ KVX_API int kvx_xfer_announce(struct kvx_engine *e, const struct kvx_engine_anno
 		return -EINVAL;
 	if (e->p.role != KVX_SCHED_CONSUMER || e->p.mode != KVX_SCHED_MODE_WRITE)
 		return -EBUSY;
-	return submit(e, KVX_XFER_K_ANNOUNCE, a->transfer_id, &a->peer, a->local_blocks, NULL, a->n, 0);
+	if (a->notified && !a->n)
+		return -EINVAL;
+	/* consumer_tp of an announce: 1 = remote_blocks was sent by the scheduler (a->notified). */
+	return submit(e, KVX_XFER_K_ANNOUNCE, a->transfer_id, &a->peer, a->local_blocks, NULL, a->n, a->notified);
 }
 
 KVX_API int kvx_xfer_write_begin(struct kvx_engine *e, const struct kvx_engine_write *w)

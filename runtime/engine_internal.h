@@ -179,7 +179,8 @@ struct xf {
 	uint32_t *lblocks;  /* Array[max_blocks] in the engine's arena */
 	uint32_t *rblocks;  /* Array[max_blocks] in the engine's arena */
 	size_t n;
-	uint32_t consumer_tp;
+	uint32_t consumer_tp; /* P READ: consumer TP size (fan-in); D WRITE announce: 1 = remote_blocks
+			       * was sent by the scheduler (kvx_engine_announce.notified), not by us */
 	/* App-visible: per-layer completion bits and the final outcome (release stores). */
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
 	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */

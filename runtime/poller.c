@@ -228,7 +228,8 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 		send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
 	if (a & KVX_XFER_DO_SEND_BLOCKS) {
 		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
-		send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
+		if (!x->consumer_tp) /* else the scheduler sent it (kvx_notifier_announce()) */
+			send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
 	}
 	if (a & KVX_XFER_DO_SEND_WRITE_DONE) {
 		if (a & KVX_XFER_DO_REPORT && o->status == KVX_CPL_DONE)

@@ -245,6 +245,10 @@ struct kvx_engine_announce {
 	struct kvx_engine_peer peer;   /**< The producer instance (remote_blocks goes to its TP ranks). */
 	const uint32_t *local_blocks;  /**< Array[n] destination block ids. */
 	size_t n;                      /**< Blocks; 0 = full prefix hit: sends `release` instead. */
+	bool notified;                 /**< The scheduler process sent `remote_blocks` for this
+	                                    transfer (kvx_notifier_announce(), as MoRIIO's scheduler
+	                                    half does): the engine sends nothing at submission and only
+	                                    awaits `write_done`; must have n > 0. Default false. */
 };
 
 /** P WRITE: start a push transfer (docs/protocol.md §1.3 steps 8–11). */
@@ -438,6 +442,58 @@ KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, u
  * @return As kvx_xfer_read().
  */
 KVX_API int kvx_xfer_announce(struct kvx_engine *e, const struct kvx_engine_announce *a);
+
+/**
+ * Scheduler-side notifier (D WRITE): sends `remote_blocks` / `release` from a process that runs
+ * no engine, the way MoRIIO's scheduler half does (docs/protocol.md §1.3 step 5b and its abort
+ * paragraph), while the decode workers' engines only await `write_done`
+ * (kvx_engine_announce.notified). Owns a control thread and its notify DEALERs (CURVE with
+ * auth_dir); it binds its two listeners on ephemeral loopback ports and serves nothing on them.
+ */
+struct kvx_notifier;
+
+/**
+ * Create and start a notifier for one D DP rank's scheduler.
+ *
+ * @param p          Parameters of this decode instance; used: role (consumer), mode (WRITE), host,
+ *                   dp_rank, dp_size, dp_size_local, tp_size (sent as the consumer TP size of
+ *                   `release`), vllm_port_compat (port arithmetic towards the producer), auth_dir;
+ *                   the rest is ignored. Not NULL; strings are copied.
+ * @param[out] out   New notifier; not NULL.
+ * @param[out] err   If non-NULL, receives a message naming the invalid field.
+ * @param errlen     Size of @p err, bytes.
+ * @return           0 on success.
+ * @retval -EINVAL   Not a WRITE consumer, bad ranks/sizes, NULL host; @p err names the field.
+ * @retval -ENOMEM   Allocation failed; or the errno of the control thread's start (auth keys).
+ * @par Thread safety  Any thread. @par Context  Control path (creates a thread).
+ */
+KVX_API int kvx_notifier_create(const struct kvx_engine_params *p, struct kvx_notifier **out, char *err,
+				size_t errlen);
+
+/**
+ * Send the blocks a D DP rank allocated for a transfer: `remote_blocks` (block ids @p a->local_blocks,
+ * `decode_rank` = params.dp_rank, no `kvx_epoch`: the producer settles the consumer's incarnation
+ * as for a MoRIIO consumer) to every producer TP rank of @p a->peer's DP rank; with n = 0 (full
+ * prefix hit, or a request aborted before allocation) `release` instead. Fire and forget, as
+ * MoRIIO: an unreachable producer is logged (rate-limited) by the control thread, not reported.
+ *
+ * @param nt      Notifier; not NULL.
+ * @param a       Announcement (transfer_id, peer, local_blocks, n; notified is ignored); not NULL.
+ * @param req_id  The decode request id, sent as `req_id` of `remote_blocks` (MoRIIO producers
+ *                also key the allocation on it); NULL = "". At most 511 bytes.
+ * @return 0 queued; -EINVAL bad transfer id or req_id, NULL arrays, block id > INT32_MAX,
+ *         n > params.max_blocks; -ENOBUFS the control thread's inbox is full (retry; ranks
+ *         already queued get the message again, which a producer ignores: -EEXIST, counted late).
+ * @par Thread safety  One thread at a time (the scheduler thread). @par Context  Non-blocking.
+ */
+KVX_API int kvx_notifier_announce(struct kvx_notifier *nt, const struct kvx_engine_announce *a,
+				  const char *req_id);
+
+/**
+ * Stop the control thread (queued messages are flushed for a bounded time) and free.
+ * @param nt Notifier; NULL is a no-op.
+ */
+KVX_API void kvx_notifier_destroy(struct kvx_notifier *nt);
 
 /**
  * P WRITE: begin a push transfer (blocks and destination). Writes are posted per layer once

@@ -12,11 +12,16 @@ from vllm_standin import instance_main
 
 
 class InstanceProc:
-    def __init__(self, kv_role: str, read_mode: bool, layout: str, extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, kv_role: str, read_mode: bool, layout: str, extra: dict[str, Any] | None = None,
+                 tp: int = 1) -> None:
         ctx = mp.get_context("spawn")
+        self.tp = tp
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=instance_main, args=(child, kv_role, read_mode, layout, extra or {}, HANG_S),
-                                daemon=True)
+        self.proc = ctx.Process(target=instance_main,
+                                args=(child, kv_role, read_mode, layout, extra or {}, HANG_S, tp),
+                                # TP > 1 starts worker processes: a daemonic process may not
+                                # (close() joins or kills it either way)
+                                daemon=tp == 1)
         self.proc.start()
         child.close()
         assert self.conn.poll(HANG_S * 2), f"{kv_role} instance did not start"
@@ -45,11 +50,13 @@ def proxy_ids(p: InstanceProc, d: InstanceProc) -> tuple[str, str]:
     return (f"___prefill_addr_{p.zmq}___decode_addr_{d.zmq}_{uuid.uuid4().hex}", f"tx-{uuid.uuid4()}")
 
 
-def p_params(tid: str) -> dict[str, Any]:
-    return {"remote_dp_size": 1, "remote_tp_size": 1, "transfer_id": tid, "do_remote_decode": True,
+def p_params(tid: str, d_tp: int = 1) -> dict[str, Any]:
+    """P's kv_transfer_params from the proxy (remote_tp_size: D's TP size)."""
+    return {"remote_dp_size": 1, "remote_tp_size": d_tp, "transfer_id": tid, "do_remote_decode": True,
             "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None}
 
 
-def d_params(tid: str) -> dict[str, Any]:
+def d_params(tid: str, p_tp: int = 1) -> dict[str, Any]:
+    """D's kv_transfer_params from the proxy (remote_tp_size: P's TP size)."""
     return {"do_remote_decode": False, "do_remote_prefill": True, "remote_engine_id": None,
-            "remote_block_ids": None, "transfer_id": tid, "remote_dp_size": 1, "remote_tp_size": 1}
+            "remote_block_ids": None, "transfer_id": tid, "remote_dp_size": 1, "remote_tp_size": p_tp}

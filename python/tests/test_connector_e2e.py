@@ -37,19 +37,20 @@ def pair(request):
 def transfer(mode: str, p: InstanceProc, d: InstanceProc, seed: int, cached: int = 0) -> tuple[dict, dict, str]:
     rid, tid = proxy_ids(p, d)
     if mode == "write":
-        # The proxy sends to P and D at once; D allocates and announces, P pushes per layer.
-        p.call("add", dict(request_id=rid, prompt_len=PROMPT, params=p_params(tid), seed=seed))
-        d.call("add", dict(request_id=rid, prompt_len=PROMPT, params=d_params(tid), seed=seed,
+        # The proxy sends to P and D at once; D's scheduler allocates and sends remote_blocks,
+        # P's workers push per layer.
+        p.call("add", dict(request_id=rid, prompt_len=PROMPT, params=p_params(tid, d.tp), seed=seed))
+        d.call("add", dict(request_id=rid, prompt_len=PROMPT, params=d_params(tid, p.tp), seed=seed,
                            cached_prefix_blocks=cached))
         d.call("step_until", ("waiting_remote", rid))
         p.call("step_until", ("freed", rid))
         d.call("step_until", ("loaded", rid))
     else:
         # P runs the prefill first; the proxy copies its returned params into D's request.
-        p.call("add", dict(request_id=rid, prompt_len=PROMPT, params=p_params(tid), seed=seed))
+        p.call("add", dict(request_id=rid, prompt_len=PROMPT, params=p_params(tid, d.tp), seed=seed))
         p.call("step_until", ("finished", rid))
         fp = p.call("state", rid)["finish_params"]
-        params = d_params(fp["transfer_id"])
+        params = d_params(fp["transfer_id"], p.tp)
         params.update(remote_engine_id=fp["remote_engine_id"], remote_block_ids=fp["remote_block_ids"],
                       remote_dp_rank=fp["remote_dp_rank"])
         d.call("add", dict(request_id=rid, prompt_len=PROMPT, params=params, seed=seed, cached_prefix_blocks=cached))
@@ -60,13 +61,16 @@ def transfer(mode: str, p: InstanceProc, d: InstanceProc, seed: int, cached: int
 
 
 def check_bytes(ps: dict, ds: dict, cached: int) -> None:
+    """Each consumer TP rank holds exactly its producer rank's bytes (same TP: rank r <- r)."""
     n = len(ps["block_ids"])
     assert len(ds["block_ids"]) == n
-    for layer in range(NLAYERS):
-        for pos in range(cached, n):
-            assert ds["bytes"][layer][pos] == ps["bytes"][layer][pos], f"layer {layer} block position {pos}"
-        for pos in range(cached):  # prefix-cache hit: never overwritten
-            assert ds["bytes"][layer][pos] != ps["bytes"][layer][pos], f"cached position {pos} was moved"
+    assert len(ds["bytes"]) == len(ps["bytes"])
+    for rank, (pb, db) in enumerate(zip(ps["bytes"], ds["bytes"])):
+        for layer in range(NLAYERS):
+            for pos in range(cached, n):
+                assert db[layer][pos] == pb[layer][pos], f"rank {rank} layer {layer} block position {pos}"
+            for pos in range(cached):  # prefix-cache hit: never overwritten
+                assert db[layer][pos] != pb[layer][pos], f"rank {rank} cached position {pos} was moved"
 
 
 def mover(mode: str, ps: dict, ds: dict) -> dict:
@@ -113,7 +117,9 @@ def test_abort_before_allocation_releases_producer(mode):
         p.call("step_until", ("freed", rid))
         ds = d.call("state", rid)
         assert ds["freed"] and ds["block_ids"] == [] and ds["free"] == NB and ds["loaded"] is None
-        assert ds["stats"]["engine_notifications_sent"] >= 1
+        # READ: the worker's engine sent the release; WRITE: the scheduler did, as MoRIIO's
+        # scheduler half (the worker's engine sent nothing), and P's blocks came back.
+        assert (ds["stats"]["engine_notifications_sent"] >= 1) == (mode == "read")
         assert p.call("state", rid)["free"] == NB
     finally:
         d.close()
@@ -172,3 +178,32 @@ def test_failed_transfer_reported_as_load_errors(mode):
     finally:
         d.close()
         lsn.close()
+
+
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_tp2_instances_byte_exact(mode):
+    """Producer TP 2 -> consumer TP 2 (split K/V, one KV head per rank): each instance's two
+    workers run in processes of their own (StandInWorkerProc) with an engine each on base
+    ports + rank; WRITE: D's scheduler sends remote_blocks to both P ranks; READ: each D rank
+    reads from its P rank and releases it. Every rank's bytes arrive at its peer rank, the
+    request finishes only once both ranks reported it, and both instances get every block back."""
+    p = InstanceProc("kv_producer", mode == "read", "split", tp=2)
+    try:
+        d = InstanceProc("kv_consumer", mode == "read", "split", tp=2)
+    except BaseException:
+        p.close()
+        raise
+    try:
+        for seed in (31, 37):
+            before = mover(mode, p.call("state", ""), d.call("state", ""))["bytes"]
+            ps, ds, rid = transfer(mode, p, d, seed=seed)
+            check_bytes(ps, ds, 0)
+            assert ps["bytes"][0] != ps["bytes"][1]  # the ranks hold different heads
+            assert ps["freed"] and ds["loaded"] == ds["block_ids"] and not ds["load_errors"]
+            moved = mover(mode, ps, ds)["bytes"] - before
+            assert moved == len(ps["block_ids"]) * NLAYERS * per_block_bytes("split")  # both ranks' halves
+            assert ps["free"] == NB
+        assert ds["stats"]["transfers_failed"] == 0 and ds["stats"]["transfers_done"] == 4  # 2 ranks x 2
+    finally:
+        d.close()
+        p.close()

@@ -46,9 +46,9 @@ def test_heartbeat_registers_with_the_proxy(kv_role, read, typ, mode):
     assert (host, notify) == ("127.0.0.1", nt)
 
 
-@pytest.mark.xfail(strict=True, reason="engine/control: with an ephemeral handshake port (params 0) the "
-                   "heartbeat's zmq_address names the default 6301, not the bound port (control/ctl.c uses "
-                   "the configured port); fixed ports, as deployed, are unaffected")
 def test_heartbeat_names_the_bound_handshake_port_with_ephemeral_ports():
+    """With ephemeral ports (params 0) the proxy must learn the ports actually bound: the
+    handshake port the consumer dials and the notify port, not the configured defaults."""
     msg, (hs, nt) = heartbeat("kv_consumer", False)
-    assert parse_zmq_address(msg["zmq_address"])[1] == hs
+    assert parse_zmq_address(msg["zmq_address"]) == ("127.0.0.1", hs, nt)
+    assert hs != 6301

@@ -3,7 +3,11 @@
 and test vectors (test_NN: vector NN of §7; test_secX_Y: section X.Y) without an engine."""
 from __future__ import annotations
 
+import msgpack
 import pytest
+import zmq
+
+from conftest import HANG_S
 
 from kvxfer.vllm import KvxferConnector, decode_address, parse_zmq_address, port_offset, prefill_address
 from kvxfer.vllm.config import ConnectorConfig, is_read_mode
@@ -42,6 +46,59 @@ def req(rid: str, n: int, params: dict | None, status=StandInStatus.WAITING) -> 
     return StandInRequest(rid, list(range(n)), params, status=status)
 
 
+class ProducerNotifyPorts:
+    """STAND-IN for a producer instance's notify listeners (its workers' engines): real ZMQ
+    ROUTERs (pyzmq) on loopback at ``base + port_offset(dp, tp, tp_size)`` for the given
+    (dp, tp) ranks, decoding what the decode scheduler sends them (docs/protocol.md §3.2)."""
+
+    def __init__(self, ranks: list[tuple[int, int]], tp_size: int) -> None:
+        self.ctx = zmq.Context()
+        for _ in range(50):  # a base whose rank ports are all free
+            probe = self.ctx.socket(zmq.ROUTER)
+            base = probe.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=60000)
+            probe.close(linger=0)
+            self.socks: dict[tuple[int, int], zmq.Socket] = {}
+            try:
+                for dp, tp in ranks:
+                    sk = self.ctx.socket(zmq.ROUTER)
+                    self.socks[(dp, tp)] = sk
+                    sk.bind(f"tcp://127.0.0.1:{base + port_offset(dp, tp, tp_size)}")
+                self.base = base
+                return
+            except zmq.ZMQError:
+                for sk in self.socks.values():
+                    sk.close(linger=0)
+        raise RuntimeError("no free port range for the producer stand-in")
+
+    def recv(self, dp: int, tp: int) -> dict:
+        sk = self.socks[(dp, tp)]
+        assert sk.poll(int(HANG_S * 1000)), f"nothing reached producer rank dp {dp} tp {tp}"
+        frames = sk.recv_multipart()
+        assert len(frames) == 2  # identity + one msgpack payload (§3.2)
+        return msgpack.unpackb(frames[1], raw=False)
+
+    def silent(self, dp: int, tp: int) -> bool:
+        return not self.socks[(dp, tp)].poll(0)
+
+    def close(self) -> None:
+        for sk in self.socks.values():
+            sk.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def producer_tp2():
+    ports = ProducerNotifyPorts([(0, 0), (0, 1)], 2)
+    yield ports
+    ports.close()
+
+
+def local_rid(notify_base: int) -> str:
+    """A proxy request id whose prefill address is the loopback producer stand-in."""
+    return (f"cmpl-___prefill_addr_host:127.0.0.1,handshake:{notify_base - 1000},notify:{notify_base}"
+            f"___decode_addr_{D_ADDR}_16f41eb3df75420fa6b78acc63bafd9a-0-b8ee174a")
+
+
 def test_44_matched_tokens():
     for read in (False, True):
         assert sched("kv_producer", read).get_num_new_matched_tokens(req("r", 8, {"do_remote_decode": True}), 0) == (0, False)
@@ -54,14 +111,16 @@ def test_44_matched_tokens():
     assert r.get_num_new_matched_tokens(req("r", 1, {"do_remote_prefill": True}), 0) == (0, False)
 
 
-def test_matched_tokens_zero_after_completed_write():
+def test_matched_tokens_zero_after_completed_write(producer_tp2):
     """PR #53549 (§5.9): once the load completed, a rescheduled request does not wait again."""
     s = sched("kv_consumer", False)
-    r = req(RID, 40, {"do_remote_prefill": True, "transfer_id": "tx-1"})
+    rid = local_rid(producer_tp2.base)
+    r = req(rid, 40, {"do_remote_prefill": True, "transfer_id": "tx-1", "remote_tp_size": 2})
     s.update_state_after_alloc(r, StandInKVCacheBlocks([1, 2, 3], 0), 40)
-    s.update_connector_output(StandInKVConnectorOutput(finished_recving={RID}))
+    s.update_connector_output(StandInKVConnectorOutput(finished_recving={rid}))
     r.kv_transfer_params["do_remote_prefill"] = True
     assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    s.shutdown()
 
 
 def test_45_write_producer_saves_allocated_blocks():
@@ -107,12 +166,40 @@ def test_45_read_consumer_recv_entry_and_partial_hit_pairing():
     assert [(x.local_blocks, x.remote_blocks) for x in m.reads] == [([7, 9], [22, 23])]
 
 
-def test_sec5_7_full_hit_sends_release_only():
+def test_sec5_7_full_hit_sends_release_only(producer_tp2):
+    """WRITE, nothing to load: the decode scheduler releases P's blocks itself (a `release`
+    to every producer TP rank, naming its own TP size) and gives the worker no load."""
     s = sched("kv_consumer", False)
-    r = req(RID, 32, {"do_remote_prefill": True, "transfer_id": "tx-f"})
+    r = req(local_rid(producer_tp2.base), 32, {"do_remote_prefill": True, "transfer_id": "tx-f", "remote_tp_size": 2})
     s.update_state_after_alloc(r, StandInKVCacheBlocks([1, 2], 2), 0)
     m = s.build_connector_meta(StandInSchedulerOutput())
-    assert [(x.transfer_id, x.local_blocks) for x in m.announces] == [("tx-f", [])]
+    assert m.announces == [] and m.releases == [] and m.reads == []
+    for tp in (0, 1):
+        msg = producer_tp2.recv(0, tp)
+        assert list(msg) == ["type", "transfer_id", "consumer_tp_size"]
+        assert msg == {"type": "release", "transfer_id": "tx-f", "consumer_tp_size": 1}
+    s.shutdown()
+
+
+def test_sec1_3_5b_write_scheduler_sends_remote_blocks(producer_tp2):
+    """WRITE: at allocation the decode scheduler (not a worker) sends `remote_blocks` with the
+    newly allocated block ids and its DP rank to every TP rank of the producer's DP rank, in
+    MoRIIO's key order (§3.2), and hands the worker the load to await (no second send)."""
+    s = sched("kv_consumer", False)
+    s.connector_scheduler.cfg.dp_rank, s.connector_scheduler.cfg.dp_size = 1, 2
+    rid = local_rid(producer_tp2.base)
+    r = req(rid, 64, {"do_remote_prefill": True, "transfer_id": "tx-w", "remote_tp_size": 2})
+    s.update_state_after_alloc(r, StandInKVCacheBlocks([8, 3, 11, 4], 1), 48)  # 1 cached block
+    for tp in (0, 1):
+        msg = producer_tp2.recv(0, tp)
+        assert list(msg) == ["req_id", "transfer_id", "block_notify_list", "decode_rank", "type"]
+        assert msg == {"req_id": rid, "transfer_id": "tx-w", "block_notify_list": [3, 11, 4], "decode_rank": 1,
+                       "type": "remote_blocks"}
+    m = s.build_connector_meta(StandInSchedulerOutput())
+    assert [(x.transfer_id, x.req_id, x.local_blocks) for x in m.announces] == [("tx-w", rid, [3, 11, 4])]
+    assert m.announces[0].peer[:3] == ("127.0.0.1", producer_tp2.base - 1000, producer_tp2.base)
+    assert producer_tp2.silent(0, 0) and producer_tp2.silent(0, 1)
+    s.shutdown()
 
 
 def test_sec3_6_producer_read_request_finished_params():
@@ -169,27 +256,51 @@ def test_53_reconciliation_early_stale_and_reaped_acks():
 
 
 def test_38_write_abort_before_allocation_releases():
-    s = sched("kv_consumer", False)
-    params = {"do_remote_prefill": True, "transfer_id": "xfer-7", "remote_host": "127.0.0.1",
+    """Vector 38 (§3.3): a WRITE request finished before allocation; its address comes from
+    the params (remote_host / remote_notify_port 7000, here a free base), P DP rank 1 with TP 2:
+    the scheduler sends `release` to base + port_offset(1, 0, 2) and base + port_offset(1, 1, 2)."""
+    ports = ProducerNotifyPorts([(1, 0), (1, 1)], 2)
+    try:
+        s = sched("kv_consumer", False)
+        params = {"do_remote_prefill": True, "transfer_id": "xfer-7", "remote_host": "127.0.0.1",
+                  "remote_notify_port": ports.base, "remote_dp_rank": 1, "remote_tp_size": 2}
+        assert s.request_finished(req("plain-id", 16, params), []) == (False, None)
+        assert params["do_remote_prefill"] is False
+        for tp in (0, 1):
+            assert ports.recv(1, tp) == {"type": "release", "transfer_id": "xfer-7", "consumer_tp_size": 1}
+        m = s.build_connector_meta(StandInSchedulerOutput())
+        assert m.reads == [] and m.announces == [] and m.releases == []
+        # no address and a plain request id: nothing can be sent
+        assert s.request_finished(req("plain-2", 16, {"do_remote_prefill": True, "transfer_id": "x8"}), []) == \
+            (False, None)
+        assert s.build_connector_meta(StandInSchedulerOutput()).releases == []
+        assert ports.silent(1, 0) and ports.silent(1, 1)
+        s.shutdown()
+    finally:
+        ports.close()
+
+
+def test_read_abort_before_allocation_releases_through_the_worker():
+    """READ: the release of a never-allocated request goes through the worker (its engine
+    sends it; kvx_xfer_read with no blocks)."""
+    s = sched("kv_consumer", True)
+    params = {"do_remote_prefill": True, "transfer_id": "xfer-9", "remote_host": "127.0.0.1",
               "remote_notify_port": 7000}
     assert s.request_finished(req("plain-id", 16, params), []) == (False, None)
-    assert params["do_remote_prefill"] is False
     m = s.build_connector_meta(StandInSchedulerOutput())
     assert [(x.transfer_id, x.local_blocks, x.peer.host, x.peer.notify_port) for x in m.releases] == \
-        [("xfer-7", [], "127.0.0.1", 7000)]
-    assert m.reads == [] and m.announces == []
-    # no address and a plain request id: nothing can be sent
-    assert s.request_finished(req("plain-2", 16, {"do_remote_prefill": True, "transfer_id": "x8"}), []) == (False, None)
-    assert s.build_connector_meta(StandInSchedulerOutput()).releases == []
+        [("xfer-9", [], "127.0.0.1", 7000)]
 
 
-def test_abort_after_allocation_delays_the_free():
+def test_abort_after_allocation_delays_the_free(producer_tp2):
     s = sched("kv_consumer", False)
-    r = req(RID, 32, {"do_remote_prefill": True, "transfer_id": "tx-a"})
+    rid = local_rid(producer_tp2.base)
+    r = req(rid, 32, {"do_remote_prefill": True, "transfer_id": "tx-a", "remote_tp_size": 2})
     s.update_state_after_alloc(r, StandInKVCacheBlocks([1, 2], 0), 32)
     s.build_connector_meta(StandInSchedulerOutput())
     assert s.request_finished(r, [1, 2]) == (True, None)
-    assert s.build_connector_meta(StandInSchedulerOutput()).aborts == [("tx-a", RID)]
+    assert s.build_connector_meta(StandInSchedulerOutput()).aborts == [("tx-a", rid)]
+    s.shutdown()
 
 
 def test_52_parsing_and_request_ids():

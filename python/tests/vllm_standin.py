@@ -3,9 +3,13 @@
 registry reachable). It models only what the connector sees: the objects vLLM passes in
 (Request, KVCacheBlocks, SchedulerOutput, ForwardContext, KVConnectorOutput, a VllmConfig with
 its kv_transfer_config) and the order in which vLLM's scheduler and model runner call the
-connector in one engine step. One StandInInstance is one vLLM instance with one worker
-(TP 1): the scheduler half and the worker half are separate connector objects, and the
-metadata crosses between them pickled, as it crosses processes in vLLM.
+connector in one engine step. One StandInInstance is one vLLM instance: the scheduler half and
+the worker halves are separate connector objects, and the metadata crosses between them
+pickled, as it crosses processes in vLLM. With TP 1 the worker runs in the instance's process;
+with TP > 1 each TP rank's worker runs in a process of its own (StandInWorkerProc, the
+stand-in for vLLM's worker processes), with its own engine on base ports + its rank, and the
+workers' outputs are combined as vLLM's KV output aggregator does (a request is finished once
+every rank reported it; load errors are the union).
 
 "Compute" on a producer fills each scheduled block with a pattern that depends on
 (layer, request seed, block position in the prompt), so a consumer's blocks can be checked
@@ -144,10 +148,10 @@ class StandInVllmConfig:
 NLAYERS, NB, BS, H, HD, MLA_D = 3, 24, 4, 2, 8, 32
 
 
-def make_kv(layout: str) -> dict[str, torch.Tensor]:
-    """Zeroed KV caches, int16 (2-byte elements): split K/V [2, NB, BS, H, HD] (NHD) or MLA
+def make_kv(layout: str, heads: int = H) -> dict[str, torch.Tensor]:
+    """Zeroed KV caches, int16 (2-byte elements): split K/V [2, NB, BS, heads, HD] (NHD) or MLA
     [NB, BS, D]."""
-    shape = (2, NB, BS, H, HD) if layout == "split" else (NB, BS, MLA_D)
+    shape = (2, NB, BS, heads, HD) if layout == "split" else (NB, BS, MLA_D)
     return {f"model.layers.{i}.self_attn.attn": torch.zeros(shape, dtype=torch.int16) for i in range(NLAYERS)}
 
 
@@ -161,10 +165,170 @@ def pattern(layer: int, seed: int, pos: int, like: torch.Tensor) -> torch.Tensor
     return (torch.arange(n, dtype=torch.int32).mul(31).add(base) % 32749 + 1).to(torch.int16).reshape(like.shape)
 
 
-class StandInInstance:
-    """One vLLM instance (scheduler + one worker) driving KvxferConnector in vLLM's order."""
+def worker_config(kv_role: str, layout: str, ex: dict[str, Any], tp: int, rank: int) -> StandInVllmConfig:
+    mc = StandInModelConfig(num_kv_heads=H if layout == "split" else 1, head_size=HD if layout == "split" else MLA_D,
+                            use_mla=layout == "mla")
+    return StandInVllmConfig(StandInKVTransferConfig("KvxferConnector", kv_role, kv_connector_extra_config=ex),
+                             StandInCacheConfig(BS), mc, StandInParallelConfig(tensor_parallel_size=tp, rank=rank))
 
-    def __init__(self, kv_role: str, read_mode: bool, layout: str, extra: Optional[dict[str, Any]] = None) -> None:
+
+class StandInWorker:
+    """One worker (one TP rank) as vLLM's model runner drives the connector in a step; the
+    producer's "compute" fills each scheduled block with the pattern of (layer, seed, position,
+    rank)."""
+
+    def __init__(self, kv_role: str, layout: str, ex: dict[str, Any], tp: int, rank: int) -> None:
+        self.role, self.layout, self.rank = kv_role, layout, rank
+        cfg = worker_config(kv_role, layout, ex, tp, rank)
+        self.kv = make_kv(layout, cfg.model_config.get_num_kv_heads(cfg.parallel_config))
+        self.conn = KvxferConnector(cfg, StandInRole.WORKER)
+        self.conn.register_kv_caches(self.kv)
+
+    def ports(self) -> tuple[int, int]:
+        return self.conn.bound_ports()
+
+    def step(self, meta_blob: bytes, new_reqs: list[tuple[list[int], int]], finished: set[str]) -> tuple:
+        self.conn.bind_connector_metadata(pickle.loads(meta_blob))
+        self.conn.start_load_kv(StandInForwardContext())
+        for li, (name, t) in enumerate(self.kv.items()):
+            self.conn.wait_for_layer_load(name)
+            if self.role == "kv_producer":
+                for ids, seed in new_reqs:
+                    for pos, b in enumerate(ids):
+                        v = block_view(t, self.layout, b)
+                        v.copy_(pattern(li, seed + 5003 * self.rank, pos, v))
+            self.conn.save_kv_layer(name, t, None)
+        self.conn.wait_for_save()
+        sending, recving = self.conn.get_finished(finished)
+        errors = self.conn.get_block_ids_with_load_errors()
+        self.conn.clear_connector_metadata()
+        return sending, recving, errors
+
+    def bytes(self, block_ids: list[int]) -> list[list[bytes]]:
+        """[layer][i] bytes of block_ids[i]."""
+        return [[block_view(t, self.layout, b).contiguous().numpy().tobytes() for b in block_ids]
+                for t in self.kv.values()]
+
+    def stats(self) -> dict[str, Any]:
+        return self.conn.get_kv_connector_stats().data
+
+    def settled(self) -> bool:
+        """White-box: no load of this worker still waits for its terminal completion."""
+        cw = self.conn.connector_worker
+        return not cw.recv_blocks and not cw.failed
+
+    def wait(self, timeout: float) -> None:
+        self.conn.connector_worker.engine.wait(timeout)
+
+    def close(self) -> None:
+        self.conn.shutdown()
+
+
+def _worker_main(conn: Any, args: tuple) -> None:
+    """Child process of StandInWorkerProc: one StandInWorker, answering its instance."""
+    try:
+        w = StandInWorker(*args)
+        conn.send(("ok", w.ports()))
+    except BaseException as e:
+        conn.send(("error", repr(e)))
+        return
+    while True:
+        cmd, a = conn.recv()
+        try:
+            if cmd == "close":
+                w.close()
+                conn.send(("ok", None))
+                return
+            conn.send(("ok", getattr(w, cmd)(*a)))
+        except BaseException as e:
+            import traceback
+            conn.send(("error", f"{e!r}\n{traceback.format_exc()}"))
+
+
+class StandInWorkerProc:
+    """STAND-IN for one of vLLM's worker processes (TP > 1): a StandInWorker in a process of
+    its own, called by its instance over a pipe (vLLM ships the scheduler output, with the
+    connector metadata, to every worker the same way: pickled)."""
+
+    def __init__(self, args: tuple, hang_s: float) -> None:
+        import multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.hang_s = hang_s
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, args), daemon=True)
+        self.proc.start()
+        child.close()
+        assert self.conn.poll(hang_s * 2), "worker process did not start"
+        st, res = self.conn.recv()
+        if st != "ok":
+            self.proc.join(hang_s)
+            raise RuntimeError(f"worker rank {args[4]}: {res}")
+        self._ports = res
+
+    def _call(self, cmd: str, *a: Any) -> Any:
+        self.conn.send((cmd, a))
+        assert self.conn.poll(self.hang_s * 2), f"worker: {cmd}: no answer"
+        st, res = self.conn.recv()
+        assert st == "ok", res
+        return res
+
+    def ports(self) -> tuple[int, int]:
+        return self._ports
+
+    def step(self, meta_blob: bytes, new_reqs: list[tuple[list[int], int]], finished: set[str]) -> tuple:
+        return self._call("step", meta_blob, new_reqs, finished)
+
+    def bytes(self, block_ids: list[int]) -> list[list[bytes]]:
+        return self._call("bytes", block_ids)
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def settled(self) -> bool:
+        return self._call("settled")
+
+    def wait(self, timeout: float) -> None:
+        self._call("wait", timeout)
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self._call("close")
+            finally:
+                self.proc.join(self.hang_s)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def _free_base(n: int) -> int:
+    """A port with the n ports from it free now (TP workers bind base + rank)."""
+    import socket
+    for _ in range(100):
+        with socket.socket() as s0:
+            s0.bind(("127.0.0.1", 0))
+            base = s0.getsockname()[1]
+        if base + n > 65535:
+            continue
+        try:
+            socks = []
+            for k in range(n):
+                sk = socket.socket()
+                socks.append(sk)
+                sk.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sk in socks:
+                sk.close()
+    raise RuntimeError("no free port range")
+
+
+class StandInInstance:
+    """One vLLM instance (scheduler + tp workers) driving KvxferConnector in vLLM's order."""
+
+    def __init__(self, kv_role: str, read_mode: bool, layout: str, extra: Optional[dict[str, Any]] = None,
+                 tp: int = 1, hang_s: float = 60.0) -> None:
         self.layout = layout
         self.role = kv_role
         ex = {"proxy_ip": "", "proxy_ping_port": 0, "http_port": 0, "host_ip": "127.0.0.1",
@@ -172,18 +336,14 @@ class StandInInstance:
               "kvxfer_ephemeral_ports": True, "transfer_timeout": 30, "defer_timeout": 120,
               "handshake_timeout": 20}
         ex.update(extra or {})
-        mc = StandInModelConfig(num_kv_heads=H if layout == "split" else 1, head_size=HD if layout == "split" else MLA_D,
-                                use_mla=layout == "mla")
-        wcfg = StandInVllmConfig(StandInKVTransferConfig("KvxferConnector", kv_role, kv_connector_extra_config=ex),
-                                 StandInCacheConfig(BS), mc)
-        self.kv = make_kv(layout)
-        self.worker = KvxferConnector(wcfg, StandInRole.WORKER)
-        self.worker.register_kv_caches(self.kv)
-        hs, nt = self.worker.bound_ports()
+        self.workers: list[Any] = []
+        if tp == 1:
+            self.workers = [StandInWorker(kv_role, layout, ex, 1, 0)]
+            hs, nt = self.workers[0].ports()
+        else:
+            hs, nt = self._start_workers(kv_role, layout, ex, tp, hang_s)
         sex = dict(ex, kvxfer_ephemeral_ports=False, handshake_port=hs, notify_port=nt)
-        scfg = StandInVllmConfig(StandInKVTransferConfig("KvxferConnector", kv_role, kv_connector_extra_config=sex),
-                                 StandInCacheConfig(BS), mc)
-        self.sched = KvxferConnector(scfg, StandInRole.SCHEDULER)
+        self.sched = KvxferConnector(worker_config(kv_role, layout, sex, tp, 0), StandInRole.SCHEDULER)
         self.ports = (hs, nt)
         self.free = list(range(NB))
         self.requests: dict[str, StandInRequest] = {}
@@ -196,14 +356,33 @@ class StandInInstance:
         self.load_errors: set[int] = set()
         self.finish_params: dict[str, Optional[dict[str, Any]]] = {}
         self.new_computed: set[str] = set()
+        self.reported: dict[tuple[str, str], int] = {}  # (sending|recving, req) -> ranks so far
+
+    def _start_workers(self, kv_role: str, layout: str, ex: dict[str, Any], tp: int, hang_s: float) -> tuple[int, int]:
+        """Fixed base ports (rank r binds base + r); retried on another range if one is taken."""
+        for _ in range(5):
+            hs, nt = _free_base(tp), _free_base(tp)
+            wex = dict(ex, kvxfer_ephemeral_ports=False, handshake_port=hs, notify_port=nt)
+            try:
+                for r in range(tp):
+                    self.workers.append(StandInWorkerProc((kv_role, layout, wex, tp, r), hang_s))
+                return hs, nt
+            except RuntimeError as e:
+                for w in self.workers:
+                    w.close()
+                self.workers = []
+                if "EADDRINUSE" not in str(e) and "Address already in use" not in str(e):
+                    raise
+        raise RuntimeError("worker ports kept being taken")
 
     # -- requests --------------------------------------------------------------------------------
     def add(self, request_id: str, prompt_len: int, params: Optional[dict[str, Any]], seed: int = 1,
             cached_prefix_blocks: int = 0) -> None:
+        assert cached_prefix_blocks == 0 or len(self.workers) == 1, "prefix markers: TP 1 only"
         req = StandInRequest(request_id, list(range(prompt_len)), dict(params) if params else None, seed=seed)
         for pos in range(cached_prefix_blocks):  # local prefix-cache hit: marker content
             b = self.free.pop(0)
-            for li, t in enumerate(self.kv.values()):
+            for li, t in enumerate(self.workers[0].kv.values()):
                 block_view(t, self.layout, b).copy_(-pattern(li, 999, pos, block_view(t, self.layout, b)))
             req.cached_blocks.append(b)
         req.num_computed_tokens = cached_prefix_blocks * BS
@@ -231,6 +410,19 @@ class StandInInstance:
         self.free.extend(blocks)
         self.freed.add(request_id)
 
+    def _aggregate(self, kind: str, per_rank: list[Optional[set[str]]]) -> Optional[set[str]]:
+        """vLLM's KV output aggregator: a request is finished once every worker reported it."""
+        done: set[str] = set()
+        for ids in per_rank:
+            for rid in ids or ():
+                n = self.reported.get((kind, rid), 0) + 1
+                if n == len(self.workers):
+                    self.reported.pop((kind, rid), None)
+                    done.add(rid)
+                else:
+                    self.reported[(kind, rid)] = n
+        return done or None
+
     # -- one engine step -------------------------------------------------------------------------
     def step(self) -> None:
         so = StandInSchedulerOutput()
@@ -256,25 +448,14 @@ class StandInInstance:
             req.num_computed_tokens += ext or 0
             self._schedule(req, so)
         so.finished_req_ids, self.finished_ids = self.finished_ids, set()
-        meta = pickle.loads(pickle.dumps(self.sched.build_connector_meta(so)))
-        # ---- worker (model runner) ----
-        self.worker.bind_connector_metadata(meta)
-        self.worker.start_load_kv(StandInForwardContext())
-        for li, (name, t) in enumerate(self.kv.items()):
-            self.worker.wait_for_layer_load(name)
-            if self.role == "kv_producer":
-                for nr in so.scheduled_new_reqs:
-                    req = self.requests[nr.req_id]
-                    for pos, b in enumerate(nr.block_ids[0]):
-                        v = block_view(t, self.layout, b)
-                        v.copy_(pattern(li, req.seed, pos, v))
-            self.worker.save_kv_layer(name, t, None)
-        self.worker.wait_for_save()
-        sending, recving = self.worker.get_finished(so.finished_req_ids)
-        errors = self.worker.get_block_ids_with_load_errors()
-        self.worker.clear_connector_metadata()
+        blob = pickle.dumps(self.sched.build_connector_meta(so))
+        # ---- workers (model runners) ----
+        new_reqs = [(list(nr.block_ids[0]), self.requests[nr.req_id].seed) for nr in so.scheduled_new_reqs]
+        outs = [w.step(blob, new_reqs, set(so.finished_req_ids)) for w in self.workers]
+        errors: set[int] = set().union(*(o[2] for o in outs))
         # ---- scheduler: update_from_output ----
-        out = StandInKVConnectorOutput(sending, recving, errors)
+        out = StandInKVConnectorOutput(self._aggregate("sending", [o[0] for o in outs]),
+                                       self._aggregate("recving", [o[1] for o in outs]), errors)
         self.sched.update_connector_output(out)
         self.load_errors |= errors
         self.finished_recving |= out.finished_recving or set()
@@ -295,16 +476,31 @@ class StandInInstance:
         so.scheduled_new_reqs.append(StandInNewRequestData(req.request_id, req.prompt_token_ids,
                                                            (list(req.block_ids),), req.num_computed_tokens))
 
-    def blocks_bytes(self, block_ids: list[int]) -> list[list[bytes]]:
-        """[layer][i] bytes of block_ids[i]."""
-        return [[block_view(t, self.layout, b).contiguous().numpy().tobytes() for b in block_ids]
-                for t in self.kv.values()]
+    def blocks_bytes(self, block_ids: list[int]) -> list[list[list[bytes]]]:
+        """[rank][layer][i] bytes of block_ids[i]."""
+        return [w.bytes(block_ids) for w in self.workers]
 
-    def engine(self) -> Any:
-        return self.worker.connector_worker.engine
+    def stats(self) -> dict[str, Any]:
+        """Connector stats summed over the workers (vLLM aggregates them the same way)."""
+        tot: dict[str, Any] = {}
+        for w in self.workers:
+            for k, v in w.stats().items():
+                if isinstance(v, (int, float)):
+                    tot[k] = tot.get(k, 0) + v
+        return tot
+
+    def settled(self) -> bool:
+        return all(w.settled() for w in self.workers)
+
+    def idle_wait(self, timeout: float) -> None:
+        """Like vLLM's busy loop, but blocking on worker 0's engine eventfd: its next
+        completion (or the timeout) starts the next step."""
+        self.workers[0].wait(timeout)
 
     def close(self) -> None:
-        self.worker.shutdown()
+        for w in self.workers:
+            w.close()
+        self.sched.shutdown()
 
 
 # ---- one instance per process ----------------------------------------------------------------
@@ -313,15 +509,15 @@ def _cond(inst: StandInInstance, cond: str, rid: str) -> bool:
     return {"freed": lambda: rid in inst.freed, "loaded": lambda: rid in inst.loaded,
             "finished": lambda: rid in inst.finish_params,
             # white-box: no load of this worker still waits for its terminal completion
-            "settled": lambda: not inst.worker.connector_worker.recv_blocks and not inst.worker.connector_worker.failed, "load_error": lambda: bool(inst.load_errors),
+            "settled": inst.settled, "load_error": lambda: bool(inst.load_errors),
             "waiting_remote": lambda: inst.requests[rid].status == StandInStatus.WAITING_FOR_REMOTE_KVS}[cond]()
 
 
 def instance_main(conn: Any, kv_role: str, read_mode: bool, layout: str, extra: dict[str, Any],
-                  hang_s: float) -> None:
+                  hang_s: float, tp: int = 1) -> None:
     """Child process: run one StandInInstance, answering commands from the test (the proxy)."""
     import time
-    inst = StandInInstance(kv_role, read_mode, layout, extra)
+    inst = StandInInstance(kv_role, read_mode, layout, extra, tp, hang_s)
     conn.send(inst.ports)
     while True:
         cmd, args = conn.recv()
@@ -350,7 +546,7 @@ def instance_main(conn: Any, kv_role: str, read_mode: bool, layout: str, extra: 
                         raise TimeoutError(f"hang bound {hang_s}s: {cond} {rid} never held")
                     # Idle like vLLM's busy loop, but block on the engine's eventfd: the next
                     # completion (or the 0.2 s cap) starts the next step.
-                    inst.engine().wait(0.2)
+                    inst.idle_wait(0.2)
                 res = None
             elif cmd == "state":
                 rid = args
@@ -360,7 +556,7 @@ def instance_main(conn: Any, kv_role: str, read_mode: bool, layout: str, extra: 
                        "block_ids": list(req.block_ids) if req else None,
                        "cached_blocks": list(req.cached_blocks) if req else None,
                        "bytes": inst.blocks_bytes(req.block_ids) if req else None,
-                       "stats": inst.worker.get_kv_connector_stats().data, "free": len(inst.free),
+                       "stats": inst.stats(), "free": len(inst.free),
                        "status": req.status.name if req else None}
             else:
                 raise ValueError(cmd)

@@ -23,6 +23,36 @@
  */
 #include "ext.h"
 
+/* Engine params from the dict of kvxfer.EngineParams.to_dict(); raises naming the field. */
+int kvxpy_params(PyObject *d, struct kvx_engine_params *p)
+{
+	kvx_engine_params_init(p);
+	uint32_t role = p->role, mode = p->mode, idle = p->idle;
+	uint32_t hs = p->handshake_port, nt = p->notify_port;
+	if (dict_u32(d, "role", 0, 1, &role) || dict_u32(d, "mode", 0, 1, &mode) || dict_u32(d, "idle", 0, 1, &idle) ||
+	    dict_str(d, "transport", &p->transport) || dict_str(d, "lcores", &p->lcores) ||
+	    dict_u32(d, "control_lcore", 0, UINT32_MAX, &p->control_lcore) || dict_str(d, "host", &p->host) ||
+	    dict_u32(d, "handshake_port", 0, 65535, &hs) || dict_u32(d, "notify_port", 0, 65535, &nt) ||
+	    dict_u32(d, "dp_rank", 0, UINT32_MAX, &p->dp_rank) || dict_u32(d, "dp_size", 1, UINT32_MAX, &p->dp_size) ||
+	    dict_u32(d, "dp_size_local", 0, UINT32_MAX, &p->dp_size_local) ||
+	    dict_u32(d, "tp_rank", 0, UINT32_MAX, &p->tp_rank) || dict_u32(d, "tp_size", 1, UINT32_MAX, &p->tp_size) ||
+	    dict_u32(d, "total_kv_heads", 0, UINT32_MAX, &p->total_kv_heads) ||
+	    dict_u32(d, "handshake_timeout_ms", 1, UINT32_MAX, &p->handshake_timeout_ms) ||
+	    dict_u32(d, "transfer_timeout_ms", 1, UINT32_MAX, &p->transfer_timeout_ms) ||
+	    dict_u32(d, "defer_timeout_ms", 1, UINT32_MAX, &p->defer_timeout_ms) ||
+	    dict_str(d, "proxy_addr", &p->proxy_addr) || dict_str(d, "http_addr", &p->http_addr) ||
+	    dict_bool(d, "vllm_port_compat", &p->vllm_port_compat) ||
+	    dict_u32(d, "max_transfers", 1, 1u << 20, &p->max_transfers) ||
+	    dict_u32(d, "max_blocks", 1, 1u << 24, &p->max_blocks))
+		return -1;
+	p->role = (enum kvx_sched_role)role;
+	p->mode = (enum kvx_sched_mode)mode;
+	p->idle = (enum kvx_engine_idle)idle;
+	p->handshake_port = (uint16_t)hs;
+	p->notify_port = (uint16_t)nt;
+	return 0;
+}
+
 static int Engine_init(PyObject *self, PyObject *args, PyObject *kw)
 {
 	EngineObject *s = (EngineObject *)self;
@@ -35,30 +65,8 @@ static int Engine_init(PyObject *self, PyObject *args, PyObject *kw)
 		return -1;
 	}
 	struct kvx_engine_params p;
-	kvx_engine_params_init(&p);
-	uint32_t role = p.role, mode = p.mode, idle = p.idle;
-	uint32_t hs = p.handshake_port, nt = p.notify_port;
-	if (dict_u32(d, "role", 0, 1, &role) || dict_u32(d, "mode", 0, 1, &mode) || dict_u32(d, "idle", 0, 1, &idle) ||
-	    dict_str(d, "transport", &p.transport) || dict_str(d, "lcores", &p.lcores) ||
-	    dict_u32(d, "control_lcore", 0, UINT32_MAX, &p.control_lcore) || dict_str(d, "host", &p.host) ||
-	    dict_u32(d, "handshake_port", 0, 65535, &hs) || dict_u32(d, "notify_port", 0, 65535, &nt) ||
-	    dict_u32(d, "dp_rank", 0, UINT32_MAX, &p.dp_rank) || dict_u32(d, "dp_size", 1, UINT32_MAX, &p.dp_size) ||
-	    dict_u32(d, "dp_size_local", 0, UINT32_MAX, &p.dp_size_local) ||
-	    dict_u32(d, "tp_rank", 0, UINT32_MAX, &p.tp_rank) || dict_u32(d, "tp_size", 1, UINT32_MAX, &p.tp_size) ||
-	    dict_u32(d, "total_kv_heads", 0, UINT32_MAX, &p.total_kv_heads) ||
-	    dict_u32(d, "handshake_timeout_ms", 1, UINT32_MAX, &p.handshake_timeout_ms) ||
-	    dict_u32(d, "transfer_timeout_ms", 1, UINT32_MAX, &p.transfer_timeout_ms) ||
-	    dict_u32(d, "defer_timeout_ms", 1, UINT32_MAX, &p.defer_timeout_ms) ||
-	    dict_str(d, "proxy_addr", &p.proxy_addr) || dict_str(d, "http_addr", &p.http_addr) ||
-	    dict_bool(d, "vllm_port_compat", &p.vllm_port_compat) ||
-	    dict_u32(d, "max_transfers", 1, 1u << 20, &p.max_transfers) ||
-	    dict_u32(d, "max_blocks", 1, 1u << 24, &p.max_blocks))
+	if (kvxpy_params(d, &p))
 		return -1;
-	p.role = (enum kvx_sched_role)role;
-	p.mode = (enum kvx_sched_mode)mode;
-	p.idle = (enum kvx_engine_idle)idle;
-	p.handshake_port = (uint16_t)hs;
-	p.notify_port = (uint16_t)nt;
 	char err[256] = "";
 	struct kvx_engine *e = NULL;
 	int rc = kvx_engine_create(&p, &e, err, sizeof(err));
@@ -301,41 +309,6 @@ static PyObject *Engine_transport_name(PyObject *self, PyObject *unused)
 	return PyUnicode_FromString(kvx_engine_transport_name(s->e));
 }
 
-/* Back-off before retrying a submission the engine refused with -ENOBUFS (its SPSC ring to
- * the owning lcore is full, or max_transfers objects are live until the pump polls their last
- * completion): both drain on their own, so the call retries for up to ENOBUFS_RETRY_NS with
- * the GIL released, doubling the pause from 1 us to 1 ms, then raises ENOBUFS. */
-#define ENOBUFS_RETRY_NS 5000000000ull
-
-static bool retry_nobufs(int rc, uint64_t t0, uint64_t *pause_ns)
-{
-	if (rc != -ENOBUFS || mono_ns() - t0 > ENOBUFS_RETRY_NS)
-		return false;
-	struct timespec ts = {0, (long)*pause_ns};
-	nanosleep(&ts, NULL);
-	*pause_ns = *pause_ns < 1000000 ? *pause_ns * 2 : 1000000;
-	return true;
-}
-
-/* Submit helper: run expr under mu with the GIL released, retrying -ENOBUFS (above). */
-#define LOCKED_CALL(s, rc, expr)                                                                                   \
-	do {                                                                                                       \
-		Py_BEGIN_ALLOW_THREADS                                                                             \
-		uint64_t t0_ = 0, pause_ = 1000;                                                                   \
-		for (;;) {                                                                                         \
-			pthread_mutex_lock(&(s)->mu);                                                              \
-			rc = (expr);                                                                               \
-			pthread_mutex_unlock(&(s)->mu);                                                            \
-			if (rc != -ENOBUFS)                                                                        \
-				break;                                                                             \
-			if (!t0_)                                                                                  \
-				t0_ = mono_ns();                                                                   \
-			if (!retry_nobufs(rc, t0_, &pause_))                                                       \
-				break;                                                                             \
-		}                                                                                                  \
-		Py_END_ALLOW_THREADS                                                                               \
-	} while (0)
-
 /* read(transfer_id, local_blocks, remote_blocks, peer) */
 static PyObject *Engine_read(PyObject *self, PyObject *args)
 {
@@ -382,12 +355,13 @@ static PyObject *Engine_read(PyObject *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-/* announce(transfer_id, local_blocks, peer) or write_begin(transfer_id, local_blocks, peer) */
+/* announce(transfer_id, local_blocks, peer, notified=False) or write_begin(transfer_id, local_blocks, peer) */
 static PyObject *submit_blocks_peer(PyObject *self, PyObject *args, bool write)
 {
 	EngineObject *s = (EngineObject *)self;
 	PyObject *tido, *lo, *peero, *keep = NULL;
-	if (!PyArg_ParseTuple(args, "OOO", &tido, &lo, &peero) || need(s, true))
+	int notified = 0;
+	if (!PyArg_ParseTuple(args, write ? "OOO" : "OOO|p", &tido, &lo, &peero, &notified) || need(s, true))
 		return NULL;
 	const char *tid = get_tid(tido);
 	if (!tid)
@@ -407,7 +381,8 @@ static PyObject *submit_blocks_peer(PyObject *self, PyObject *args, bool write)
 		struct kvx_engine_write w = {.transfer_id = tid, .peer = peer, .local_blocks = lp, .n = (size_t)nl};
 		LOCKED_CALL(s, rc, kvx_xfer_write_begin(s->e, &w));
 	} else {
-		struct kvx_engine_announce a = {.transfer_id = tid, .peer = peer, .local_blocks = lp, .n = (size_t)nl};
+		struct kvx_engine_announce a = {.transfer_id = tid, .peer = peer, .local_blocks = lp, .n = (size_t)nl,
+						.notified = notified != 0};
 		LOCKED_CALL(s, rc, kvx_xfer_announce(s->e, &a));
 	}
 	put_blocks(ls, lp);
@@ -787,7 +762,8 @@ static PyMethodDef Engine_methods[] = {
 	 "read(transfer_id, local_blocks, remote_blocks, peer): D READ; block lists pair by index (equal "
 	 "lengths; empty = release P only); peer is a kvxfer.Peer." ERRS},
 	{"announce", Engine_announce, METH_VARARGS,
-	 "announce(transfer_id, local_blocks, peer): D WRITE; sends remote_blocks (empty: release)." ERRS},
+	 "announce(transfer_id, local_blocks, peer, notified=False): D WRITE; sends remote_blocks (empty: release); "
+	 "notified=True: the scheduler's Notifier sent it, only await write_done." ERRS},
 	{"write_begin", Engine_write_begin, METH_VARARGS,
 	 "write_begin(transfer_id, local_blocks, peer): P WRITE; local_blocks = the whole prompt." ERRS},
 	{"serve", Engine_serve, METH_VARARGS,
@@ -858,7 +834,7 @@ PyMODINIT_FUNC PyInit__kvxfer(void)
 		return NULL;
 	}
 	Py_INCREF(kvxpy_error);
-	if (PyModule_AddObject(m, "KvxError", kvxpy_error) || PyModule_AddIntConstant(m, "ID_MAX", KVX_ENGINE_ID_MAX) ||
+	if (PyModule_AddObject(m, "KvxError", kvxpy_error) || kvxpy_add_notifier(m) || PyModule_AddIntConstant(m, "ID_MAX", KVX_ENGINE_ID_MAX) ||
 	    PyModule_AddIntConstant(m, "MAX_LAYERS", KVX_ENGINE_MAX_LAYERS)) {
 		Py_DECREF(m);
 		return NULL;

@@ -143,6 +143,24 @@ def geometry(shape: Sequence[int], stride: Sequence[int], elem_size: int, spec: 
                             spec.head_size, spec.is_mla)
 
 
+class Notifier(_kvxfer.Notifier):
+    """The decode scheduler's sender of ``remote_blocks`` / ``release`` (WRITE mode), as
+    MoRIIO's scheduler half sends them: no engine, no registered memory, one control thread
+    (include/kvxfer/engine.h kvx_notifier_*). ``params`` is the decode instance's (consumer,
+    WRITE; host, dp_rank/dp_size/dp_size_local, tp_size, vllm_port_compat are used). The
+    workers' engines then only await ``write_done`` (``Engine.announce(..., notified=True)``).
+    One thread at a time; announce() never blocks (GIL released)."""
+
+    def __init__(self, params: EngineParams) -> None:
+        super().__init__(params.to_dict())
+
+    def __enter__(self) -> "Notifier":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class Engine(_kvxfer.Engine):
     """One kvxfer engine (one (dp_rank, tp_rank) worker). Lifecycle: Engine(params) ->
     register_tensor()/register_layer() per layer -> start() -> transfers -> close().

@@ -76,6 +76,34 @@ void put_blocks(uint32_t *stack, uint32_t *p);
 /** A kvxfer.Peer tuple into @p p; hosts[] receives remote_hosts; *keep holds them alive. */
 int get_peer(PyObject *o, struct kvx_engine_peer *p, const char **hosts, PyObject **keep);
 
+/** Engine params from a kvxfer.EngineParams.to_dict() dict; 0 or -1 (raised, naming the field). */
+int kvxpy_params(PyObject *d, struct kvx_engine_params *p);
+/** -ENOBUFS within ENOBUFS_RETRY_NS of @p t0: pause (GIL released by the caller), true = retry. */
+bool retry_nobufs(int rc, uint64_t t0, uint64_t *pause_ns);
+
+/* Submit helper: run expr under mu with the GIL released, retrying -ENOBUFS (above). */
+#define LOCKED_CALL(s, rc, expr)                                                                                   \
+	do {                                                                                                       \
+		Py_BEGIN_ALLOW_THREADS                                                                             \
+		uint64_t t0_ = 0, pause_ = 1000;                                                                   \
+		for (;;) {                                                                                         \
+			pthread_mutex_lock(&(s)->mu);                                                              \
+			rc = (expr);                                                                               \
+			pthread_mutex_unlock(&(s)->mu);                                                            \
+			if (rc != -ENOBUFS)                                                                        \
+				break;                                                                             \
+			if (!t0_)                                                                                  \
+				t0_ = mono_ns();                                                                   \
+			if (!retry_nobufs(rc, t0_, &pause_))                                                       \
+				break;                                                                             \
+		}                                                                                                  \
+		Py_END_ALLOW_THREADS                                                                               \
+	} while (0)
+
+
+/* ext_notifier.c: kvxfer._kvxfer.Notifier (kvx_notifier_*), added to module @p m. 0 or -1. */
+int kvxpy_add_notifier(PyObject *m);
+
 /* ext_pump.c: the completion pump (no GIL). */
 /** CLOCK_MONOTONIC, ns. */
 uint64_t mono_ns(void);

@@ -220,3 +220,19 @@ int get_peer(PyObject *o, struct kvx_engine_peer *p, const char **hosts, PyObjec
 	}
 	return 0;
 }
+
+/* Back-off before retrying a submission the engine refused with -ENOBUFS (its SPSC ring to
+ * the owning lcore is full, or max_transfers objects are live until the pump polls their last
+ * completion): both drain on their own, so the call retries for up to ENOBUFS_RETRY_NS with
+ * the GIL released, doubling the pause from 1 us to 1 ms, then raises ENOBUFS. */
+#define ENOBUFS_RETRY_NS 5000000000ull
+
+bool retry_nobufs(int rc, uint64_t t0, uint64_t *pause_ns)
+{
+	if (rc != -ENOBUFS || mono_ns() - t0 > ENOBUFS_RETRY_NS)
+		return false;
+	struct timespec ts = {0, (long)*pause_ns};
+	nanosleep(&ts, NULL);
+	*pause_ns = *pause_ns < 1000000 ? *pause_ns * 2 : 1000000;
+	return true;
+}

@@ -176,3 +176,5 @@ class KvxferConnector(_Base):  # type: ignore[misc,valid-type]
     def shutdown(self) -> None:
         if self.connector_worker is not None:
             self.connector_worker.shutdown()
+        if self.connector_scheduler is not None:
+            self.connector_scheduler.shutdown()

@@ -19,7 +19,8 @@ def _base() -> type:
 @dataclass
 class RecvReq:
     """D: one transfer to load. READ: local_blocks[i] <- remote_blocks[i] (paired by token
-    position); WRITE: local_blocks are announced (``remote_blocks``), P pairs its tail."""
+    position); WRITE: the scheduler already sent local_blocks to P (``remote_blocks``, P pairs
+    its tail); the worker awaits ``write_done``."""
     transfer_id: str
     req_id: str
     local_blocks: list[int]
@@ -51,7 +52,7 @@ class KvxferConnectorMetadata(_base()):  # type: ignore[misc]
     def __init__(self) -> None:
         self.reads: list[RecvReq] = []
         self.announces: list[RecvReq] = []
-        self.releases: list[RecvReq] = []   # D: release P without loading (abort / full hit)
+        self.releases: list[RecvReq] = []   # D READ: release P without loading (abort / full hit)
         self.saves: list[SaveReq] = []
         self.serves: list[ServeReq] = []
         self.aborts: list[tuple[str, str]] = []  # (transfer_id, req_id) allocated and live

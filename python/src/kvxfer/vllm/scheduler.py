@@ -1,14 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """Scheduler half of the connector: runs in vLLM's scheduler process (one per DP rank), opens
 no engine. Request bookkeeping as MoRIIO's (docs/protocol.md §1.3-1.4, §5): matched tokens,
-allocation, per-step metadata, deferred frees with early/stale ACK handling, aborts."""
+allocation, per-step metadata, deferred frees with early/stale ACK handling, aborts.
+
+In WRITE mode the decode scheduler itself tells the producer which blocks to write, as MoRIIO's
+scheduler half does (§1.3 step 5b): ``remote_blocks`` at allocation, and ``release`` for a
+request that finishes before allocation (or needs no load), to every producer TP rank, through
+a :class:`kvxfer.Notifier` (a control thread, no engine, created at the first send). The decode
+workers' engines then only await ``write_done`` (announce with ``notified=True``)."""
 from __future__ import annotations
 
 import logging
 import time
 from typing import Any, Callable, Optional
 
-from ..engine import Mode, Role
+from ..engine import EngineParams, Mode, Notifier, Peer, Role
 from .config import ConnectorConfig, resolve_peer
 from .meta import KvxferConnectorMetadata, RecvReq, SaveReq, ServeReq
 
@@ -46,6 +52,31 @@ class KvxferScheduler:
         self.deferred: dict[str, tuple[float, str]] = {}  # P: req -> (deadline, tid)
         self.pending_acks: dict[str, float] = {}          # P: early ACK parking
         self.p_aborted: set[str] = set()                  # P: aborted with writes in flight
+        self.notifier: Optional[Notifier] = None          # D WRITE: remote_blocks / release sender
+
+    # -- D WRITE notifications (§1.3 step 5b, §5.5) --------------------------------------------
+    def _notify(self, tid: str, req_id: str, blocks: list[int], peer: Peer) -> bool:
+        """remote_blocks (blocks) or release (no blocks) to every TP rank of peer's DP rank;
+        False (logged) if it could not be queued."""
+        c = self.cfg
+        try:
+            if self.notifier is None:
+                self.notifier = Notifier(EngineParams(
+                    role=Role.CONSUMER, mode=Mode.WRITE, host=c.host, dp_rank=c.dp_rank, dp_size=c.dp_size,
+                    dp_size_local=c.dp_size_local, tp_size=c.tp_size, vllm_port_compat=c.vllm_port_compat,
+                    max_blocks=1 << 24))
+            self.notifier.announce(tid, blocks, peer, req_id)
+            return True
+        except (OSError, ValueError) as x:
+            log.error("kvxfer: %s of transfer %s to %s:%s not sent: %s", "remote_blocks" if blocks else "release",
+                      tid, peer.host, peer.notify_port, x)
+            return False
+
+    def shutdown(self) -> None:
+        """Flush (bounded) and stop the notifier, if one was started."""
+        if self.notifier is not None:
+            self.notifier.close()
+            self.notifier = None
 
     # -- mapping (§5.1) ------------------------------------------------------------------------
     def _map(self, tid: str, req_id: str) -> None:
@@ -96,6 +127,13 @@ class KvxferScheduler:
         self._map(tid, req_id)
         new = list(blocks.get_unhashed_block_ids()) if num_external_tokens > 0 else []
         if self.cfg.mode == Mode.WRITE:
+            if not new:  # nothing to load (§5.7): release P's blocks, no transfer on D
+                self._notify(tid, req_id, [], peer)
+                self._unmap(req_id)
+                return
+            # Not sent (logged): the worker's load then times out and its blocks come back as
+            # load errors (vLLM recomputes them), as for a producer that never writes.
+            self._notify(tid, req_id, new, peer)
             self.need_recv.append(RecvReq(tid, req_id, new, [], peer))
             self.inflight_recv[req_id] = tid
             return
@@ -191,7 +229,9 @@ class KvxferScheduler:
             # Never allocated: release P's blocks now (§5.5) instead of leaking them.
             params["do_remote_prefill"] = False
             peer = resolve_peer(req_id, params, want_prefill=True, local_tp=self.cfg.tp_size)
-            if tid and peer is not None:
+            if tid and peer is not None and self.cfg.mode == Mode.WRITE:
+                self._notify(tid, req_id, [], peer)  # MoRIIO's scheduler-side release (§1.3, abort)
+            elif tid and peer is not None:
                 self._map(tid, req_id)
                 self.releases.append(RecvReq(tid, req_id, [], [], peer))
             else:

@@ -116,13 +116,15 @@ class KvxferWorker:
         try:
             if self.cfg.mode == Mode.READ:
                 e.read(r.transfer_id, r.local_blocks, r.remote_blocks, r.peer)
-            else:
-                e.announce(r.transfer_id, r.local_blocks, r.peer)
+            else:  # the scheduler sent remote_blocks (KvxferScheduler._notify): await write_done
+                e.announce(r.transfer_id, r.local_blocks, r.peer, True)
             return True
         except KvxError as x:
             log.error("kvxfer: load of %s not started: %s", r.transfer_id, x)
             if not release:
-                # Nothing was submitted, so nothing can land: the blocks are reusable now.
+                # Nothing was submitted. READ: nothing can land, the blocks are reusable now.
+                # WRITE: the scheduler already sent remote_blocks, so P may still write them;
+                # only an engine refusal (ENOBUFS past 5 s of retries, EEXIST) gets here.
                 self.load_errors.update(r.local_blocks)
                 self.recv_blocks.pop(r.transfer_id, None)
                 if self.cfg.mode == Mode.WRITE:
