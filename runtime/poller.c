@@ -46,17 +46,19 @@ static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *
 }
 
 static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
-			   const char *tid, const uint32_t *blocks, uint32_t n);
+			   const char *tid, const uint32_t *blocks, uint32_t n, bool own_epoch);
 
 /* To the peer's own DP rank (its pod host). */
 static void send_notify(struct poller *po, const struct peer *pr, uint16_t port, enum kvx_msg_type t,
-			const char *tid, const uint32_t *blocks, uint32_t n)
+			const char *tid, const uint32_t *blocks, uint32_t n, bool own_epoch)
 {
-	send_notify_to(po, peer_host_of(pr, pr->dp_rank), port, t, tid, blocks, n);
+	send_notify_to(po, peer_host_of(pr, pr->dp_rank), port, t, tid, blocks, n, own_epoch);
 }
 
+/* own_epoch (remote_blocks): the receiving P rank writes into this worker, so this engine's epoch
+ * names the incarnation it writes to; else the key is left out (P then settles it as for MoRIIO). */
 static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
-			   const char *tid, const uint32_t *blocks, uint32_t n)
+			   const char *tid, const uint32_t *blocks, uint32_t n, bool own_epoch)
 {
 	struct kvx_engine *e = po->e;
 	struct kvx_msg_notify m;
@@ -70,7 +72,7 @@ static void send_notify_to(struct poller *po, const char *host, uint16_t port, e
 		m.block_ids = (uint32_t *)blocks;
 		m.num_blocks = n;
 		m.decode_rank = e->p.dp_rank;
-		m.sender_epoch = kvx_ctl_epoch(e->ctl); /* names this incarnation (kvxfer peers) */
+		m.sender_epoch = own_epoch ? kvx_ctl_epoch(e->ctl) : 0; /* names this incarnation (kvxfer peers) */
 	}
 	if (kvx_ctl_send_notify(po->ib, host, port, &m))
 		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
@@ -81,7 +83,7 @@ static void send_to_paired_rank(struct poller *po, const struct peer *pr, enum k
 	struct kvx_engine *e = po->e;
 	uint32_t rtp = 0;
 	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, peer_tp(e, pr), &rtp, NULL, 0);
-	send_notify(po, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0);
+	send_notify(po, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0, true);
 }
 
 /* D WRITE: remote_blocks / release go to every P TP rank, from TP rank 0 only (docs/protocol.md
@@ -92,8 +94,11 @@ static void send_to_all_ranks(struct poller *po, const struct peer *pr, enum kvx
 	struct kvx_engine *e = po->e;
 	if (e->p.tp_rank != 0)
 		return;
-	for (uint32_t r = 0; r < peer_tp(e, pr); r++)
-		send_notify(po, pr, peer_notify_port(e, pr, r), t, tid, blocks, n);
+	for (uint32_t r = 0; r < peer_tp(e, pr); r++) {
+		uint32_t dtp = UINT32_MAX; /* the D rank P rank r writes to (§4.5 pairing) */
+		kvx_ctl_remote_tp_rank(r, peer_tp(e, pr), e->p.tp_size, &dtp, NULL, 0);
+		send_notify(po, pr, peer_notify_port(e, pr, r), t, tid, blocks, n, dtp == e->p.tp_rank);
+	}
 }
 
 void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c, enum kvx_cpl_kind kind,
@@ -214,7 +219,7 @@ static void send_write_done(struct poller *po, struct xf *x)
 	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
 	uint16_t port = (uint16_t)(pr->notify_port +
 				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
-	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
+	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0, true);
 }
 
 /* Perform what a lifecycle decision of xfer.c asks for (enum kvx_xfer_do, in its order). The

@@ -33,6 +33,12 @@ uint8_t *et_block(const struct et_eng *g, uint32_t layer, uint32_t plane, uint32
 
 void et_start(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
 {
+	et_create(g, p, pattern);
+	cr_assert_eq(et_start_layers(g), 0);
+}
+
+void et_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
+{
 	char err[256] = "";
 	memset(g, 0, sizeof(*g));
 	cr_assert_eq(kvx_engine_create(p, &g->e, err, sizeof(err)), 0, "engine create: %s", err);
@@ -53,8 +59,12 @@ void et_start(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
 					      .spec = {.block_size = 4, .num_kv_heads = 2, .head_size = 8}};
 		cr_assert_eq(kvx_engine_register_layer(g->e, &ly), (int)l);
 	}
-	cr_assert_eq(kvx_engine_start(g->e), 0);
-	cr_assert_eq(kvx_engine_ports(g->e, &g->hs, &g->nt), 0);
+}
+
+int et_start_layers(struct et_eng *g)
+{
+	int rc = kvx_engine_start(g->e);
+	return rc ? rc : kvx_engine_ports(g->e, &g->hs, &g->nt);
 }
 
 void et_free(struct et_eng *g)

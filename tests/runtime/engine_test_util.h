@@ -37,6 +37,11 @@ void et_params(struct kvx_engine_params *p, enum kvx_sched_role role, enum kvx_s
  * et_pattern(), false with zeros. Asserts on failure. */
 void et_start(struct et_eng *g, const struct kvx_engine_params *p, bool pattern);
 
+/** et_start() in two steps: create and register (asserts), then start and read the bound
+ * ports (returns 0 or the kvx_engine_start() errno, e.g. -EADDRINUSE with fixed ports). */
+void et_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern);
+int et_start_layers(struct et_eng *g);
+
 /** Destroy the engine and free its layers. */
 void et_free(struct et_eng *g);
 
