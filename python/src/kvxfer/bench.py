@@ -5,7 +5,9 @@
       Replays the same trace requests (same model layout, block size, pool, concurrency, mode,
       transport, back to back) twice in one run: first with the C driver `kvxfer-perf trace
       --local --no-verify`, then driven from Python through kvxfer.Engine (producer in a child
-      process, consumer here). Prints both throughputs for the same bytes and their ratio.
+      process, consumer here; WRITE: remote_blocks sent by a kvxfer.Notifier, as the vLLM
+      connector's scheduler half sends it). Prints both throughputs for the same bytes and
+      their ratio.
   python3 -m kvxfer.bench overhead [--calls 2000]
       Per-call cost, in microseconds, of submitting (read / serve / announce / write_begin +
       layer_ready + seal) and of completion polling (empty poll, poll per completion in
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .engine import CplKind, CplStatus, Engine, EngineParams, LayerSpec, Mode, Peer, Role
+from .engine import CplKind, CplStatus, Engine, EngineParams, LayerSpec, Mode, Notifier, Peer, Role
 
 REPO = Path(__file__).resolve().parents[3]  # python/src/kvxfer -> repository root (source tree runs)
 
@@ -147,6 +149,9 @@ def replay_python(model: dict[str, int], reqs: list[int], pool: int, block: int,
         raise SystemExit("producer did not start")
     p_peer = Peer("127.0.0.1", *conn.recv())
     conn.send(("peer", tuple(Peer("127.0.0.1", *d.ports()))))
+    # WRITE: remote_blocks comes from a Notifier, as the connector's scheduler half sends it;
+    # the consumer engine only awaits write_done (announce notified=True).
+    nt = Notifier(EngineParams(role=Role.CONSUMER, mode=Mode.WRITE, max_blocks=pool)) if mode == Mode.WRITE else None
     free_d, free_p = list(range(pool)), list(range(pool))
     held: dict[str, tuple[list[int], list[int]]] = {}
     inflight: set[str] = set()
@@ -165,7 +170,8 @@ def replay_python(model: dict[str, int], reqs: list[int], pool: int, block: int,
             held[tid] = (db, pb)
             inflight.add(tid)
             if mode == Mode.WRITE:
-                d.announce(tid, db, p_peer)
+                nt.announce(tid, db, p_peer)
+                d.announce(tid, db, p_peer, True)
                 conn.send(("write", tid, pb))
             else:  # READ: D reads once P served (after its prefill wrote the blocks)
                 conn.send(("serve", tid, pb))
@@ -196,6 +202,8 @@ def replay_python(model: dict[str, int], reqs: list[int], pool: int, block: int,
     conn.send(("stop",))
     conn.poll(60)
     proc.join(60)
+    if nt is not None:
+        nt.close()
     d.close()
     if mode == Mode.WRITE:  # the producer pushed: its completions count the bytes
         moved = p_moved
