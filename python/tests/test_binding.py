@@ -158,6 +158,48 @@ def test_write_mode_byte_exact():
     d.close()
 
 
+def test_write_mode_scheduler_notifier_byte_exact():
+    """The decode scheduler's Notifier sends remote_blocks; the consumer engine, announced
+    with notified=True, sends nothing and completes on P's write_done."""
+    p, d, src, dst = _pair(kvxfer.Mode.WRITE)
+    pt, dt = Tracker(p), Tracker(d)
+    with kvxfer.Notifier(kvxfer.EngineParams(role=kvxfer.Role.CONSUMER, mode=kvxfer.Mode.WRITE, max_blocks=NB)) as nt:
+        nt.announce("tx-nw", [3, 5], peer_of(p), "cmpl-req")
+        d.announce("tx-nw", [3, 5], peer_of(p), True)
+        p.write_begin("tx-nw", [9, 1], peer_of(d))
+        for layer in range(2):
+            p.layer_ready("tx-nw", layer)
+        p.seal("tx-nw", 2)
+        assert dt.terminal("tx-nw").status == kvxfer.CplStatus.DONE
+        assert pt.terminal("tx-nw").status == kvxfer.CplStatus.DONE
+        pt.released("tx-nw")
+    _expect(src, dst, [(3, 9), (5, 1)])
+    assert d.stats()["notifications_sent"] == 0
+    p.close()
+    d.close()
+
+
+def test_notifier_bad_arguments_name_the_field():
+    with pytest.raises(kvxfer.KvxError) as ei:
+        kvxfer.Notifier(kvxfer.EngineParams(role=kvxfer.Role.PRODUCER, mode=kvxfer.Mode.WRITE))
+    assert ei.value.errno == errno.EINVAL and "role/mode" in str(ei.value)
+    with pytest.raises(ValueError, match="dp_size"):
+        kvxfer.Notifier(kvxfer.EngineParams(dp_size=0))
+    nt = kvxfer.Notifier(kvxfer.EngineParams(max_blocks=4))
+    peer = kvxfer.Peer("127.0.0.1", 1, 2)
+    with pytest.raises(TypeError, match="local_blocks"):
+        nt.announce("tx-1", ["x"], peer)
+    with pytest.raises(ValueError, match="transfer_id"):
+        nt.announce("", [1], peer)
+    with pytest.raises(kvxfer.KvxError) as ei:
+        nt.announce("tx-1", [1, 2, 3, 4, 5], peer)  # more than max_blocks
+    assert ei.value.errno == errno.EINVAL and "kvx_notifier_announce" in str(ei.value)
+    nt.close()
+    nt.close()
+    with pytest.raises(ValueError, match="closed"):
+        nt.announce("tx-1", [1], peer)
+
+
 def test_abort_and_duplicate():
     p, d, _, _ = _pair(kvxfer.Mode.WRITE)
     dt = Tracker(d)

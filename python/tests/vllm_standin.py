@@ -18,6 +18,7 @@ byte for byte against the producer's.
 from __future__ import annotations
 
 import enum
+import os
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -145,7 +146,15 @@ class StandInVllmConfig:
     parallel_config: StandInParallelConfig = field(default_factory=StandInParallelConfig)
 
 
-NLAYERS, NB, BS, H, HD, MLA_D = 3, 24, 4, 2, 8, 32
+def _geom(name: str, default: int) -> int:
+    return int(os.environ.get(f"KVX_STANDIN_{name}", default))
+
+
+# Geometry: layers, blocks per layer, tokens per block, KV heads, head size, MLA latent size. The
+# tests use the defaults; `python3 -m kvxfer.bench connector` sets a model's through the
+# environment (KVX_STANDIN_LAYERS, ...), read when this module is imported.
+NLAYERS, NB, BS = _geom("LAYERS", 3), _geom("BLOCKS", 24), _geom("BLOCK_SIZE", 4)
+H, HD, MLA_D = _geom("HEADS", 2), _geom("HEAD_DIM", 8), _geom("MLA_DIM", 32)
 
 
 def make_kv(layout: str, heads: int = H) -> dict[str, torch.Tensor]:

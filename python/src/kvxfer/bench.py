@@ -8,6 +8,12 @@
       process, consumer here; WRITE: remote_blocks sent by a kvxfer.Notifier, as the vLLM
       connector's scheduler half sends it). Prints both throughputs for the same bytes and
       their ratio.
+  python3 -m kvxfer.bench connector [--requests 2] [-m write] [--standin python/tests]
+      A producer and a consumer vLLM instance (the tests' stand-in, one process each) driven
+      through KvxferConnector with the model's KV geometry, one trace request at a time (the
+      bench plays the proxy); prints bytes, wall time, per-request latency, then the same
+      requests with `kvxfer-perf trace --local` at concurrency 1 and the ratio. The connector
+      run includes the stand-in's per-block "compute" (a pattern fill) and its step loop.
   python3 -m kvxfer.bench overhead [--calls 2000]
       Per-call cost, in microseconds, of submitting (read / serve / announce / write_begin +
       layer_ready + seal) and of completion polling (empty poll, poll per completion in
@@ -210,6 +216,89 @@ def replay_python(model: dict[str, int], reqs: list[int], pool: int, block: int,
     return {"wall_s": wall, "bytes": moved, "failures": failures, "gbps": moved / wall / 1e9}
 
 
+def run_c(a: argparse.Namespace, csv_path: Path, trace: Path, pool: int, conc: int) -> Optional[dict[str, Any]]:
+    """`kvxfer-perf trace --local` over the same requests; its JSON summary (None: it failed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "c.json"
+        cmd = [a.perf, "trace", "--local", "--no-verify", "--quiet", "--speed", "0", "--model", a.model,
+               "--models-csv", str(csv_path), "--trace", str(trace), "--requests", str(a.requests),
+               "--block-size", str(a.block_size), "--concurrency", str(conc), "-m", a.mode,
+               "-t", a.transport, "--pool-blocks", str(pool), "--json", str(js)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode:
+            print(r.stdout, r.stderr, file=sys.stderr)
+            return None
+        return dict(json.loads(js.read_text())["summary"])
+
+
+def cmd_connector(a: argparse.Namespace) -> int:
+    """A producer and a consumer instance driven through KvxferConnector by the tests' vLLM
+    stand-in (python/tests: vllm_standin.py, standin_proc.py; one process per instance, TP 1,
+    tcp), with the model's KV geometry, one trace request at a time, the test playing the
+    proxy; then `kvxfer-perf trace --local` over the same requests at concurrency 1."""
+    csv_path = Path(a.models_csv or REPO / "bench/data/models.csv")
+    trace = Path(a.trace or REPO / "bench/data/traces/mooncake_fast25_conversation_trace.head3MB.jsonl")
+    model = load_model(csv_path, a.model)
+    reqs = load_trace(trace, a.requests, a.block_size)
+    pool = math.ceil(max(reqs) * 1.25)
+    layout = "mla" if model["mla"] else "split"
+    os.environ.update({"KVX_STANDIN_LAYERS": str(model["layers"]), "KVX_STANDIN_BLOCKS": str(pool),
+                       "KVX_STANDIN_BLOCK_SIZE": str(a.block_size), "KVX_STANDIN_HEADS": str(model["heads"] or 1),
+                       "KVX_STANDIN_HEAD_DIM": str(model["head_dim"] or 1),
+                       "KVX_STANDIN_MLA_DIM": str(model["mla"] or 1)})
+    sys.path.insert(0, str(Path(a.standin)))
+    from standin_proc import InstanceProc, d_params, p_params, proxy_ids  # the stand-in (tests)
+    read = a.mode == "read"
+    extra = {"transfer_timeout": 120, "defer_timeout": 300, "kvxfer_transport": a.transport}
+    p = InstanceProc("kv_producer", read, layout, extra)
+    d = InstanceProc("kv_consumer", read, layout, extra)
+    mover = p if not read else d
+    try:
+        before = mover.call("state", "")["stats"]
+        lat_ms = []
+        t_all = time.perf_counter()
+        for i, n in enumerate(reqs):
+            rid, tid = proxy_ids(p, d)
+            t0 = time.perf_counter()
+            p.call("add", dict(request_id=rid, prompt_len=n * a.block_size, params=p_params(tid), seed=i + 1))
+            if read:  # P's prefill first; the proxy copies its params into D's request
+                p.call("step_until", ("finished", rid))
+                fp = p.call("state", rid)["finish_params"]
+                dp = dict(d_params(fp["transfer_id"]), remote_engine_id=fp["remote_engine_id"],
+                          remote_block_ids=fp["remote_block_ids"], remote_dp_rank=fp["remote_dp_rank"])
+                d.call("add", dict(request_id=rid, prompt_len=n * a.block_size, params=dp, seed=i + 1))
+                d.call("step_until", ("loaded", rid))
+                p.call("step_until", ("freed", rid))
+            else:  # P and D at once: D's scheduler sends remote_blocks, P pushes per layer
+                d.call("add", dict(request_id=rid, prompt_len=n * a.block_size, params=d_params(tid), seed=i + 1))
+                d.call("step_until", ("waiting_remote", rid))
+                p.call("step_until", ("freed", rid))
+                d.call("step_until", ("loaded", rid))
+            d.call("step_until", ("settled", rid))
+            lat_ms.append((time.perf_counter() - t0) * 1e3)
+        wall = time.perf_counter() - t_all
+        after = mover.call("state", "")["stats"]
+        ds = d.call("state", "")["stats"]
+    finally:
+        d.close()
+        p.close()
+    moved = after["bytes"] - before["bytes"]
+    c = run_c(a, csv_path, trace, pool, 1)
+    if c is None:
+        return 1
+    res = {"model": a.model, "mode": a.mode, "transport": a.transport, "layout": layout, "requests": len(reqs),
+           "blocks": sum(reqs), "pool_blocks": pool, "connector_bytes": moved, "connector_wall_s": wall,
+           "connector_gbps": moved / wall / 1e9, "connector_request_ms": [round(x, 1) for x in lat_ms],
+           "connector_failures": ds.get("transfers_failed", 0), "c_bytes": c["bytes"], "c_wall_s": c["wall_s"],
+           "c_gbps": c["throughput_gbps"],
+           "ratio_connector_over_c": moved / wall / 1e9 / c["throughput_gbps"] if c["throughput_gbps"] else None}
+    print(json.dumps(res, indent=1))
+    if moved != c["bytes"] or res["connector_failures"]:
+        print("connector: the connector pair did not move the same bytes", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_compare(a: argparse.Namespace) -> int:
     csv_path = Path(a.models_csv or REPO / "bench/data/models.csv")
     trace = Path(a.trace or REPO / "bench/data/traces/mooncake_fast25_conversation_trace.head3MB.jsonl")
@@ -217,17 +306,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
     reqs = load_trace(trace, a.requests, a.block_size)
     pool = math.ceil(max(reqs) * 1.25)
     mode = Mode.READ if a.mode == "read" else Mode.WRITE
-    with tempfile.TemporaryDirectory() as tmp:
-        js = Path(tmp) / "c.json"
-        cmd = [a.perf, "trace", "--local", "--no-verify", "--quiet", "--speed", "0", "--model", a.model,
-               "--models-csv", str(csv_path), "--trace", str(trace), "--requests", str(a.requests),
-               "--block-size", str(a.block_size), "--concurrency", str(a.concurrency), "-m", a.mode,
-               "-t", a.transport, "--pool-blocks", str(pool), "--json", str(js)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode:
-            print(r.stdout, r.stderr, file=sys.stderr)
-            return r.returncode
-        c = json.loads(js.read_text())["summary"]
+    c = run_c(a, csv_path, trace, pool, a.concurrency)
+    if c is None:
+        return 1
     py = replay_python(model, reqs, pool, a.block_size, mode, a.transport, a.concurrency, a.fill)
     res = {"model": a.model, "mode": a.mode, "transport": a.transport, "requests": len(reqs), "blocks": sum(reqs),
            "pool_blocks": pool, "c_bytes": c["bytes"], "c_wall_s": c["wall_s"], "c_gbps": c["throughput_gbps"],
@@ -347,12 +428,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     c.add_argument("-t", "--transport", choices=["tcp", "shm", "auto", "verbs"], default="tcp")
     c.add_argument("--no-fill", dest="fill", action="store_false",
                    help="Python producer sends its blocks without writing them per request first")
+    k = sub.add_parser("connector", help="a producer/consumer pair driven through KvxferConnector (vLLM stand-in) "
+                       "vs C kvxfer-perf trace, same requests")
+    k.add_argument("--perf", default=str(REPO / "build/bench/kvxfer-perf"), help="kvxfer-perf binary")
+    k.add_argument("--standin", default=str(REPO / "python/tests"), help="directory of vllm_standin.py")
+    k.add_argument("--model", default="Llama-3.1-8B")
+    k.add_argument("--models-csv")
+    k.add_argument("--trace")
+    k.add_argument("--requests", type=int, default=2)
+    k.add_argument("--block-size", type=int, default=16)
+    k.add_argument("-m", "--mode", choices=["read", "write"], default="write")
+    k.add_argument("-t", "--transport", choices=["tcp", "shm", "auto"], default="tcp")
     o = sub.add_parser("overhead", help="per-call cost of submit and completion polling, us")
     o.add_argument("--calls", type=int, default=2000)
     a = ap.parse_args(argv)
-    if a.cmd == "compare" and not os.access(a.perf, os.X_OK):
+    if a.cmd in ("compare", "connector") and not os.access(a.perf, os.X_OK):
         ap.error(f"--perf: {a.perf} is not an executable kvxfer-perf (build it with CMake)")
-    return cmd_compare(a) if a.cmd == "compare" else cmd_overhead(a)
+    return {"compare": cmd_compare, "connector": cmd_connector, "overhead": cmd_overhead}[a.cmd](a)
 
 
 if __name__ == "__main__":
