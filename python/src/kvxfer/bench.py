@@ -276,6 +276,7 @@ def cmd_connector(a: argparse.Namespace) -> int:
                 d.call("step_until", ("loaded", rid))
             d.call("step_until", ("settled", rid))
             lat_ms.append((time.perf_counter() - t0) * 1e3)
+            d.call("abort", rid)  # the decode request ends (no decoding here): its blocks go back
         wall = time.perf_counter() - t_all
         after = mover.call("state", "")["stats"]
         ds = d.call("state", "")["stats"]
