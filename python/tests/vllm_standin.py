@@ -557,6 +557,8 @@ def instance_main(conn: Any, kv_role: str, read_mode: bool, layout: str, extra: 
                     # completion (or the 0.2 s cap) starts the next step.
                     inst.idle_wait(0.2)
                 res = None
+            elif cmd == "finish_params":  # request_finished's params only (no block bytes)
+                res = inst.finish_params.get(args)
             elif cmd == "state":
                 rid = args
                 req = inst.requests.get(rid)

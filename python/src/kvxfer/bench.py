@@ -263,7 +263,7 @@ def cmd_connector(a: argparse.Namespace) -> int:
             p.call("add", dict(request_id=rid, prompt_len=n * a.block_size, params=p_params(tid), seed=i + 1))
             if read:  # P's prefill first; the proxy copies its params into D's request
                 p.call("step_until", ("finished", rid))
-                fp = p.call("state", rid)["finish_params"]
+                fp = p.call("finish_params", rid)
                 dp = dict(d_params(fp["transfer_id"]), remote_engine_id=fp["remote_engine_id"],
                           remote_block_ids=fp["remote_block_ids"], remote_dp_rank=fp["remote_dp_rank"])
                 d.call("add", dict(request_id=rid, prompt_len=n * a.block_size, params=dp, seed=i + 1))
