@@ -48,8 +48,11 @@ struct emsg {
 	uint32_t n;     /* block count */
 	void *ptr;      /* peer*, malloc'ed block ids */
 	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
+	uint64_t key;   /* the named sender (kvx_xfer_sender_key()), 0 for a MoRIIO sender */
+	int32_t err;    /* kvx_failed: the producer's error */
+	uint32_t fst;   /* kvx_failed: the producer's status */
 	char tid[KVX_ENGINE_ID_MAX];
-	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
+	uint8_t pad[256 - 48 - KVX_ENGINE_ID_MAX];
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
@@ -123,6 +126,13 @@ struct peer {
 	 * saw (0: failed) and then the number of the finished job in check_done (release). */
 	atomic_bool check_busy;
 	_Atomic uint64_t check_started, check_done, checked_epoch;
+	/* A kvxfer engine (its handshake metadata had kvx_ keys, or it named itself in a message):
+	 * it may be sent kvx_failed / kvx_status_query. Set (relaxed, never cleared) by the control
+	 * thread (handshake) and the pollers (notifications). */
+	atomic_bool is_kvx;
+	/* A stock MoRIIO/MoRI worker (its metadata had no kvx_ keys): data never moves to or from
+	 * it. Control thread (handshake result), read by any. */
+	atomic_bool is_moriio;
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
 
@@ -244,6 +254,8 @@ struct kvx_engine {
 	char host[KVX_ENGINE_HOST_MAX];
 	char transport[16];
 	char lcores[128];
+	char self_id[KVX_ENGINE_HOST_MAX + 8]; /* app thread at start: "host:hs_port", our engine id in acks */
+	uint64_t self_epoch;                   /* app thread at start: this incarnation's epoch */
 	char proxy[128], http[128];
 	bool started, stopped;
 	uint32_t n_layers;

@@ -38,7 +38,9 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 	 * a legacy plain id is a release on P and a write completion on D. */
 	if (t == KVX_MSG_COMPLETION)
 		t = producer ? KVX_MSG_RELEASE : KVX_MSG_WRITE_DONE;
-	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE) : t == KVX_MSG_WRITE_DONE;
+	/* kvxfer peers add: kvx_failed (P -> D) and kvx_status_query (D -> P). */
+	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE || t == KVX_MSG_STATUS_QUERY)
+			   : (t == KVX_MSG_WRITE_DONE || t == KVX_MSG_FAILED);
 	if (!ok || strlen(msg->transfer_id) >= KVX_ENGINE_ID_MAX || !msg->transfer_id[0]) {
 		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
@@ -60,6 +62,15 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 		m.u64 = msg->sender_epoch; /* the allocating incarnation, 0 from a MoRIIO peer */
 	} else {
 		m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
+	}
+	if (msg->sender_id[0] && msg->sender_rank >= 0)
+		m.key = kvx_xfer_sender_key(msg->sender_id, (uint32_t)msg->sender_rank, msg->sender_epoch);
+	if (t == KVX_MSG_FAILED) {
+		m.fst = msg->fail_status;
+		m.err = msg->fail_error;
+		kvx_log(KVX_LOG_WARN, "engine: transfer %s: producer %s rank %lld ended it (%s): %s", msg->transfer_id,
+			msg->sender_id, (long long)msg->sender_rank, kvx_strerror(msg->fail_error),
+			msg->reason[0] ? msg->reason : "no reason given");
 	}
 	cin_push(e, eng_tid_poller(e, m.tid), &m);
 }
@@ -536,6 +547,20 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	}
 	uint64_t epoch = rc == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
 	struct conn *c = NULL;
+	if (res->num_ranks == 1 && res->ranks[0].meta) {
+		bool kvx = res->ranks[0].meta->has_kvx;
+		atomic_store_explicit(kvx ? &pr->is_kvx : &pr->is_moriio, true, memory_order_relaxed);
+		if (!kvx) {
+			/* A stock MoRIIO/MoRI worker: the handshake stopped after its two replies
+			 * (it was never sent kvx_connect); no data moves between us. */
+			rc = -EPROTONOSUPPORT;
+			kvx_log(KVX_LOG_ERROR,
+				"engine: peer %s:%u dp %u is a MoRIIO/MoRI worker (no kvx_ keys in its metadata): kvxfer "
+				"interoperates with MoRIIO on the control plane only and moves data only between "
+				"kvxfer engines",
+				pr->host, pr->hs_port, pr->dp_rank);
+		}
+	}
 	if (rc == 0)
 		rc = hetero_tp_guard(pr);
 	if (rc == 0 && res->num_ranks == 1)
@@ -698,7 +723,8 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 		e->n_peers++;
 	}
 	int st = atomic_load_explicit(&pr->hs_state, memory_order_acquire);
-	if (handshake && (st == HS_IDLE || st == HS_FAILED)) {
+	/* A stock MoRIIO worker is not asked again: its transfers fail with the stored error. */
+	if (handshake && (st == HS_IDLE || (st == HS_FAILED && !atomic_load_explicit(&pr->is_moriio, memory_order_relaxed)))) {
 		*rc = eng_hs_start(e, e->app_ib, pr, st);
 		if (*rc == -EALREADY)
 			*rc = 0;
