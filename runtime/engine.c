@@ -75,6 +75,7 @@ KVX_API void kvx_engine_params_init(struct kvx_engine_params *p)
 	p->handshake_timeout_ms = 10000;
 	p->transfer_timeout_ms = 30000;
 	p->defer_timeout_ms = 60000;
+	p->peer_idle_ms = 60000;
 	p->max_transfers = 1024;
 	p->max_blocks = 8192;
 }

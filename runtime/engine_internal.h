@@ -68,6 +68,7 @@ enum hs_state {
 	HS_PENDING = 1,
 	HS_READY = 2,
 	HS_FAILED = 3,
+	HS_EVICTED = 4, /* app thread: the peer is being forgotten; nothing starts a handshake */
 };
 
 struct layer {
@@ -105,7 +106,9 @@ struct conn;
  *  - bytes, ops, transfers, failures: counters, relaxed adds by the pollers; read by any. */
 struct peer {
 	struct kvx_engine *e;
-	uint64_t id; /* key in the engine's RCU table of connections */
+	/* Key in the engine's RCU table of connections; the app thread gives a reused slot a new
+	 * one (atomic: a poller may read it for an entry of its terminal LRU meanwhile). */
+	_Atomic uint64_t id;
 	char host[KVX_ENGINE_HOST_MAX];
 	uint16_t hs_port, notify_port;
 	uint32_t dp_rank, dp_size_local, tp_size;
@@ -133,6 +136,14 @@ struct peer {
 	/* A stock MoRIIO/MoRI worker (its metadata had no kvx_ keys): data never moves to or from
 	 * it. Control thread (handshake result), read by any. */
 	atomic_bool is_moriio;
+	/* Eviction (params.peer_idle_ms): n_live, idle_since and evicted are the app thread's
+	 * (submissions and the last completion of each transfer); n_conns counts this peer's
+	 * connections not yet destroyed (conn_build: control thread; eng_conn_destroy: the
+	 * destroying thread), so an evicted slot is reused only once the last one is gone. */
+	uint32_t n_live;
+	uint64_t idle_since;
+	bool evicted;
+	_Atomic uint32_t n_conns;
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
 
@@ -280,6 +291,7 @@ struct kvx_engine {
 	struct kvx_xfer_table *reg;
 	struct peer peers[KVX_ENGINE_MAX_PEERS];
 	uint32_t n_peers;
+	uint64_t next_peer_id;    /* ids of reused peer slots (> KVX_ENGINE_MAX_PEERS) */
 	struct xf *xpool;         /* Array[max_transfers] */
 	uint32_t xfree;           /* free list head, index+1 */
 	uint32_t *arena;          /* block ids: Array[max_transfers * 2 * max_blocks], mmap'ed */

@@ -654,6 +654,7 @@ static struct kvx_xfer *attach(struct poller *po, struct xf *x)
 	if (t) {
 		t->user = x;
 		t->peer_ref = x->peer;
+		t->peer_id = x->peer ? atomic_load_explicit(&x->peer->id, memory_order_relaxed) : 0;
 		x->t = t;
 	}
 	return t;
@@ -670,6 +671,14 @@ static void handle_submit(struct poller *po, struct xf *x)
 	if (x->lf.kind != KVX_XFER_K_READ && (x->n || x->lf.kind != KVX_XFER_K_ANNOUNCE))
 		attach(po, x);
 	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = x->n});
+}
+
+/* The peer of a (possibly retired) transfer's entry, unless its slot was given to another peer
+ * since (params.peer_idle_ms). */
+static const struct peer *entry_peer(const struct kvx_xfer *t)
+{
+	const struct peer *pr = t ? t->peer_ref : NULL;
+	return pr && atomic_load_explicit(&pr->id, memory_order_relaxed) == t->peer_id ? pr : NULL;
 }
 
 /* Inbound notification for a transfer id: the one place on a poller where an id is resolved
@@ -715,8 +724,8 @@ static void handle_notify(struct poller *po, struct emsg *m)
 		/* Answered from the entry (kept in the terminal LRU with its outcome and peer). */
 		struct kvx_xfer_out o;
 		kvx_xfer_step(po->tab, t, NULL, &ev, &o);
-		if (o.act && t->peer_ref)
-			send_outcome(po, t->peer_ref, t, m->tid, o.status, o.error, NULL);
+		if (o.act && entry_peer(t))
+			send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error, NULL);
 		else
 			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
@@ -733,8 +742,8 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	kvx_xfer_step(po->tab, t, NULL, &ev, &o);
 	if (o.late)
 		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-	if (o.act & KVX_XFER_DO_SEND_FAILED && t && t->peer_ref)
-		send_outcome(po, t->peer_ref, t, m->tid, o.status, o.error,
+	if (o.act & KVX_XFER_DO_SEND_FAILED && t && entry_peer(t))
+		send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error,
 			     "the allocation arrived after the producer's side had ended"); /* late allocation */
 }
 

@@ -77,6 +77,8 @@ struct kvx_xfer {
 	int32_t peer_error;        /* D: the producer's error from kvx_failed */
 	const void *peer_ref;      /* poller tables: the engine's peer of the transfer (kept while
 				    * the entry is in the terminal LRU: a late allocation is answered) */
+	uint64_t peer_id;          /* ... and its id then: a slot reused for another peer since
+				    * (params.peer_idle_ms) has another id and is not answered */
 };
 
 struct kvx_xfer_table;

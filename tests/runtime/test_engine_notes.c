@@ -520,3 +520,113 @@ Test(runtime_engine_notes, stock_moriio_listener_sees_only_get_meta)
 	et_free(&D);
 	moriio_stop(&m);
 }
+
+/* Peers named by one submission each: distinct notify ports nobody listens on (n = 0 transfers
+ * need no handshake: D WRITE sends `release` and is DONE at once). */
+static void announce_empty(struct et_eng *D, struct et_track *td, const char *tid, uint16_t port)
+{
+	struct kvx_engine_announce an = {.transfer_id = tid,
+					 .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
+					 .n = 0};
+	cr_assert_eq(kvx_xfer_announce(D->e, &an), 0, "peer %u refused", port);
+	et_follow(td, tid);
+	et_expect_done(D->e, td, tid, false);
+	td->n = 0; /* the tracker follows one transfer at a time */
+}
+
+Test(runtime_engine_notes, idle_peers_evicted_more_distinct_peers_than_the_table)
+{
+	/* Before: the 65th distinct peer was refused with -ENOBUFS forever. With
+	 * params.peer_idle_ms = 0 a peer without live transfers is forgotten when its slot is
+	 * needed: 3 x KVX_ENGINE_MAX_PEERS distinct peers over time are all served. */
+	struct kvx_engine_params dp;
+	struct et_eng D;
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	dp.peer_idle_ms = 0;
+	et_start(&D, &dp, false);
+	struct et_track td = {.n = 0};
+	char tid[32];
+	for (int i = 0; i < 3 * KVX_ENGINE_MAX_PEERS; i++) {
+		snprintf(tid, sizeof(tid), "tx-ev-%d", i);
+		announce_empty(&D, &td, tid, (uint16_t)(20000 + i));
+	}
+	struct kvx_engine_stats st = stats(D.e);
+	cr_assert_eq(st.transfers_done, 3 * KVX_ENGINE_MAX_PEERS);
+	cr_assert_leq(st.n_peers, KVX_ENGINE_MAX_PEERS);
+	et_free(&D);
+
+	/* With the default (60 s) nothing is idle long enough: the 65th is refused (retryable). */
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	et_start(&D, &dp, false);
+	for (int i = 0; i < KVX_ENGINE_MAX_PEERS; i++) {
+		snprintf(tid, sizeof(tid), "tx-ev2-%d", i);
+		announce_empty(&D, &td, tid, (uint16_t)(20000 + i));
+	}
+	struct kvx_engine_announce an = {.transfer_id = "tx-ev2-x",
+					 .peer = {.host = "127.0.0.1", .handshake_port = 1, .notify_port = 1},
+					 .n = 0};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), -ENOBUFS);
+	et_free(&D);
+}
+
+static bool read_ok(struct kvx_engine *e, struct et_track *t, const struct kvx_engine_read *r)
+{
+	/* Retry while the evicted peer's connection drains (-ENOBUFS: an RCU grace period and its
+	 * last reference), pumping completions, up to the test deadline. */
+	uint64_t t0 = kvx_now_ns();
+	int rc;
+	while ((rc = kvx_xfer_read(e, r)) == -ENOBUFS && kvx_now_ns() - t0 < ET_DEADLINE_NS)
+		et_pump(e, t);
+	return rc == 0;
+}
+
+Test(runtime_engine_notes, evicted_peer_with_a_connection_reconnects_when_named_again)
+{
+	/* D READ from a real producer (a connection exists), then enough other peers to need its
+	 * slot: the producer's peer is forgotten (its connection leaves the RCU table and is
+	 * destroyed after a grace period), the slot reused. Naming the producer again handshakes
+	 * anew and moves the right bytes. */
+	struct kvx_engine_params pp, dp;
+	struct et_eng P, D;
+	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.peer_idle_ms = 0;
+	et_start(&P, &pp, true);
+	et_start(&D, &dp, false);
+	struct et_track tp = {.n = 0}, td = {.n = 0};
+	const char *tids[2] = {"tx-re1", "tx-re2"};
+	const uint32_t src[2] = {3, 4}, dst[2] = {10, 11};
+	for (int round = 0; round < 2; round++) {
+		struct kvx_engine_serve sv = {.transfer_id = tids[round], .local_blocks = &src[round], .n = 1};
+		cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+		struct kvx_engine_read r = {.transfer_id = tids[round], .peer = peer_of(&P),
+					    .local_blocks = &dst[round], .remote_blocks = &src[round], .n = 1};
+		cr_assert(read_ok(D.e, &td, &r), "read %s refused", tids[round]);
+		et_follow(&td, tids[round]);
+		et_follow(&tp, tids[round]);
+		et_expect_done(D.e, &td, tids[round], false);
+		et_expect_done(P.e, &tp, tids[round], true);
+		td.n = 0;
+		tp.n = 0;
+		if (round == 1)
+			break;
+		/* KVX_ENGINE_MAX_PEERS other peers (n = 0 reads: `release` only, no handshake). */
+		char tid[32];
+		for (int i = 0; i < KVX_ENGINE_MAX_PEERS; i++) {
+			snprintf(tid, sizeof(tid), "tx-re-o%d", i);
+			struct kvx_engine_read o = {.transfer_id = tid,
+						    .peer = {.host = "127.0.0.1",
+							     .handshake_port = (uint16_t)(21000 + i),
+							     .notify_port = (uint16_t)(21000 + i)},
+						    .n = 0};
+			cr_assert(read_ok(D.e, &td, &o), "peer %d refused", i);
+			et_follow(&td, tid);
+			et_expect_done(D.e, &td, tid, false);
+			td.n = 0;
+		}
+	}
+	const uint32_t all_dst[2] = {10, 11}, all_src[2] = {3, 4};
+	et_expect_blocks(&D, all_dst, all_src, 2, true);
+	cr_assert_eq(stats(D.e).transfers_done, 2 + KVX_ENGINE_MAX_PEERS);
+	et_pair_free(&P, &D);
+}
