@@ -896,8 +896,8 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
 		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? xf_entry(x) : NULL;
-		/* D WRITE asks a kvxfer producer before it times out; the answer has a quarter of the
-		 * transfer timeout (at most a second) to arrive. */
+		/* D WRITE asks a kvxfer producer a quarter of the transfer timeout (at most a
+		 * second) before its deadline. */
 		uint64_t grace = ms_ns(po->e->p.transfer_timeout_ms) / 4;
 		step(po, x,
 		     (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK,

@@ -153,8 +153,7 @@ struct kvx_life {
 	uint64_t start_ns;  /* submission time (app thread clock) */
 	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
 	bool peer_stopped;  /* P WRITE: D's release stopped it (D has reported already) */
-	bool queried;       /* D WRITE: the status query went out (its deadline is query_ns) */
-	uint64_t query_ns;
+	bool queried;       /* D WRITE: the status query went out */
 };
 
 /* What the owning poller does after a lifecycle decision, in this order: send the
@@ -275,7 +274,7 @@ struct kvx_xfer_ev {
 				       * (kvx_xfer_sender_key()), 0 for a MoRIIO sender (counted) */
 	uint32_t fail_status;         /* PEER_FAILED_NOTE: the producer's enum kvx_cpl_status */
 	bool query_peer;              /* TICK: D WRITE may ask its producer (a kvxfer peer) first */
-	uint64_t query_grace_ns;      /* TICK: how long D waits for the answer to its query */
+	uint64_t query_grace_ns;      /* TICK: how long before its deadline D asks */
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
 	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause;

@@ -369,19 +369,19 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 	uint64_t limit = holds ? ev->defer_timeout_ns : ev->transfer_timeout_ns;
 	/* Strict '>': exactly at the limit the transfer is still pending (docs/protocol.md §5.5); a
 	 * clock reading older than the start (another thread's) is no timeout. */
-	if (now > lf->start_ns && now - lf->start_ns > limit) {
-		if (lf->kind == KVX_XFER_K_ANNOUNCE && ev->query_peer) {
-			/* Before timing out, ask the (kvxfer) producer what became of the transfer:
-			 * a lost write_done then still ends DONE on both sides. */
-			if (!lf->queried) {
-				lf->queried = true;
-				lf->query_ns = now + ev->query_grace_ns;
-				o->act = KVX_XFER_DO_SEND_QUERY;
-				return;
-			}
-			if (now <= lf->query_ns)
-				return;
+	uint64_t age = now > lf->start_ns ? now - lf->start_ns : 0;
+	if (lf->kind == KVX_XFER_K_ANNOUNCE && ev->query_peer && !lf->queried) {
+		/* Shortly before timing out (the grace before the deadline), ask the (kvxfer)
+		 * producer what became of the transfer: a lost write_done still ends DONE on both
+		 * sides, and the deadline does not move. */
+		uint64_t grace = ev->query_grace_ns < limit ? ev->query_grace_ns : limit;
+		if (age > limit - grace) {
+			lf->queried = true;
+			o->act = KVX_XFER_DO_SEND_QUERY;
+			return;
 		}
+	}
+	if (age > limit) {
 		lf->timed_out = true;
 		end_early(tab, t, lf, now, ev->defer_timeout_ns, KVX_CPL_TIMED_OUT, -ETIMEDOUT, o);
 	}

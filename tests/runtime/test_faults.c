@@ -392,6 +392,19 @@ Test(runtime_faults, k_named_acks_failure_notes_status_queries)
 	o = step(t, x, &lf, wd);
 	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 
+	/* P READ serving a consumer of TP 2: the same consumer rank's release twice completes
+	 * nothing; the other rank's does. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-k2r", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_SERVE};
+	uint64_t d0 = kvx_xfer_sender_key("10.0.0.2:6301", 0, 3), d1 = kvx_xfer_sender_key("10.0.0.2:6301", 1, 3);
+	struct kvx_xfer_ev rel = {.type = KVX_XFER_EV_RELEASE, .consumer_tp = 2, .producer_tp = 1, .sender_key = d0};
+	cr_assert_eq(step(t, x, &lf, rel).act, 0);
+	o = step(t, x, &lf, rel);
+	cr_assert_eq(o.act, 0);
+	cr_assert(o.late);
+	rel.sender_key = d1;
+	cr_assert_eq(step(t, x, &lf, rel).act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+
 	/* kvx_failed from P rank 0 of two: FAILED with P's status now, the other rank is told to
 	 * stop, the blocks wait for it (quarantine); its write_done (or note) frees them. */
 	cr_assert_eq(kvx_xfer_open(t, "tx-k3", &x), 0);
@@ -433,21 +446,27 @@ Test(runtime_faults, k_named_acks_failure_notes_status_queries)
 	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
 	cr_assert_eq(o.error, -ETIMEDOUT);
 
-	/* D WRITE at its deadline with a kvxfer producer: query first, time out only after the
-	 * grace; a MoRIIO producer: time out at once. */
+	/* D WRITE near its deadline with a kvxfer producer: the query goes out once the grace
+	 * before the deadline starts (strict), the deadline itself does not move; a MoRIIO
+	 * producer is not asked. */
 	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE, .start_ns = 0};
-	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 31, .transfer_timeout_ns = 30,
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 20, .transfer_timeout_ns = 30,
 				   .defer_timeout_ns = 100, .query_peer = true, .query_grace_ns = 10};
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0);
+	tick.now_ns = 21;
 	cr_assert_eq(step(t, NULL, &lf, tick).act, KVX_XFER_DO_SEND_QUERY);
-	tick.now_ns = 41;
-	cr_assert_eq(step(t, NULL, &lf, tick).act, 0, "still waiting for the answer at the grace's end");
-	tick.now_ns = 42;
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0, "asked once");
+	tick.now_ns = 30;
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0, "exactly at the deadline: still pending");
+	tick.now_ns = 31;
 	o = step(t, NULL, &lf, tick);
 	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT);
 	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
 	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE, .start_ns = 0};
-	tick.now_ns = 31;
 	tick.query_peer = false;
+	tick.now_ns = 21;
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0);
+	tick.now_ns = 31;
 	cr_assert_eq(step(t, NULL, &lf, tick).status, KVX_CPL_TIMED_OUT);
 
 	/* P WRITE: DONE, then a status query is answered with write_done; an aborted one with
