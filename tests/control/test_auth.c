@@ -316,3 +316,45 @@ Test(control_auth, bad_auth_dirs_are_rejected_at_create)
 	kvx_ctl_destroy(c);
 	rm_dir(d);
 }
+
+Test(control_auth, allowlist_changes_take_effect_without_a_restart)
+{
+	char da[64], dx[64];
+	mk_dir(da, sizeof(da));
+	mk_dir(dx, sizeof(dx));
+	struct collector ca;
+	coll_init(&ca);
+	/* Both start with empty allowlists: neither knows the other yet. */
+	struct kvx_ctl *a = auth_ctl(da, &ca, 1);
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	p.auth_dir = dx;
+	struct kvx_ctl *x = tctl_start(&p);
+	uint16_t hs, nt;
+	cr_assert_eq(kvx_ctl_bound_ports(a, &hs, &nt), 0);
+	struct hsw w;
+	/* x has no key for a: its handshake fails at once, naming the missing file. */
+	handshake(x, hs, 20000, &w);
+	cr_assert_neq(w.status, 0);
+	cr_assert_eq(CTR(a, hs_served), 0);
+	/* Keys added to the running engines' allowed/ directories count at the next connection. */
+	allow(da, dx, "a");
+	allow(dx, da, "x");
+	handshake(x, hs, 20000, &w);
+	cr_assert_eq(w.status, 0, "%s", w.error);
+	cr_assert_eq(CTR(a, hs_served), 1);
+	uint64_t refused = CTR(a, auth_refused);
+	/* A key removed from allowed/ is refused from the next connection on. */
+	char path[128];
+	snprintf(path, sizeof(path), "%s/allowed/x.key", da);
+	cr_assert_eq(unlink(path), 0);
+	handshake(x, hs, 1500, &w);
+	cr_assert_eq(w.status, -ETIMEDOUT, "%s", w.error);
+	cr_assert(WAIT_CTR(a, auth_refused, refused + 1, 20.0));
+	cr_assert_eq(CTR(a, hs_served), 1, "the removed key was not served");
+	kvx_ctl_destroy(x);
+	kvx_ctl_destroy(a);
+	coll_fini(&ca);
+	rm_dir(da);
+	rm_dir(dx);
+}
