@@ -698,6 +698,11 @@ static int recv_hello(struct driver *D, int idx)
 		free(p);
 		return -EIO;
 	}
+	if (h.type == TRACE_MSG_REFUSED) {
+		fprintf(stderr, "kvxfer-perf trace: the --server refused this run: %s\n", p ? (char *)p : "");
+		free(p);
+		return -ECANCELED; /* a usage error: exit 2 */
+	}
 	const struct trace_msg_hello *hello = p;
 	if (h.type != TRACE_MSG_HELLO || h.len != sizeof(*hello) || hello->magic != TRACE_MSG_MAGIC) {
 		fprintf(stderr, "kvxfer-perf trace: %s sent an unexpected first message\n", D->s[idx].name);
@@ -1140,8 +1145,13 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		if (spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	}
-	if (recv_hello(&D, 0) || recv_hello(&D, 1))
+	int hrc = recv_hello(&D, 0);
+	hrc = hrc ? hrc : recv_hello(&D, 1);
+	if (hrc) {
+		if (hrc == -ECANCELED)
+			exit_code = 2;
 		goto out;
+	}
 	const struct trace_msg_hello *hp = &D.s[0].hello, *hc = &D.s[1].hello;
 	if (hp->role != TRACE_ROLE_PRODUCER || hc->role != TRACE_ROLE_CONSUMER ||
 	    hp->write_mode != hc->write_mode || hp->write_mode != (uint32_t)o->write_mode ||
@@ -1151,6 +1161,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 				" start --server with the same --model, --block-size and -m\n",
 			hp->model, hp->write_mode ? "WRITE" : "READ", hp->block_tokens, hc->model,
 			hc->write_mode ? "WRITE" : "READ", hc->block_tokens);
+		exit_code = 2; /* options that must match do not: a usage error */
 		goto out;
 	}
 	if (!o->local) {

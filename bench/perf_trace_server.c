@@ -74,7 +74,7 @@ static int serve_one(struct trace_opts *o, int fd)
 		snprintf(msg, sizeof(msg), "--server and --client disagree on:%s; give both the same values, or "
 					   "leave them off the --server command (it takes the client's)", bad);
 		fprintf(stderr, "kvxfer-perf trace --server: %s\n", msg);
-		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		trace_msg_send(fd, TRACE_MSG_REFUSED, msg, strlen(msg) + 1, NULL, 0);
 		return 2;
 	}
 	o->model = su->model;
@@ -91,7 +91,7 @@ static int serve_one(struct trace_opts *o, int fd)
 	if (perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
 		char msg[600];
 		snprintf(msg, sizeof(msg), "--server: --model %s: %s", o->model, err);
-		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		trace_msg_send(fd, TRACE_MSG_REFUSED, msg, strlen(msg) + 1, NULL, 0);
 		fprintf(stderr, "kvxfer-perf trace %s\n", msg);
 		return 2;
 	}
@@ -100,7 +100,7 @@ static int serve_one(struct trace_opts *o, int fd)
 		o->pool_blocks = su->pool_blocks; /* sized from the client's trace */
 	if (trace_check_pool_fits(o, o->pool_blocks, bb, 1)) {
 		const char *msg = "--server: the pool does not fit this host's memory (see the server's output)";
-		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		trace_msg_send(fd, TRACE_MSG_REFUSED, msg, strlen(msg) + 1, NULL, 0);
 		return 2;
 	}
 	/* Default --host: the address of this host that the client reached. */

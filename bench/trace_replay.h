@@ -106,6 +106,7 @@ enum trace_msg_type {
 	TRACE_MSG_FATAL = 10, /**< role -> driver: the role cannot continue (text payload). */
 	TRACE_MSG_SETUP = 11, /**< --client -> --server, first message: the run's options (struct trace_msg_setup). */
 	TRACE_MSG_RESULT = 12, /**< driver -> --server's producer, before QUIT: exit code (int32) + summary text. */
+	TRACE_MSG_REFUSED = 13, /**< --server -> --client, instead of HELLO: the options are refused (a usage error: they disagree, unknown model, pool too large); text payload. */
 };
 
 /** Magic in every HELLO ("KVXTRAC1"). */

@@ -286,6 +286,10 @@ struct kvx_completion {
 	int error;                            /**< 0, or the negative errno behind FAILED/TIMED_OUT. */
 	uint64_t bytes;                       /**< Bytes moved by this engine for the transfer. */
 	uint64_t duration_ns;                 /**< Submission to terminal state, ns. */
+	uint64_t first_layer_ns;              /**< Submission to the first layer whose ops all completed
+	                                           on this engine (READ: landed here; WRITE: written), ns;
+	                                           0 when this engine moved no whole layer (a producer
+	                                           serving READs, a transfer that failed first). */
 };
 
 /** Per polling lcore statistics. */
