@@ -89,6 +89,12 @@ Test(bench_perf_bw_auth, local_run_is_authenticated_and_reports_it, .init = setu
 	perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, bj);
 	cr_assert_eq(g_r.status, 0, "%s\n%s", g_r.out, g_r.err);
 	cr_assert(strstr(g_r.out, "\"auth\": false"), "%s", g_r.out);
+	/* lat shares the setup: its ping-pong runs over the authenticated setup too. */
+	const char *const lt[] = {"lat", "--local", "-t", "tcp", "-n", "20", "--auth-dir", d, NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, lt);
+	cr_assert_eq(g_r.status, 0, "%s\n%s", g_r.out, g_r.err);
+	cr_assert(strstr(g_r.out, "authenticated (--auth-dir keys) and sealed"), "%s", g_r.out);
+	cr_assert(strstr(g_r.out, " 2       20 "), "%s", g_r.out);
 }
 
 Test(bench_perf_bw_auth, local_run_refuses_a_dir_whose_allowlist_lacks_its_own_key, .init = setup,

@@ -153,7 +153,7 @@ struct kvx_ctl_params {
 	void *notify_arg;                   /**< Passed to on_notify. */
 	kvx_ctl_connect_fn on_connect;      /**< Connection setup; NULL = reply -ENOTSUP. */
 	void *connect_arg;                  /**< Passed to on_connect. */
-	const char *auth_dir;               /**< CURVE authentication (issue 17): directory holding this engine's key pair (exactly one *.key_secret, mode 0600) and allowed/ with the public keys (*.key, ZeroMQ certificate format) of the peers allowed to connect; see kvx_ctl_auth_keygen(). Both ROUTERs then require CURVE with an allowlisted client key; every DEALER dials with CURVE, taking the server key from allowed/HOST.key or the only key in allowed/. NULL/"" = unauthenticated (MoRIIO-compatible default). */
+	const char *auth_dir;               /**< CURVE authentication (issue 17): directory holding this engine's key pair (exactly one *.key_secret, mode 0600) and allowed/ with the public keys (*.key, ZeroMQ certificate format) of the peers allowed to connect; see kvx_ctl_auth_keygen(). Both ROUTERs then require CURVE with an allowlisted client key; every DEALER dials with CURVE, taking the server key from allowed/HOST.key or the only key in allowed/. allowed/ is read at create (errors fail it) and again at each inbound connection (ZAP request) and each new DEALER, so keys added or removed count without a restart; a re-read that fails keeps the previous list (logged). NULL/"" = unauthenticated (MoRIIO-compatible default). */
 };
 
 /**
