@@ -1295,7 +1295,8 @@ int px_main(int argc, char **argv, bool lat)
 		return 1;
 	if (c.auth_dir) {
 		char err[400];
-		if ((rc = px_auth_client(fd, c.auth_dir, PX_AUTH_TIMEOUT_NS, &t_auth, err, sizeof(err)))) {
+		if ((rc = px_auth_client(fd, c.auth_dir, sizeof(struct px_msg), PX_AUTH_TIMEOUT_NS, &t_auth, err,
+					 sizeof(err)))) {
 			fprintf(stderr, "kvxfer-perf: %s\n", err);
 			close(fd);
 			if (server_started)

@@ -21,6 +21,7 @@
 #include "kvxfer/lcore.h"
 
 #include "kvxfer/common.h"
+#include "px_auth.h"
 #include "perf.h"
 #include "perf_util.h"
 #include "trace_lcores.h"
@@ -689,7 +690,10 @@ static int recv_hello(struct driver *D, int idx)
 	void *p;
 	int rc = trace_msg_recv(D->s[idx].fd, &h, &p);
 	if (rc) {
-		fprintf(stderr, "kvxfer-perf trace: %s did not start (%s)\n", D->s[idx].name, kvx_strerror(rc));
+		fprintf(stderr, "kvxfer-perf trace: %s did not start (%s)%s\n", D->s[idx].name, kvx_strerror(rc),
+			rc == -ECONNRESET && D->o->client && !D->o->auth_dir
+				? "; if the --server runs with --auth-dir, give --auth-dir here too"
+				: "");
 		return rc;
 	}
 	if (h.type == TRACE_MSG_FATAL) {
@@ -1115,10 +1119,24 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		if (spawn_role(&D, 0, argv, argc, &px) || spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	} else {
+		if (o->auth_dir && trace_auth_check(o->auth_dir)) {
+			exit_code = 2;
+			goto out;
+		}
 		int fd = connect_server(o->client, o->port, o->connect_timeout_ms);
 		if (fd < 0)
 			goto out;
 		D.s[0].fd = fd;
+		if (o->auth_dir) {
+			/* The driver channel proves both keys and is sealed before any option goes. */
+			char aerr[400];
+			struct px_auth *pa = NULL;
+			if (px_auth_client(fd, o->auth_dir, 0, TRACE_AUTH_TIMEOUT_NS, &pa, aerr, sizeof(aerr))) {
+				fprintf(stderr, "kvxfer-perf trace: --client: %s\n", aerr);
+				goto out;
+			}
+			trace_wire_seal(fd, pa); /* kept until exit: the channel lives as long as the run */
+		}
 		/* The options the server must agree on, and the pool this trace needs. */
 		struct trace_msg_setup su = {.magic = TRACE_MSG_MAGIC, .block_tokens = o->block_tokens,
 					     .write_mode = o->write_mode, .timeout_ms = o->timeout_ms,

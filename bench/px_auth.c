@@ -15,21 +15,21 @@
 
 #include "kvxfer/common.h"
 #include "kvxfer/internal/ctl.h"
-#include "perf_xport.h"
 
 #define HELLO_MAGIC "KXPA"
 #define HELLO_VERSION 1
-#define HELLO_BYTES sizeof(struct px_msg)
 #define CONFIRM_C "kvxfer-perf px-auth v1 client"
 #define CONFIRM_S "kvxfer-perf px-auth v1 server"
 #define CONFIRM_LEN 29
 
 struct hello {
 	char magic[4];
-	uint8_t version, pad[3];
+	uint8_t version, zero[3];
+	uint32_t total; /* bytes on the wire, this struct and zero padding (little endian) */
 	uint8_t pk[32];
 	uint8_t rnd[32];
 };
+#define HELLO_MAX (1u << 20)
 
 struct px_auth {
 	uint8_t k_tx[32], k_rx[32]; /* per-direction secretbox keys */
@@ -123,34 +123,42 @@ void px_auth_free(struct px_auth *a)
 	free(a);
 }
 
-static int send_hello(int fd, const uint8_t pk[32], uint8_t rnd[32])
+static int send_hello(int fd, const uint8_t pk[32], uint8_t rnd[32], size_t pad)
 {
-	uint8_t *b = calloc(1, HELLO_BYTES);
+	size_t total = pad > sizeof(struct hello) ? pad : sizeof(struct hello);
+	uint8_t *b = calloc(1, total);
 	if (!b)
 		return -ENOMEM;
 	struct hello h = {.version = HELLO_VERSION};
 	memcpy(h.magic, HELLO_MAGIC, 4);
+	for (int i = 0; i < 4; i++)
+		((uint8_t *)&h.total)[i] = (uint8_t)(total >> (8 * i));
 	memcpy(h.pk, pk, 32);
 	randombytes_buf(rnd, 32);
 	memcpy(h.rnd, rnd, 32);
 	memcpy(b, &h, sizeof(h));
-	int rc = io_all(fd, b, HELLO_BYTES, 1, 0);
+	int rc = io_all(fd, b, total, 1, 0);
 	free(b);
 	return rc;
 }
 
+/* Read a hello: the fixed part, then its padding (discarded). */
 static int recv_hello(int fd, struct hello *h, uint64_t deadline)
 {
-	uint8_t *b = malloc(HELLO_BYTES);
-	if (!b)
-		return -ENOMEM;
-	int rc = io_all(fd, b, HELLO_BYTES, 0, deadline);
-	if (!rc) {
-		memcpy(h, b, sizeof(*h));
-		if (memcmp(h->magic, HELLO_MAGIC, 4) || h->version != HELLO_VERSION)
-			rc = -EPROTO;
+	int rc = io_all(fd, h, sizeof(*h), 0, deadline);
+	if (rc)
+		return rc;
+	const uint8_t *t = (const uint8_t *)&h->total;
+	uint32_t total = (uint32_t)t[0] | (uint32_t)t[1] << 8 | (uint32_t)t[2] << 16 | (uint32_t)t[3] << 24;
+	if (memcmp(h->magic, HELLO_MAGIC, 4) || h->version != HELLO_VERSION || total < sizeof(*h) ||
+	    total > HELLO_MAX)
+		return -EPROTO;
+	uint8_t junk[512];
+	for (size_t left = total - sizeof(*h); left && !rc;) {
+		size_t n = left < sizeof(junk) ? left : sizeof(junk);
+		rc = io_all(fd, junk, n, 0, deadline);
+		left -= n;
 	}
-	free(b);
 	return rc;
 }
 
@@ -184,7 +192,8 @@ static void key_z85(const uint8_t k[32], char z[41])
 		snprintf(z, 41, "?");
 }
 
-int px_auth_client(int fd, const char *dir, uint64_t timeout_ns, struct px_auth **out, char *err, size_t len)
+int px_auth_client(int fd, const char *dir, size_t pad, uint64_t timeout_ns, struct px_auth **out, char *err,
+		   size_t len)
 {
 	uint8_t pk[32], sk[32], rnd_c[32], rx[32], tx[32];
 	struct hello hs;
@@ -195,7 +204,7 @@ int px_auth_client(int fd, const char *dir, uint64_t timeout_ns, struct px_auth 
 		snprintf(err, len, "--auth-dir %s: cannot read this side's key pair: %s", dir, kvx_strerror(rc));
 		goto out;
 	}
-	if ((rc = send_hello(fd, pk, rnd_c)) || (rc = recv_hello(fd, &hs, deadline))) {
+	if ((rc = send_hello(fd, pk, rnd_c, pad)) || (rc = recv_hello(fd, &hs, deadline))) {
 		if (rc == -ECONNRESET || rc == -EPIPE)
 			snprintf(err, len, "the server closed the connection during authentication: it refused "
 					   "this side's key (copy %s/engine.key into its allowed/), or it runs "
@@ -276,7 +285,7 @@ int px_auth_server(int fd, const char *dir, uint64_t timeout_ns, struct px_auth 
 		snprintf(err, len, "the client's public key is not a valid X25519 key");
 		goto out;
 	}
-	if ((rc = send_hello(fd, pk, rnd_s))) {
+	if ((rc = send_hello(fd, pk, rnd_s, 0))) {
 		snprintf(err, len, "authentication hello: %s", kvx_strerror(rc));
 		goto out;
 	}

@@ -231,7 +231,7 @@ static void exchange(struct side *cl, struct side *sv)
 	sv->fd = sp[1];
 	pthread_t t;
 	cr_assert_eq(pthread_create(&t, NULL, server_side, sv), 0);
-	cl->rc = px_auth_client(cl->fd, cl->dir, 30000000000ull, &cl->a, cl->err, sizeof(cl->err));
+	cl->rc = px_auth_client(cl->fd, cl->dir, sizeof(struct px_msg), 30000000000ull, &cl->a, cl->err, sizeof(cl->err));
 	if (cl->rc) /* unblock a server still waiting for the confirmation */
 		shutdown(cl->fd, SHUT_RDWR);
 	cr_assert_eq(pthread_join(t, NULL), 0);

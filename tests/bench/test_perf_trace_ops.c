@@ -459,3 +459,83 @@ Test(bench_perf_trace_ops, metrics_endpoint_serves_the_engines_counters_during_a
 	unlink(tr);
 	cr_assert_eq(g_r.status, 1);
 }
+
+/* Fresh auth directories made with `kvxfer-perf keygen` under /tmp (removed by the test). */
+static void auth_dirs(char *root, size_t rl, char *s, char *c, char *x, size_t len)
+{
+	snprintf(root, rl, "/tmp/kvx_trace_auth.XXXXXX");
+	cr_assert(mkdtemp(root));
+	char *d[3] = {s, c, x};
+	const char *n[3] = {"server", "client", "stranger"};
+	for (int i = 0; i < 3; i++) {
+		snprintf(d[i], len, "%s/%s", root, n[i]);
+		const char *const a[] = {"keygen", d[i], NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, a);
+		cr_assert_eq(g_r.status, 0, "%s", g_r.err);
+	}
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd),
+		 "cp %s/engine.key %s/allowed/client.key && cp %s/engine.key %s/allowed/server.key && "
+		 "cp %s/engine.key %s/allowed/server.key",
+		 c, s, s, c, s, x);
+	cr_assert_eq(system(cmd), 0);
+}
+
+Test(bench_perf_trace_ops, auth_dir_server_refuses_plain_and_unlisted_clients_then_runs_authenticated,
+     .init = setup, .fini = teardown)
+{
+	char root[64], s[128], c[128], x[128], port[16];
+	auth_dirs(root, sizeof(root), s, c, x, sizeof(s));
+	struct perf_child ch;
+	const char *const ex[] = {"--auth-dir", s, NULL};
+	start_server(&ch, &g_srv, port, sizeof(port), ex);
+	/* A client without --auth-dir: refused at the driver channel, told what to do. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--quiet", NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, a);
+	}
+	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "if the --server runs with --auth-dir, give --auth-dir here too"), "%s", g_r.err);
+	cr_assert_not(perf_run_read(&ch, &g_srv, 60000, "(1 refused so far; still listening)"), "%s", g_srv.err);
+	/* A key the server does not list. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--quiet", "--auth-dir", x,
+					 NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, a);
+	}
+	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "--client: the server closed the connection during authentication"), "%s", g_r.err);
+	cr_assert_not(perf_run_read(&ch, &g_srv, 60000, "(2 refused so far; still listening)"), "%s", g_srv.err);
+	cr_assert(strstr(g_srv.err, "is not in "), "%s", g_srv.err);
+	/* The listed client: driver channel sealed, engines on CURVE, every block verified; the
+	 * refused clients did not use up the server's one run. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--speed", "0", "--verify",
+					 "--quiet", "--auth-dir", c, NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 300000, a);
+	}
+	cr_assert_eq(g_r.status, 0, "%d\n%s\n%s", g_r.status, g_r.out, g_r.err);
+	cr_assert(strstr(g_r.out, "verification           OK"), "%s", g_r.out);
+	cr_assert(perf_run_read(&ch, &g_srv, 120000, NULL));
+	cr_assert_eq(g_srv.status, 0, "%s\n%s", g_srv.out, g_srv.err);
+	cr_assert(strstr(g_srv.err, "--client authenticated (key client.key)"), "%s", g_srv.err);
+	cr_assert(strstr(g_srv.out, "run 1 OK (exit 0)"), "%s", g_srv.out);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	cr_assert_eq(system(cmd), 0);
+}
+
+Test(bench_perf_trace_ops, auth_dir_without_key_pair_is_a_usage_error, .init = setup, .fini = teardown)
+{
+	const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", "1", "--models-csv", g_models, "--model",
+				 "Tiny-GQA", "--trace", g_trace, "--auth-dir", "/nonexistent/kvx", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, a);
+	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "--auth-dir /nonexistent/kvx: no usable key pair"), "%s", g_r.err);
+	const char *const b[] = {"trace", "--server", "--port", "0", "--auth-dir", "/nonexistent/kvx", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, b);
+	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
+}
