@@ -451,6 +451,13 @@ Test(bench_perf_trace_ops, metrics_endpoint_serves_the_engines_counters_during_a
 	cr_assert_eq(scrape_value(pu, "kvxfer_bytes_total"), 63.0 * 4096);
 	cr_assert_eq(scrape_value(pu, "kvxfer_transfers_in_flight"), 0);
 	cr_assert_eq(scrape_value(cu, "kvxfer_transfer_duration_seconds_count{outcome=\"done\"}"), 1);
+	/* WRITE: the producer moved the layers (first-layer sample), the consumer sent remote_blocks,
+	 * the producer write_done. */
+	cr_assert_eq(scrape_value(pu, "kvxfer_first_layer_seconds_count"), 1);
+	cr_assert_geq(scrape_value(cu, "kvxfer_control_messages_total{direction=\"sent\",type=\"remote_blocks\"}"), 1);
+	cr_assert_geq(scrape_value(pu, "kvxfer_control_messages_total{direction=\"received\",type=\"remote_blocks\"}"),
+		      1);
+	cr_assert_geq(scrape_value(pu, "kvxfer_control_messages_total{direction=\"sent\",type=\"write_done\"}"), 1);
 	/* End the run: the consumer goes away, the driver reports and exits 1. */
 	pid_t c = consumer_of(ch.pid);
 	cr_assert_gt(c, 0);
