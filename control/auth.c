@@ -39,7 +39,9 @@ struct auth_peer {
 struct ctl_auth {
 	uint8_t pub[32], sec[32];
 	char adir[4096];  /* DIR/allowed */
-	struct auth_peer *allowed; /* read at create, re-read at each ZAP request / DEALER */
+	struct auth_peer *allowed; /* read at create, again when allowed/ may have changed */
+	struct stat seen;          /* allowed/ as stat(2) saw it just before the last read */
+	struct timespec read_at;   /* CLOCK_REALTIME of the last read */
 	uint32_t nallowed;
 	void *zap;        /* REP bound to ZAP_EP (control lcore once started) */
 	void *mon[2];     /* PAIR sockets receiving the ROUTERs' handshake-failure events */
@@ -178,27 +180,68 @@ static int read_allowed(const char *adir, struct auth_peer **out, uint32_t *n, i
 	return 0;
 }
 
+/* Remember allowed/ as it was just before a read (see auth_stale()). */
+static void mark_read(struct ctl_auth *a, const struct stat *st)
+{
+	a->seen = *st;
+	clock_gettime(CLOCK_REALTIME, &a->read_at);
+}
+
 static int load_allowed(struct ctl_auth *a, const char *dir)
 {
 	snprintf(a->adir, sizeof(a->adir), "%s/allowed", dir);
+	struct stat st;
+	int have = stat(a->adir, &st) == 0;
 	int rc = read_allowed(a->adir, &a->allowed, &a->nallowed, 1);
+	if (!rc && have)
+		mark_read(a, &st);
 	if (!rc && !a->nallowed)
 		kvx_log(KVX_LOG_WARN, "control: %s holds no *.key: every peer will be refused until one "
 			"is added", a->adir);
 	return rc;
 }
 
+static int ts_eq(const struct timespec *x, const struct timespec *y)
+{
+	return x->tv_sec == y->tv_sec && x->tv_nsec == y->tv_nsec;
+}
+
 /*
- * Read allowed/ again, so that a key added to it (or removed from it) takes effect at the next
- * connection without restarting the engine. Called on the creator thread before start and on
- * the control lcore after it (the only readers of the list). A directory that cannot be read
- * keeps the previous list (logged, rate limited).
+ * May allowed/ hold other files than at the last read? Adding, removing or renaming a file
+ * changes the directory's mtime (and ctime). Timestamps have a coarse granularity (a kernel tick), so
+ * a change made in the same tick as the last read would not show: while the last read happened
+ * less than 2 s after the directory's last change, read again each time (as git does with its
+ * "racily clean" index entries). One stat(2) per connection otherwise.
+ */
+static int auth_stale(const struct ctl_auth *a, struct stat *st, int *have)
+{
+	*have = stat(a->adir, st) == 0;
+	if (!*have)
+		return 1; /* the read reports and keeps the list */
+	const struct stat *o = &a->seen;
+	if (st->st_ino != o->st_ino || st->st_dev != o->st_dev || st->st_size != o->st_size ||
+	    !ts_eq(&st->st_mtim, &o->st_mtim) || !ts_eq(&st->st_ctim, &o->st_ctim))
+		return 1;
+	return a->read_at.tv_sec - st->st_mtim.tv_sec < 2; /* entries change the mtime */
+}
+
+/*
+ * Read allowed/ again when it may have changed, so that a key added to it (or removed from it)
+ * takes effect at the next connection without restarting the engine. Called on the creator
+ * thread before start and on the control lcore after it (the only readers of the list). A
+ * directory that cannot be read keeps the previous list (logged, rate limited).
  */
 static void auth_refresh(struct kvx_ctl *ctl, struct ctl_auth *a)
 {
 	struct auth_peer *l;
 	uint32_t n;
+	struct stat st;
+	int have;
+	if (!auth_stale(a, &st, &have))
+		return;
 	int rc = read_allowed(a->adir, &l, &n, 0);
+	if (!rc && have)
+		mark_read(a, &st); /* after a failed read, try again at the next connection */
 	if (rc) {
 		ctl_warn_rl(ctl, "auth: cannot read the allowlist %s again (%s); the %u keys read "
 			    "before stay in force", a->adir, strerror(-rc), a->nallowed);

@@ -189,8 +189,8 @@ struct kvx_engine_params {
 	                                    DIR/allowed/NAME.key = public keys of the peers allowed to
 	                                    connect; allowed/HOST.key or the only key there is the key
 	                                    expected when dialling HOST). Peers must use it too.
-	                                    allowed/ is read again at each new connection, so keys
-	                                    added or removed count without a restart.
+	                                    allowed/ is read again when files are added, removed
+	                                    or renamed there, so keys count without a restart.
 	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
 	                                    warning is logged when the ports are not loopback-only. */
 };
