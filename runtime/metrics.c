@@ -316,10 +316,13 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 		}
 		head(f, "kvxfer_control_messages_total", "counter",
 		     "Control-plane messages by direction and type: notifications (remote_blocks, write_done, "
-		     "release, completion = legacy plain id, raw = kvx_ctl_send_raw bytes), handshake requests "
+		     "release, completion = legacy plain id, kvx_failed, kvx_status_query, raw = kvx_ctl_send_raw "
+		     "bytes), handshake requests "
 		     "answered (get_meta_msg, kvx_connect) and proxy heartbeats sent.");
-		static const char *const tn[KVX_CTL_MSG_TYPES] = {"raw", "remote_blocks", "write_done", "release",
-								  "completion"};
+		static const char *const tn[KVX_CTL_MSG_TYPES] = {"raw",        "remote_blocks", "write_done",
+								  "release",    "completion",    "kvx_failed",
+								  "kvx_status_query"};
+		_Static_assert(KVX_CTL_MSG_TYPES == KVX_MSG_STATUS_QUERY + 1, "a name per notify type");
 		for (int t = 1; t < KVX_CTL_MSG_TYPES; t++)
 			fprintf(f, "kvxfer_control_messages_total{direction=\"received\",type=\"%s\"} %llu\n", tn[t],
 				(unsigned long long)c->notify_rx_type[t]);

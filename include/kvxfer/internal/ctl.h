@@ -208,7 +208,7 @@ int kvx_ctl_auth_keypair(const char *dir, uint8_t pub[32], uint8_t sec[32]);
 int kvx_ctl_auth_allowed(const char *dir, const uint8_t key[32], char *name, size_t len);
 
 /** Entries of the per-type notify counters: index = enum kvx_msg_type, 0 = raw bytes (kvx_ctl_send_raw()). */
-#define KVX_CTL_MSG_TYPES 5
+#define KVX_CTL_MSG_TYPES 7
 /** Buckets of the handshake latency histogram (a last +Inf bucket follows). */
 #define KVX_CTL_HS_NB 16
 /** Upper bounds of those buckets, seconds (also the engine's transfer-duration buckets). */
