@@ -220,6 +220,7 @@ struct xf {
 	uint64_t fence_ticket;
 	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
 	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
+	uint64_t first_layer_ns; /* when the first layer's ops completed; stale (< lf.start_ns) until then */
 	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
 	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
 	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
