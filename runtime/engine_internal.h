@@ -167,7 +167,7 @@ struct lgate {
  *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, reg, next_free: the app thread, at
  *    submission (before the M_SUBMIT ring enqueue that hands the object to its poller) and
  *    when the last completion gives it back.
- *  - layer_done, final, final_error: the owning poller (release stores); the app thread reads.
+ *  - layer_done: the owning poller (release stores); the app thread reads.
  *  - lf (the lifecycle state, runtime/xfer.c decides its changes) and everything from `t` on:
  *    the owning poller only, from M_SUBMIT until it enqueues the object's last completion. */
 struct xf {
@@ -180,10 +180,10 @@ struct xf {
 	uint32_t *rblocks;  /* Array[max_blocks] in the engine's arena */
 	size_t n;
 	uint32_t consumer_tp;
-	/* App-visible: per-layer completion bits and the final outcome (release stores). */
+	/* App-visible: per-layer completion bits (release stores). The outcome is not kept here:
+	 * the poller hands it over in the KVX_CPL_TRANSFER completion and the app thread stores it
+	 * in the registry entry (api.c cpl_stage()). */
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
-	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */
-	atomic_int final_error;
 	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
 	struct kvx_xfer *reg; /* app thread: its registry entry (live until the last completion) */
 	/* Poller-owned. */
@@ -275,6 +275,10 @@ struct kvx_engine {
 	uint32_t *lb_pool;        /* Array[max_transfers * n_layers] */
 	struct lgate *gate_pool;  /* Array[max_transfers * n_layers] */
 	uint32_t cpl_rr;
+	/* Completions taken off the pollers' rings, not yet returned (api.c cpl_stage()): FIFO of
+	 * stage_cap = 2 x max_transfers entries. */
+	struct cmsg *stage;
+	uint32_t stage_head, stage_n, stage_cap;
 	/* Control-path transport work runs on the control lcore only (transport.h: endpoint
 	 * create/accept/connect/destroy one thread at a time), so no lock guards it:
 	 *  - accepted[]: target endpoints; written by the control thread only.
@@ -294,7 +298,6 @@ struct kvx_engine {
 	int ctl_efd;
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
-	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
 	/* Counters: relaxed adds by the pollers and the control thread; read by any thread. */
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;

@@ -173,11 +173,10 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 	struct kvx_engine *e = po->e;
 	struct cmsg c[2];
 	unsigned n = 0;
+	bool wake = false;
 	if (!x->lf.reported) {
 		x->lf.reported = true;
-		atomic_store_explicit(&x->final_error, error, memory_order_relaxed);
-		atomic_store_explicit(&x->final, 1 + (int)st, memory_order_release);
-		kvx_waiter_wake(&e->app_w);
+		wake = true;
 		count_terminal(po, x, st);
 		bool release_cpl = x->lf.kind == KVX_XFER_K_WRITE || x->lf.kind == KVX_XFER_K_SERVE || st != KVX_CPL_DONE;
 		eng_cpl_build(e, x, &c[n++], KVX_CPL_TRANSFER, st, error, release_now && !release_cpl);
@@ -196,6 +195,9 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 		eng_remove_live(po, x);
 	}
 	eng_push_cpl(po, c, n);
+	/* After the enqueue: a waiting kvx_xfer_layer_wait() finds the outcome in the ring. */
+	if (wake)
+		kvx_waiter_wake(&e->app_w);
 }
 
 static void progress(struct poller *po, struct xf *x);
@@ -492,13 +494,11 @@ static void read_progress(struct poller *po, struct xf *x)
 		if (cr == 0)
 			return;
 	}
-	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
-	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
 	if (x->lf.next_layer == 0 && x->conn)
 		x->peer_epoch = x->conn->epoch;
 	if (!x->lf.failed)
 		kvx_plan_cache_reset(po->pc);
-	while (!x->lf.failed && x->lf.next_layer < limit) {
+	while (!x->lf.failed && x->lf.next_layer < e->n_layers) {
 		if (post_layer(po, x, x->lf.next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
 			break;
 		x->lf.next_layer++;

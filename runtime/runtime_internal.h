@@ -56,8 +56,9 @@ struct kvx_xfer {
 	bool ack_completed;
 	/* Owner's attachment: the engine's transfer object while it is live (poller tables: set at
 	 * submission, cleared when the object retires; the app registry: until the last
-	 * completion is polled), and the final outcome kept while the id sits in the terminal LRU
-	 * (app registry only). */
+	 * completion is polled), and, in the app registry only, the transfer's outcome: its one
+	 * store, written by the app thread when it takes the KVX_CPL_TRANSFER completion off its
+	 * poller's ring (kept while the id sits in the terminal LRU). */
 	void *user;
 	int32_t final_error;
 	uint8_t final_status;
@@ -253,11 +254,5 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
  * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp
  * combination. A completed transfer becomes terminal. */
 int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp);
-
-/* Test hook (tests/runtime only): while on, a consumer engine posts the READ ops of at most
- * n_layers layers (0 = none) of each transfer, so a test can keep a read provably in flight;
- * off lifts the hold. Any thread; takes effect at the poller's next iteration. */
-struct kvx_engine;
-void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers);
 
 #endif /* KVX_RUNTIME_INTERNAL_H */
