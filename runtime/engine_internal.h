@@ -194,13 +194,7 @@ struct xf {
 	uint32_t *layer_batches; /* Array[n_layers] */
 	struct lgate *gate;      /* Array[n_layers] */
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
-	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
 	uint64_t fence_ticket;
-	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
-	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
-	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
-	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
-	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
 	uint64_t bytes;
 	uint32_t next_free; /* app thread free list */
 };

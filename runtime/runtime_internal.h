@@ -135,6 +135,15 @@ struct kvx_life {
 	uint32_t next_layer; /* D READ: layers posted so far */
 	uint64_t start_ns;  /* submission time (app thread clock) */
 	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
+	/* The peer's incarnation (docs/protocol.md §6 item 18), decided by kvx_xfer_step() from
+	 * the connection facts the poller feeds in (PEER_CONNECTED, PEER_EPOCH, OP_FAILED). */
+	bool await_peer;      /* D READ: an op failed on a dead endpoint before any byte landed:
+			       * retry or fail once the peer is connected again */
+	uint64_t bound_epoch; /* epoch of the connection the transfer is bound to (0: none yet) */
+	bool alloc_known;     /* P WRITE: the consumer incarnation that allocated is settled */
+	uint64_t alloc_epoch; /* P WRITE: its epoch (0: bind whatever connects) */
+	bool check_wait;      /* P WRITE: waiting for the peer's epoch check number check_need */
+	uint64_t check_need;
 };
 
 /* What the owning poller does after a lifecycle decision, in this order: send the
@@ -155,6 +164,13 @@ enum kvx_xfer_do {
 						 * deadline (kvx_xfer_tick()) */
 	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ: blocks held until every reader is revoked */
 	KVX_XFER_DO_POST_LAYER = 1u << 10,      /* P WRITE: the event's layer is to be written */
+	KVX_XFER_DO_BIND = 1u << 11,            /* bind the peer's current connection (the event's) */
+	KVX_XFER_DO_REPOST = 1u << 12,          /* D READ: post every layer again on it (nothing landed) */
+	KVX_XFER_DO_RESET_PEER = 1u << 13,      /* the connection (the op's, or the peer's current one)
+						 * is dead or of a gone incarnation: mark it stale and
+						 * re-handshake the peer */
+	KVX_XFER_DO_EPOCH_CHECK = 1u << 14,     /* P WRITE: fetch the peer's epoch again (a metadata-only
+						 * handshake; a no-op while one runs) */
 };
 
 struct kvx_xfer_out {
@@ -222,6 +238,29 @@ enum kvx_xfer_ev_type {
 	 * (parked if not submitted yet); a P WRITE then posts what is ready. A duplicate, an empty
 	 * list or one for a finished transfer is late. */
 	KVX_XFER_EV_REMOTE_BLOCKS = 14,
+	/* An op completed with `error`; `ep_dead`: its endpoint is in error state (RESET_PEER).
+	 * A D READ that moved nothing yet (`moved` false) over a dead endpoint may be facing a
+	 * restarted producer: it awaits the next connection (PEER_CONNECTED decides); any other
+	 * failure fails the transfer (the poller then settles it as before). */
+	KVX_XFER_EV_OP_FAILED = 15,
+	/* Peer connected: the peer has a usable connection of epoch `epoch` that the transfer is
+	 * not bound to (`bound`: it is bound to an older, stale one; `moved`: bytes landed).
+	 * Nothing while own ops drain. D READ bound before: retry from layer 0 (BIND | REPOST)
+	 * only against a new epoch with nothing moved (the old incarnation's blocks are gone
+	 * either way), else the same epoch means a fence or a link failure and the blocks may be
+	 * reused: FAILED -ECONNRESET. P WRITE: a new epoch after it was bound, or one other than
+	 * the allocation's, means the consumer restarted and its allocation is gone: FAILED
+	 * -ECONNRESET (never write into the new process). Else BIND. */
+	KVX_XFER_EV_PEER_CONNECTED = 16,
+	/* Peer new epoch (P WRITE, before its first post): which consumer incarnation made the
+	 * allocation? The epoch remote_blocks named (`kvx_epoch`, on the entry) settles it; a
+	 * MoRIIO consumer names none: then a link that carried a successful op within the
+	 * freshness window (`link_fresh`) vouches for the connection's epoch, else the peer's
+	 * epoch is checked again (EPOCH_CHECK; a check numbered after the allocation counts:
+	 * `check_started` / `check_done` / `checked_epoch`, 0 = the check failed: trust the
+	 * connection). An allocation epoch other than the live connection's: RESET_PEER. A
+	 * connection being replaced (`conn_stale`) or none yet: whatever connects next is current. */
+	KVX_XFER_EV_PEER_EPOCH = 17,
 };
 
 struct kvx_xfer_ev {
@@ -239,7 +278,16 @@ struct kvx_xfer_ev {
 	uint32_t producer_tp;
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
-	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause */
+	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED, OP_FAILED: the cause */
+	bool ep_dead;                 /* OP_FAILED: the op's endpoint is in error state */
+	bool moved;                   /* OP_FAILED, PEER_CONNECTED: bytes of the transfer landed */
+	bool bound;                   /* PEER_CONNECTED: bound to an older connection */
+	uint64_t epoch;               /* PEER_CONNECTED: the connection's epoch */
+	bool has_conn;                /* PEER_EPOCH: the peer has a published connection ... */
+	bool conn_stale;              /* ... being replaced ... */
+	uint64_t conn_epoch;          /* ... of this epoch ... */
+	bool link_fresh;              /* ... whose link carried a successful op just now */
+	uint64_t check_started, check_done, checked_epoch; /* PEER_EPOCH: the peer's epoch checks */
 };
 
 /* The one entry into a transfer's lifecycle: apply @p ev to @p lf (and to its entry @p t, the
