@@ -47,7 +47,8 @@ struct emsg {
 	int32_t status; /* error / decode rank */
 	uint32_t n;     /* block count */
 	void *ptr;      /* peer*, malloc'ed block ids */
-	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
+	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) / the peer's hs_ends
+			 * after the handshake that ended (M_PEER_READY, M_PEER_FAILED) */
 	char tid[KVX_ENGINE_ID_MAX];
 	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
 };
@@ -91,11 +92,13 @@ struct conn;
 /* A peer worker's identity and handshake state. Writers, by field:
  *  - identity (e .. n_pods): the app thread, once, before the first submission naming the peer
  *    (published to the pollers by that submission's ring enqueue); read-only afterwards.
- *  - hs_state: CAS IDLE/FAILED/READY -> PENDING by whichever thread starts a handshake (app
- *    thread in eng_peer_get(), a poller in xf_conn()/conn_stale()/rehs_scan()); stored
- *    READY/FAILED/IDLE by the control thread when the job ends (on_hs_done()). The CAS makes
- *    one starter win; the job itself always runs on the control lcore.
- *  - hs_error, hs_ep, epoch, gen: the control thread only.
+ *  - hs_state, hs_error, hs_ends, hs_ep, epoch, gen: the control thread only. hs_state is
+ *    PENDING from the job's acceptance (on_hs_accept()) and READY/FAILED when it ends
+ *    (on_hs_done(), which counts hs_ends after storing hs_error). Other threads only read
+ *    them and ask for a handshake through their own inbox ring (eng_hs_request()): the app
+ *    thread in eng_peer_get() (once per outcome: app_asked), a poller in xf_conn() /
+ *    conn_stale() / rehs_scan() (once until its next M_PEER_* message: poller.hs_asked).
+ *  - app_asked: the app thread (the hs_ends value it last asked at).
  *  - check_busy: CAS false -> true by a poller (eng_epoch_check_start()), reset by the control
  *    thread (on_epoch_checked()); check_started: that poller; check_done, checked_epoch: the
  *    control thread.
@@ -112,8 +115,10 @@ struct peer {
 	char pod_host[KVX_ENGINE_MAX_PODS][KVX_ENGINE_HOST_MAX];
 	const char *pod_ptr[KVX_ENGINE_MAX_PODS];
 	uint32_t n_pods;
-	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
+	atomic_int hs_state; /* enum hs_state; control thread */
 	atomic_int hs_error; /* control thread: the failed handshake's errno, stored before HS_FAILED */
+	_Atomic uint64_t hs_ends; /* control thread: handshake jobs ended (results stored) */
+	uint64_t app_asked;  /* app thread: hs_ends when it last asked, UINT64_MAX never */
 	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
 	uint64_t epoch; /* control thread: epoch of the last published connection */
@@ -185,6 +190,8 @@ struct xf {
 	 * in the registry entry (api.c cpl_stage()). */
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
 	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
+	uint64_t hs_after; /* app thread, at submission: the peer's hs_ends then (a handshake
+			    * failure counts for this transfer only if it ended later) */
 	struct kvx_xfer *reg; /* app thread: its registry entry (live until the last completion) */
 	/* Poller-owned. */
 	struct kvx_xfer *t; /* its entry in the poller's table (NULL for a consumer READ) */
@@ -218,6 +225,7 @@ struct poller {
 	struct conn *plist; /* connections with ops outstanding on link k */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
+	uint64_t hs_asked[KVX_ENGINE_MAX_PEERS / 64]; /* peer id-1: asked for a handshake, no answer yet */
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 
@@ -329,7 +337,7 @@ void eng_conn_reap_stopped(struct kvx_engine *e);
 /* App thread, control lcore stopped: drop a reference, destroying at once on the last. */
 void eng_conn_put_stopped(struct conn *c);
 /* peer.c: handshake orchestration (any thread that owns an inbox: app or poller). */
-int eng_hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from);
+int eng_hs_request(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr);
 void eng_epoch_check_start(struct poller *po, struct peer *pr);
 /* peer.c: app thread, a peer identity for a submission. */
 struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp, bool handshake, int *rc);

@@ -280,6 +280,18 @@ static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
 
 static void conn_stale(struct poller *po, struct conn *c);
 
+/* Ask the control lcore for a handshake with @p pr unless one runs (PENDING) or this poller
+ * asked and has not heard the outcome yet (an M_PEER_* message clears the mark). */
+static void hs_ask(struct poller *po, struct peer *pr)
+{
+	uint32_t i = (uint32_t)(pr->id - 1);
+	uint64_t bit = 1ull << (i % 64);
+	if ((po->hs_asked[i / 64] & bit) || atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_PENDING)
+		return;
+	if (eng_hs_request(po->e, po->ib, pr) == 0)
+		po->hs_asked[i / 64] |= bit; /* else (-ENOBUFS: inbox full) asked again later */
+}
+
 static void conn_bind(struct xf *x, struct conn *c)
 {
 	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* the table's ref is held */
@@ -304,20 +316,20 @@ static int xf_conn(struct poller *po, struct xf *x)
 		return 1;
 	struct conn *n = conn_lookup(po, x->peer);
 	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
-	if (!n && !c && hs == HS_FAILED) {
-		/* Its handshake failed before it had a connection (the failure can reach this
-		 * poller before the submission that started it: M_PEER_FAILED then found no
-		 * transfer to fail). */
+	if (!n && !c && hs == HS_FAILED &&
+	    atomic_load_explicit(&x->peer->hs_ends, memory_order_acquire) > x->hs_after) {
+		/* A handshake that ended after its submission failed and it has no connection
+		 * (the failure can reach this poller before the submission: M_PEER_FAILED then
+		 * found no transfer to fail). */
 		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = true,
 						 .error = err < 0 ? err : -ECONNREFUSED});
 		return -1;
 	}
-	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) && hs == HS_READY)
-		eng_hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
-	else if (!n && hs == HS_IDLE)
-		eng_hs_start(po->e, po->ib, x->peer, HS_IDLE); /* the first one was refused (-EBUSY) */
-	if (!n || n == c || atomic_load_explicit(&n->stale, memory_order_acquire))
+	bool n_stale = n && atomic_load_explicit(&n->stale, memory_order_acquire);
+	if (!n || n_stale)
+		hs_ask(po, x->peer); /* the first request was refused (-EBUSY) or could not be queued */
+	if (!n || n == c || n_stale)
 		return 0;
 	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = n->epoch, .bound = c != NULL,
 				 .moved = x->bytes != 0};
@@ -614,8 +626,7 @@ static void conn_stale(struct poller *po, struct conn *c)
 	if (atomic_exchange_explicit(&c->stale, true, memory_order_acq_rel))
 		return;
 	atomic_fetch_add_explicit(&po->e->st_peer_resets, 1, memory_order_relaxed);
-	int rc = eng_hs_start(po->e, po->ib, c->pr, HS_READY);
-	(void)rc; /* -EALREADY: a handshake is already running; -ENOBUFS: retried by rehs_scan() */
+	hs_ask(po, c->pr); /* not queued (inbox full): retried by rehs_scan() */
 }
 
 static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xport_cpl *c)
@@ -697,12 +708,14 @@ static void handle_cin(struct poller *po, struct emsg *m)
 		handle_notify(po, m);
 		return;
 	}
+	po->hs_asked[(pr->id - 1) / 64] &= ~(1ull << ((pr->id - 1) % 64)); /* answered */
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
 		if (x->peer == pr && !x->lf.reported) {
 			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
-			if (m->type == M_PEER_FAILED)
+			/* A failure counts only for transfers submitted before that handshake ended. */
+			if (m->type == M_PEER_FAILED && x->hs_after < m->u64)
 				step(po, x,
 				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound, .error = m->status});
 			else
@@ -761,10 +774,8 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 static void rehs_scan(struct poller *po)
 {
 	for (struct conn *c = po->plist; c; c = c->link[po->k].next)
-		if (atomic_load_explicit(&c->stale, memory_order_relaxed) &&
-		    atomic_load_explicit(&c->pr->hs_state, memory_order_acquire) == HS_READY &&
-		    conn_lookup(po, c->pr) == c)
-			eng_hs_start(po->e, po->ib, c->pr, HS_READY);
+		if (atomic_load_explicit(&c->stale, memory_order_relaxed) && conn_lookup(po, c->pr) == c)
+			hs_ask(po, c->pr);
 }
 
 int eng_poll_fn(void *arg)
