@@ -28,7 +28,9 @@ enum msg_type {
 	M_PEER_CHECKED = 8, /* a metadata-only epoch check of the peer finished */
 };
 
-/* app -> poller k (`sub` ring): a submission hands over the transfer object; every later
+/* Ring messages are written whole by the ring's producer before the enqueue and read by its
+ * consumer after the dequeue; neither touches a message in the ring.
+ * app -> poller k (`sub` ring): a submission hands over the transfer object; every later
  * message names it by handle (pool slot + generation), never by id. */
 struct smsg {
 	uint32_t type;  /* M_SUBMIT, M_LAYER_READY, M_SEAL, M_ABORT */
@@ -54,6 +56,9 @@ struct emsg {
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
+/* poller k -> app (`cpl` ring): a completion built by the owning poller (eng_cpl_build()),
+ * carrying the transfer's outcome (c.status, c.error) to the app thread, the one writer of
+ * the stored outcome (api.c cpl_stage()); `last` hands the transfer object back. */
 struct cmsg {
 	struct kvx_completion c;
 	void *xf;
@@ -169,9 +174,9 @@ struct lgate {
 };
 
 /* The transfer object, one per transfer, from a pool preallocated at start. Writers:
- *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, reg, next_free: the app thread, at
- *    submission (before the M_SUBMIT ring enqueue that hands the object to its poller) and
- *    when the last completion gives it back.
+ *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, hs_after, reg, next_free: the app
+ *    thread, at submission (before the M_SUBMIT ring enqueue that hands the object to its
+ *    poller) and when the last completion gives it back.
  *  - layer_done: the owning poller (release stores); the app thread reads.
  *  - lf (the lifecycle state, runtime/xfer.c decides its changes) and everything from `t` on:
  *    the owning poller only, from M_SUBMIT until it enqueues the object's last completion. */
@@ -209,7 +214,7 @@ struct xf {
 /* One polling lcore. Set up by the app thread at start (before the lcore runs); afterwards
  * every field is the poller's own, except the rings (their producer/consumer sides are
  * named at struct kvx_engine's top comment in engine.c) and the st_* counters (relaxed adds by
- * the poller; read by any thread). */
+ * the poller; read by any thread). hs_asked is the poller's own too. */
 struct poller {
 	struct kvx_engine *e;
 	uint32_t k;
@@ -277,8 +282,8 @@ struct kvx_engine {
 	uint32_t *lb_pool;        /* Array[max_transfers * n_layers] */
 	struct lgate *gate_pool;  /* Array[max_transfers * n_layers] */
 	uint32_t cpl_rr;
-	/* Completions taken off the pollers' rings, not yet returned (api.c cpl_stage()): FIFO of
-	 * stage_cap = 2 x max_transfers entries. */
+	/* App thread: completions taken off the pollers' rings, not yet returned (api.c
+	 * cpl_stage()): FIFO of stage_cap = 2 x max_transfers entries. */
 	struct cmsg *stage;
 	uint32_t stage_head, stage_n, stage_cap;
 	/* Control-path transport work runs on the control lcore only (transport.h: endpoint
