@@ -101,8 +101,9 @@ struct conn;
  *    PENDING from the job's acceptance (on_hs_accept()) and READY/FAILED when it ends
  *    (on_hs_done(), which counts hs_ends after storing hs_error). Other threads only read
  *    them and ask for a handshake through their own inbox ring (eng_hs_request()): the app
- *    thread in eng_peer_get() (once per outcome: app_asked), a poller in xf_conn() /
- *    conn_stale() / rehs_scan() (once until its next M_PEER_* message: poller.hs_asked).
+ *    thread in eng_peer_get() (once per outcome: app_asked), a poller when a connection goes
+ *    stale (conn_stale()) or a request is owed again (poller.hs_retry: not queued, or refused
+ *    as a duplicate of an epoch check).
  *  - app_asked: the app thread (the hs_ends value it last asked at).
  *  - check_busy: CAS false -> true by a poller (eng_epoch_check_start()), reset by the control
  *    thread (on_epoch_checked()); check_started: that poller; check_done, checked_epoch: the
@@ -214,7 +215,7 @@ struct xf {
 /* One polling lcore. Set up by the app thread at start (before the lcore runs); afterwards
  * every field is the poller's own, except the rings (their producer/consumer sides are
  * named at struct kvx_engine's top comment in engine.c) and the st_* counters (relaxed adds by
- * the poller; read by any thread). hs_asked is the poller's own too. */
+ * the poller; read by any thread). hs_retry is the poller's own too. */
 struct poller {
 	struct kvx_engine *e;
 	uint32_t k;
@@ -230,7 +231,7 @@ struct poller {
 	struct conn *plist; /* connections with ops outstanding on link k */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
-	uint64_t hs_asked[KVX_ENGINE_MAX_PEERS / 64]; /* peer id-1: asked for a handshake, no answer yet */
+	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer id-1: a handshake request is owed (poller.c hs_ask()) */
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 

@@ -539,7 +539,7 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 		 * same host:port: not a failure; the pollers ask again (xf_conn(), rehs_scan()). */
 		if (atomic_load_explicit(&pr->hs_state, memory_order_relaxed) == HS_PENDING)
 			return;
-		struct emsg m = {.type = M_PEER_CHECKED, .ptr = pr};
+		struct emsg m = {.type = M_PEER_CHECKED, .status = -EBUSY, .ptr = pr};
 		for (uint32_t k = 0; k < e->n_po; k++)
 			cin_push(e, k, &m);
 		return;

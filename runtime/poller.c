@@ -280,16 +280,26 @@ static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
 
 static void conn_stale(struct poller *po, struct conn *c);
 
-/* Ask the control lcore for a handshake with @p pr unless one runs (PENDING) or this poller
- * asked and has not heard the outcome yet (an M_PEER_* message clears the mark). */
+/* Ask the control lcore for a handshake with @p pr (a connection went stale, or a retry is
+ * owed); unless one runs (PENDING), in which case its result answers. A request that could not
+ * be queued (inbox full), or that the control lcore refused as a duplicate of an epoch check
+ * (M_PEER_CHECKED with -EBUSY), leaves the peer's bit in hs_retry: xf_conn() and rehs_scan()
+ * ask again. Nothing else asks, so a cold peer gets the app thread's one handshake. */
 static void hs_ask(struct poller *po, struct peer *pr)
 {
 	uint32_t i = (uint32_t)(pr->id - 1);
 	uint64_t bit = 1ull << (i % 64);
-	if ((po->hs_asked[i / 64] & bit) || atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_PENDING)
+	po->hs_retry[i / 64] |= bit;
+	if (atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_PENDING)
 		return;
 	if (eng_hs_request(po->e, po->ib, pr) == 0)
-		po->hs_asked[i / 64] |= bit; /* else (-ENOBUFS: inbox full) asked again later */
+		po->hs_retry[i / 64] &= ~bit;
+}
+
+static bool hs_retry_owed(const struct poller *po, const struct peer *pr)
+{
+	uint32_t i = (uint32_t)(pr->id - 1);
+	return po->hs_retry[i / 64] & (1ull << (i % 64));
 }
 
 static void conn_bind(struct xf *x, struct conn *c)
@@ -327,8 +337,8 @@ static int xf_conn(struct poller *po, struct xf *x)
 		return -1;
 	}
 	bool n_stale = n && atomic_load_explicit(&n->stale, memory_order_acquire);
-	if (!n || n_stale)
-		hs_ask(po, x->peer); /* the first request was refused (-EBUSY) or could not be queued */
+	if ((!n || n_stale) && hs_retry_owed(po, x->peer))
+		hs_ask(po, x->peer); /* a request was refused (-EBUSY) or could not be queued */
 	if (!n || n == c || n_stale)
 		return 0;
 	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = n->epoch, .bound = c != NULL,
@@ -708,7 +718,11 @@ static void handle_cin(struct poller *po, struct emsg *m)
 		handle_notify(po, m);
 		return;
 	}
-	po->hs_asked[(pr->id - 1) / 64] &= ~(1ull << ((pr->id - 1) % 64)); /* answered */
+	uint64_t bit = 1ull << ((pr->id - 1) % 64);
+	if (m->type == M_PEER_CHECKED && m->status == -EBUSY)
+		po->hs_retry[(pr->id - 1) / 64] |= bit; /* refused as a duplicate of an epoch check */
+	else if (m->type != M_PEER_CHECKED)
+		po->hs_retry[(pr->id - 1) / 64] &= ~bit; /* a handshake ended: no retry owed */
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
@@ -774,7 +788,8 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 static void rehs_scan(struct poller *po)
 {
 	for (struct conn *c = po->plist; c; c = c->link[po->k].next)
-		if (atomic_load_explicit(&c->stale, memory_order_relaxed) && conn_lookup(po, c->pr) == c)
+		if (atomic_load_explicit(&c->stale, memory_order_relaxed) && hs_retry_owed(po, c->pr) &&
+		    conn_lookup(po, c->pr) == c)
 			hs_ask(po, c->pr);
 }
 
