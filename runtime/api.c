@@ -76,7 +76,7 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 	memcpy(x->tid, tid, tl + 1);
 	x->lf.kind = kind;
 	x->peer = pr;
-	x->hs_after = pr ? atomic_load_explicit(&pr->hs_ends, memory_order_acquire) : 0;
+	x->lf.hs_after = pr ? atomic_load_explicit(&pr->hs_ends, memory_order_acquire) : 0;
 	x->n = n;
 	x->consumer_tp = consumer_tp;
 	x->lf.start_ns = kvx_now_ns();

@@ -175,7 +175,7 @@ struct lgate {
 };
 
 /* The transfer object, one per transfer, from a pool preallocated at start. Writers:
- *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, hs_after, reg, next_free: the app
+ *  - tid .. consumer_tp, lf.kind, lf.start_ns, lf.hs_after, gen, reg, next_free: the app
  *    thread, at submission (before the M_SUBMIT ring enqueue that hands the object to its
  *    poller) and when the last completion gives it back.
  *  - layer_done: the owning poller (release stores); the app thread reads.
@@ -196,8 +196,6 @@ struct xf {
 	 * in the registry entry (api.c cpl_stage()). */
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
 	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
-	uint64_t hs_after; /* app thread, at submission: the peer's hs_ends then (a handshake
-			    * failure counts for this transfer only if it ended later) */
 	struct kvx_xfer *reg; /* app thread: its registry entry (live until the last completion) */
 	/* Poller-owned. */
 	struct kvx_xfer *t; /* its entry in the poller's table (NULL for a consumer READ) */

@@ -326,15 +326,20 @@ static int xf_conn(struct poller *po, struct xf *x)
 		return 1;
 	struct conn *n = conn_lookup(po, x->peer);
 	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
-	if (!n && !c && hs == HS_FAILED &&
-	    atomic_load_explicit(&x->peer->hs_ends, memory_order_acquire) > x->hs_after) {
-		/* A handshake that ended after its submission failed and it has no connection
-		 * (the failure can reach this poller before the submission: M_PEER_FAILED then
-		 * found no transfer to fail). */
+	if (!n && !c && hs == HS_FAILED) {
+		/* No connection and the peer's last handshake failed (the failure can reach this
+		 * poller before the submission: M_PEER_FAILED then found no transfer to fail); the
+		 * step tells whether it ended after this transfer's submission. */
 		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = true,
-						 .error = err < 0 ? err : -ECONNREFUSED});
-		return -1;
+		struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true,
+					 .error = err < 0 ? err : -ECONNREFUSED,
+					 .hs_ends = atomic_load_explicit(&x->peer->hs_ends, memory_order_acquire)};
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+		if (o.act & KVX_XFER_DO_REPORT) {
+			apply(po, x, &o);
+			return -1;
+		}
 	}
 	bool n_stale = n && atomic_load_explicit(&n->stale, memory_order_acquire);
 	if ((!n || n_stale) && hs_retry_owed(po, x->peer))
@@ -728,10 +733,9 @@ static void handle_cin(struct poller *po, struct emsg *m)
 		uint32_t before = po->n_live;
 		if (x->peer == pr && !x->lf.reported) {
 			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
-			/* A failure counts only for transfers submitted before that handshake ended. */
-			if (m->type == M_PEER_FAILED && x->hs_after < m->u64)
-				step(po, x,
-				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound, .error = m->status});
+			if (m->type == M_PEER_FAILED)
+				step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound,
+								 .error = m->status, .hs_ends = m->u64});
 			else
 				progress(po, x);
 		}

@@ -134,6 +134,7 @@ struct kvx_life {
 	uint32_t ops_out;   /* op batches in flight */
 	uint32_t next_layer; /* D READ: layers posted so far */
 	uint64_t start_ns;  /* submission time (app thread clock) */
+	uint64_t hs_after;  /* the peer's count of finished handshakes at submission (app thread) */
 	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
 	/* The peer's incarnation (docs/protocol.md §6 item 18), decided by kvx_xfer_step() from
 	 * the connection facts the poller feeds in (PEER_CONNECTED, PEER_EPOCH, OP_FAILED). */
@@ -217,7 +218,9 @@ enum kvx_xfer_ev_type {
 	 * terminal, tell an aborting D that writes are over, then release the blocks. */
 	KVX_XFER_EV_WRITE_SETTLE = 7,
 	/* The handshake with the peer failed while the transfer has no usable connection: a D
-	 * READ or P WRITE fails (released once its ops are terminal); others keep waiting. */
+	 * READ or P WRITE fails (released once its ops are terminal); others keep waiting. A
+	 * handshake that ended before the submission (`hs_ends` <= lf.hs_after: the one this
+	 * transfer asked for is still to come) changes nothing. */
 	KVX_XFER_EV_PEER_FAILED = 8,
 	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
 	KVX_XFER_EV_FENCED = 9,
@@ -278,6 +281,7 @@ struct kvx_xfer_ev {
 	uint32_t producer_tp;
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
+	uint64_t hs_ends;             /* PEER_FAILED: the peer's count of finished handshakes, this one included */
 	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED, OP_FAILED: the cause */
 	bool ep_dead;                 /* OP_FAILED: the op's endpoint is in error state */
 	bool moved;                   /* OP_FAILED, PEER_CONNECTED: bytes of the transfer landed */

@@ -525,6 +525,10 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 	case KVX_XFER_EV_PEER_FAILED:
 		if (lf->reported)
 			return;
+		if (ev->hs_ends <= lf->hs_after) {
+			o->act = KVX_XFER_DO_PROGRESS;
+			return;
+		}
 		if (ev->unbound && (lf->kind == KVX_XFER_K_READ || lf->kind == KVX_XFER_K_WRITE))
 			out_set(o, KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_FAILED,
 				ev->error ? ev->error : -ECONNREFUSED);

@@ -252,7 +252,8 @@ Test(runtime_faults, g_handshake_failure_fails_only_unbound_movers)
 	/* The handshake with the peer failed: a D READ / P WRITE without a usable connection fails
 	 * with the handshake's errno (released when no op is in flight); one still bound, or a
 	 * kind that moves nothing, keeps going. */
-	struct kvx_xfer_ev failed = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = -EHOSTUNREACH};
+	struct kvx_xfer_ev failed = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = -EHOSTUNREACH,
+				     .hs_ends = 3};
 	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
 	struct kvx_xfer_out o = step(NULL, NULL, &lf, failed);
 	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
@@ -268,6 +269,14 @@ Test(runtime_faults, g_handshake_failure_fails_only_unbound_movers)
 	lf = (struct kvx_life){.kind = KVX_XFER_K_READ};
 	failed.unbound = false;
 	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
+	/* A failure of a handshake that ended before the submission (the third of the peer's
+	 * handshakes, submitted after it) is not this transfer's: it waits for the one it asked for. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .hs_after = 3};
+	failed.unbound = true;
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
+	cr_assert_not(lf.failed);
+	failed.hs_ends = 4;
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 }
 
 Test(runtime_faults, h_consumer_extra_block_pairs_by_position)
