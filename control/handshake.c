@@ -359,7 +359,10 @@ void ctl_job_on_readable(struct kvx_ctl *ctl, struct hs_job *j)
 			return;
 		}
 		if (ph == HS_LAYERS) {
-			if (j->p.make_blob) {
+			/* kvx_connect goes only to a kvxfer listener (kvx_ keys in its metadata): a
+			 * stock MoRIIO/MoRI listener accepts nothing but get_meta_msg, so its rank
+			 * completes here without blob B and the caller decides (issue 14). */
+			if (j->p.make_blob && r->meta.has_kvx) {
 				size_t la = 0;
 				uint8_t *blob = ctl->txbuf + 1024;
 				rc = j->p.make_blob(j->p.arg, r->dp_rank, &r->meta, blob,

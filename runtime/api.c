@@ -76,7 +76,11 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 	memcpy(x->tid, tid, tl + 1);
 	x->lf.kind = kind;
 	x->peer = pr;
-	x->lf.hs_after = pr ? atomic_load_explicit(&pr->hs_ends, memory_order_acquire) : 0;
+	/* A handshake asked for since the peer's last outcome (app_asked) is still to answer: only
+	 * an outcome after this one can fail the transfer. Else (none asked: a stock MoRIIO
+	 * peer's stored failure) the stored outcome counts. */
+	uint64_t ends = pr ? atomic_load_explicit(&pr->hs_ends, memory_order_acquire) : 0;
+	x->lf.hs_after = pr && pr->app_asked == ends ? ends : 0;
 	x->n = n;
 	x->consumer_tp = consumer_tp;
 	x->lf.start_ns = kvx_now_ns();
@@ -94,6 +98,8 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 	}
 	e->xfree = next_free;
 	r->user = x;
+	if (pr)
+		pr->n_live++; /* not evictable while it has live transfers (peer.c peer_slot()) */
 	return 0;
 }
 
@@ -344,6 +350,8 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 			}
 			x->next_free = e->xfree; /* the object is free for the next submission */
 			e->xfree = x->slot + 1;
+			if (x->peer && !--x->peer->n_live)
+				x->peer->idle_since = kvx_now_ns();
 		}
 	}
 	if (e->metrics)

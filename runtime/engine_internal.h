@@ -51,8 +51,11 @@ struct emsg {
 	void *ptr;      /* peer*, malloc'ed block ids */
 	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) / the peer's hs_ends
 			 * after the handshake that ended (M_PEER_READY, M_PEER_FAILED) */
+	uint64_t key;   /* the named sender (kvx_xfer_sender_key()), 0 for a MoRIIO sender */
+	int32_t err;    /* kvx_failed: the producer's error */
+	uint32_t fst;   /* kvx_failed: the producer's status */
 	char tid[KVX_ENGINE_ID_MAX];
-	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
+	uint8_t pad[256 - 48 - KVX_ENGINE_ID_MAX];
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
@@ -111,7 +114,9 @@ struct conn;
  *  - bytes, ops, transfers, failures: counters, relaxed adds by the pollers; read by any. */
 struct peer {
 	struct kvx_engine *e;
-	uint64_t id; /* key in the engine's RCU table of connections */
+	/* Key in the engine's RCU table of connections; the app thread gives a reused slot a new
+	 * one (atomic: a poller may read it for an entry of its terminal LRU meanwhile). */
+	_Atomic uint64_t id;
 	char host[KVX_ENGINE_HOST_MAX];
 	uint16_t hs_port, notify_port;
 	uint32_t dp_rank, dp_size_local, tp_size;
@@ -124,6 +129,13 @@ struct peer {
 	atomic_int hs_state; /* enum hs_state; control thread */
 	atomic_int hs_error; /* control thread: the failed handshake's errno, stored before HS_FAILED */
 	_Atomic uint64_t hs_ends; /* control thread: handshake jobs ended (results stored) */
+	/* Handshake requests not answered yet: +1 by the requester before it queues one
+	 * (eng_hs_request()), -1 by the control thread after the request's on_done. Eviction
+	 * (app thread, peer_slot()) raises `evicting` and then needs this at 0, while a requester
+	 * raises the count and then backs off if `evicting` is set (seq_cst both ways: one of
+	 * them sees the other), so no request reaches the control lcore for a forgotten slot. */
+	_Atomic uint32_t hs_inflight;
+	atomic_bool evicting; /* app thread */
 	uint64_t app_asked;  /* app thread: hs_ends when it last asked, UINT64_MAX never */
 	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
@@ -134,6 +146,21 @@ struct peer {
 	 * saw (0: failed) and then the number of the finished job in check_done (release). */
 	atomic_bool check_busy;
 	_Atomic uint64_t check_started, check_done, checked_epoch;
+	/* A kvxfer engine (its handshake metadata had kvx_ keys, or it named itself in a message):
+	 * it may be sent kvx_failed / kvx_status_query. Set (relaxed, never cleared) by the control
+	 * thread (handshake) and the pollers (notifications). */
+	atomic_bool is_kvx;
+	/* A stock MoRIIO/MoRI worker (its metadata had no kvx_ keys): data never moves to or from
+	 * it. Control thread (handshake result), read by any. */
+	atomic_bool is_moriio;
+	/* Eviction (params.peer_idle_ms): n_live, idle_since and evicted are the app thread's
+	 * (submissions and the last completion of each transfer); n_conns counts this peer's
+	 * connections not yet destroyed (conn_build: control thread; eng_conn_destroy: the
+	 * destroying thread), so an evicted slot is reused only once the last one is gone. */
+	uint32_t n_live;
+	uint64_t idle_since;
+	bool evicted;
+	_Atomic uint32_t n_conns;
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
 
@@ -229,7 +256,7 @@ struct poller {
 	struct conn *plist; /* connections with ops outstanding on link k */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
-	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer id-1: a handshake request is owed (poller.c hs_ask()) */
+	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 
@@ -250,6 +277,8 @@ struct kvx_engine {
 	char host[KVX_ENGINE_HOST_MAX];
 	char transport[16];
 	char lcores[128];
+	char self_id[KVX_ENGINE_HOST_MAX + 8]; /* app thread at start: "host:hs_port", our engine id in acks */
+	uint64_t self_epoch;                   /* app thread at start: this incarnation's epoch */
 	char proxy[128], http[128];
 	bool started, stopped;
 	uint32_t n_layers;
@@ -274,6 +303,7 @@ struct kvx_engine {
 	struct kvx_xfer_table *reg;
 	struct peer peers[KVX_ENGINE_MAX_PEERS];
 	uint32_t n_peers;
+	uint64_t next_peer_id;    /* ids of reused peer slots (> KVX_ENGINE_MAX_PEERS) */
 	struct xf *xpool;         /* Array[max_transfers] */
 	uint32_t xfree;           /* free list head, index+1 */
 	uint32_t *arena;          /* block ids: Array[max_transfers * 2 * max_blocks], mmap'ed */

@@ -38,7 +38,9 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 	 * a legacy plain id is a release on P and a write completion on D. */
 	if (t == KVX_MSG_COMPLETION)
 		t = producer ? KVX_MSG_RELEASE : KVX_MSG_WRITE_DONE;
-	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE) : t == KVX_MSG_WRITE_DONE;
+	/* kvxfer peers add: kvx_failed (P -> D) and kvx_status_query (D -> P). */
+	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE || t == KVX_MSG_STATUS_QUERY)
+			   : (t == KVX_MSG_WRITE_DONE || t == KVX_MSG_FAILED);
 	if (!ok || strlen(msg->transfer_id) >= KVX_ENGINE_ID_MAX || !msg->transfer_id[0]) {
 		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
@@ -60,6 +62,15 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 		m.u64 = msg->sender_epoch; /* the allocating incarnation, 0 from a MoRIIO peer */
 	} else {
 		m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
+	}
+	if (msg->sender_id[0] && msg->sender_rank >= 0)
+		m.key = kvx_xfer_sender_key(msg->sender_id, (uint32_t)msg->sender_rank, msg->sender_epoch);
+	if (t == KVX_MSG_FAILED) {
+		m.fst = msg->fail_status;
+		m.err = msg->fail_error;
+		kvx_log(KVX_LOG_WARN, "engine: transfer %s: producer %s rank %lld ended it (%s): %s", msg->transfer_id,
+			msg->sender_id, (long long)msg->sender_rank, kvx_strerror(msg->fail_error),
+			msg->reason[0] ? msg->reason : "no reason given");
 	}
 	cin_push(e, eng_tid_poller(e, m.tid), &m);
 }
@@ -260,6 +271,7 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
  * once the control lcore is stopped. */
 void eng_conn_destroy(struct conn *c)
 {
+	atomic_fetch_sub_explicit(&c->pr->n_conns, 1, memory_order_release); /* see struct peer */
 	for (uint32_t l = 0; l < c->n_links; l++) {
 		kvx_xport_ep_destroy(c->link[l].ep); /* frees its imported regions too */
 		free(c->link[l].rmr);
@@ -432,6 +444,7 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 		return -ENOMEM;
 	c->e = e;
 	c->pr = pr;
+	atomic_fetch_add_explicit(&pr->n_conns, 1, memory_order_relaxed);
 	c->epoch = epoch;
 	c->xi = (uint32_t)xi;
 	c->n_links = e->n_po;
@@ -528,9 +541,19 @@ static void on_hs_accept(void *arg)
 	atomic_store_explicit(&pr->hs_state, HS_PENDING, memory_order_release);
 }
 
+static void hs_done(struct peer *pr, const struct kvx_ctl_hs_result *res);
+
+/* Control thread: a handshake request's one answer; after it nothing of this thread touches
+ * the peer for that request (its slot may be reused once hs_inflight is 0). */
 static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 {
 	struct peer *pr = arg;
+	hs_done(pr, res);
+	atomic_fetch_sub_explicit(&pr->hs_inflight, 1, memory_order_release);
+}
+
+static void hs_done(struct peer *pr, const struct kvx_ctl_hs_result *res)
+{
 	struct kvx_engine *e = pr->e;
 	int rc = res->status;
 	if (rc == -EBUSY) {
@@ -546,6 +569,20 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	}
 	uint64_t epoch = rc == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
 	struct conn *c = NULL;
+	if (res->num_ranks == 1 && res->ranks[0].meta) {
+		bool kvx = res->ranks[0].meta->has_kvx;
+		atomic_store_explicit(kvx ? &pr->is_kvx : &pr->is_moriio, true, memory_order_relaxed);
+		if (!kvx) {
+			/* A stock MoRIIO/MoRI worker: the handshake stopped after its two replies
+			 * (it was never sent kvx_connect); no data moves between us. */
+			rc = -EPROTONOSUPPORT;
+			kvx_log(KVX_LOG_ERROR,
+				"engine: peer %s:%u dp %u is a MoRIIO/MoRI worker (no kvx_ keys in its metadata): kvxfer "
+				"interoperates with MoRIIO on the control plane only and moves data only between "
+				"kvxfer engines",
+				pr->host, pr->hs_port, pr->dp_rank);
+		}
+	}
 	if (rc == 0)
 		rc = hetero_tp_guard(pr);
 	if (rc == 0 && res->num_ranks == 1)
@@ -623,7 +660,15 @@ int eng_hs_request(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *
 	hp.make_blob = make_blob;
 	hp.on_accept = on_hs_accept;
 	hp.on_done = on_hs_done;
-	return kvx_ctl_handshake_start(ib, &hp);
+	atomic_fetch_add_explicit(&pr->hs_inflight, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&pr->evicting, memory_order_seq_cst)) {
+		atomic_fetch_sub_explicit(&pr->hs_inflight, 1, memory_order_release);
+		return -ENOENT; /* being forgotten (peer_slot()) */
+	}
+	rc = kvx_ctl_handshake_start(ib, &hp);
+	if (rc)
+		atomic_fetch_sub_explicit(&pr->hs_inflight, 1, memory_order_release);
+	return rc;
 }
 
 /* Start the peer's epoch check unless one runs or a handshake runs (both dial host:port). */
@@ -646,6 +691,68 @@ void eng_epoch_check_start(struct poller *po, struct peer *pr)
 		if (kvx_ctl_handshake_start(po->ib, &hp))
 			atomic_store_explicit(&pr->check_busy, false, memory_order_release); /* retried */
 	}
+}
+
+/* App thread: a fresh slot with a new id (the connection table keys on it). */
+static struct peer *peer_reset(struct kvx_engine *e, struct peer *pr, uint64_t id)
+{
+	memset(pr, 0, sizeof(*pr)); /* nothing refers to the slot any more (peer_slot()) */
+	pr->e = e;
+	atomic_store_explicit(&pr->id, id, memory_order_relaxed);
+	return pr;
+}
+
+/* App thread: a slot for a new peer identity. A never-used slot; else one whose peer was
+ * forgotten earlier and whose last connection is destroyed (no pointer to the slot is left:
+ * the connection was taken out of the RCU table, a grace period passed, its last reference
+ * was dropped); else forget the peer idle longest, if for more than params.peer_idle_ms with
+ * no live transfer and no handshake or epoch check running: its connection leaves the table
+ * now, and the slot is reused here once that connection is gone (at once if it had none).
+ * NULL: nothing evictable yet (the caller's -ENOBUFS is retryable). */
+static struct peer *peer_slot(struct kvx_engine *e)
+{
+	if (e->n_peers < KVX_ENGINE_MAX_PEERS) {
+		struct peer *pr = &e->peers[e->n_peers];
+		e->n_peers++;
+		return peer_reset(e, pr, e->n_peers);
+	}
+	if (e->next_peer_id <= KVX_ENGINE_MAX_PEERS)
+		e->next_peer_id = KVX_ENGINE_MAX_PEERS + 1;
+	for (uint32_t i = 0; i < e->n_peers; i++) {
+		struct peer *q = &e->peers[i];
+		if (q->evicted && atomic_load_explicit(&q->n_conns, memory_order_acquire) == 0)
+			return peer_reset(e, q, e->next_peer_id++);
+	}
+	uint64_t now = kvx_now_ns(), limit = ms_ns(e->p.peer_idle_ms);
+	struct peer *old = NULL;
+	for (uint32_t i = 0; i < e->n_peers; i++) {
+		struct peer *q = &e->peers[i];
+		if (q->evicted || q->n_live || (e->p.peer_idle_ms && now - q->idle_since <= limit) ||
+		    atomic_load_explicit(&q->check_busy, memory_order_acquire))
+			continue;
+		if (!old || q->idle_since < old->idle_since)
+			old = q;
+	}
+	if (!old)
+		return NULL;
+	/* No thread asks for a handshake with it from here on (eng_hs_request() backs off), and
+	 * none is queued or running (hs_inflight; PENDING is covered by it). */
+	atomic_store_explicit(&old->evicting, true, memory_order_seq_cst);
+	if (atomic_load_explicit(&old->hs_inflight, memory_order_seq_cst) ||
+	    atomic_load_explicit(&old->hs_state, memory_order_acquire) == HS_PENDING) {
+		atomic_store_explicit(&old->evicting, false, memory_order_relaxed);
+		return NULL;
+	}
+	old->evicted = true;
+	kvx_log(KVX_LOG_INFO, "engine: forgetting idle peer %s:%u dp %u (slot needed)", old->host, old->hs_port,
+		old->dp_rank);
+	kvx_rcu_register();
+	int drc = kvx_rcu_table_del_u64(e->conns, atomic_load_explicit(&old->id, memory_order_relaxed));
+	kvx_rcu_unregister();
+	(void)drc; /* -ENOENT: it never had a connection */
+	if (atomic_load_explicit(&old->n_conns, memory_order_acquire) == 0)
+		return peer_reset(e, old, e->next_peer_id++);
+	return NULL;
 }
 
 struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp, bool handshake, int *rc)
@@ -673,7 +780,7 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 	struct peer *pr = NULL;
 	for (uint32_t i = 0; i < e->n_peers && !pr; i++) {
 		struct peer *q = &e->peers[i];
-		if (strcmp(q->host, pp->host) || q->hs_port != pp->handshake_port || q->notify_port != pp->notify_port ||
+		if (q->evicted || strcmp(q->host, pp->host) || q->hs_port != pp->handshake_port || q->notify_port != pp->notify_port ||
 		    q->dp_rank != pp->dp_rank || q->dp_size_local != pp->dp_size_local || q->tp_size != pp->tp_size ||
 		    q->n_pods != pp->num_remote_hosts)
 			continue;
@@ -684,14 +791,19 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 			pr = q;
 	}
 	if (!pr) {
-		if (e->n_peers == KVX_ENGINE_MAX_PEERS) {
-			kvx_log(KVX_LOG_ERROR, "engine: more than %d peers", KVX_ENGINE_MAX_PEERS);
+		pr = peer_slot(e);
+		if (!pr) {
+			uint64_t supp = 0;
+			if (kvx_ratelimit_ok(&e->rl_nobufs, &supp))
+				kvx_log(KVX_LOG_ERROR,
+					"engine: %d peers known, none idle for params.peer_idle_ms (%u ms) or done "
+					"draining: peer %s:%u refused with -ENOBUFS, retry later (%llu more refusals "
+					"not logged)",
+					KVX_ENGINE_MAX_PEERS, e->p.peer_idle_ms, pp->host, pp->handshake_port,
+					(unsigned long long)supp);
 			*rc = -ENOBUFS;
 			return NULL;
 		}
-		pr = &e->peers[e->n_peers];
-		pr->e = e;
-		pr->id = e->n_peers + 1;
 		strcpy(pr->host, pp->host);
 		pr->hs_port = pp->handshake_port;
 		pr->notify_port = pp->notify_port;
@@ -705,13 +817,15 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 			pr->pod_ptr[k] = pr->pod_host[k];
 		}
 		/* Published to the pollers by the ring enqueue of the first submission naming it. */
-		e->n_peers++;
 	}
 	/* Ask once per handshake outcome: hs_ends moves when a job ends, so a request still
 	 * on its way to the control lcore is not repeated by the next submission. */
 	int st = atomic_load_explicit(&pr->hs_state, memory_order_acquire);
 	uint64_t ends = atomic_load_explicit(&pr->hs_ends, memory_order_acquire);
-	if (handshake && (st == HS_IDLE || st == HS_FAILED) && pr->app_asked != ends) {
+	/* A stock MoRIIO worker is not asked again: its transfers fail with the stored error. */
+	if (handshake &&
+	    (st == HS_IDLE || (st == HS_FAILED && !atomic_load_explicit(&pr->is_moriio, memory_order_relaxed))) &&
+	    pr->app_asked != ends) {
 		*rc = eng_hs_request(e, e->app_ib, pr);
 		if (*rc)
 			return NULL;

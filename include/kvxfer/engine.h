@@ -115,7 +115,9 @@ extern "C" {
 #define KVX_ENGINE_MAX_LAYERS 512
 /** Most polling lcores reported by kvx_engine_get_stats(). */
 #define KVX_ENGINE_MAX_POLLERS 16
-/** Most peers reported by kvx_engine_get_stats() (and distinct peers per engine). */
+/** Most peers reported by kvx_engine_get_stats() and known at once per engine; a peer idle for
+ * params.peer_idle_ms is forgotten when its slot is needed, so more distinct peers are served
+ * over time. */
 #define KVX_ENGINE_MAX_PEERS 64
 /** Most per-pod hosts of one peer (struct kvx_engine_peer.remote_hosts). */
 #define KVX_ENGINE_MAX_PODS 16
@@ -191,6 +193,14 @@ struct kvx_engine_params {
 	                                    expected when dialling HOST). Peers must use it too.
 	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
 	                                    warning is logged when the ports are not loopback-only. */
+	uint32_t peer_idle_ms;         /**< A peer worker with no live transfer for longer than this,
+	                                    ms, may be forgotten (its connection closed) when its slot
+	                                    is needed for a new peer; the slot is reused once no
+	                                    reference to the old connection remains (after an RCU grace
+	                                    period), so a submission naming a new peer while every
+	                                    slot is busy or still draining gets -ENOBUFS and may be
+	                                    retried. Default 60000; 0 = as soon as it has none. A
+	                                    forgotten peer named again is handshaken again. */
 };
 
 /** A KV layer to register (docs/protocol.md §4.1). */

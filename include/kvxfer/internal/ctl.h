@@ -45,9 +45,10 @@ struct kvx_ctl_inbox; /**< One producer thread's lock-free channel into the cont
 
 /**
  * Inbound notification handler (runs on the control thread). Called once per accepted message,
- * after validation and after the terminal-LRU filter: a message of ANY type whose transfer id
- * was marked terminal (kvx_ctl_mark_terminal()) is counted in `dropped_terminal` and not
- * delivered. Mark a READ transfer terminal only after its last expected `release` (fan-in,
+ * after validation and after the terminal-LRU filter: a message whose transfer id was marked
+ * terminal (kvx_ctl_mark_terminal()) is counted in `dropped_terminal` and not delivered, except
+ * a kvxfer peer's `kvx_status_query` and its `remote_blocks` naming an epoch (`kvx_epoch`),
+ * which the engine answers from its record of the finished transfer. Mark a READ transfer terminal only after its last expected `release` (fan-in,
  * kvx_ctl_expected_acks()), or later ACKs are dropped. @p msg and its block_ids are valid only
  * during the call: copy what you keep. Must not block (forward into your own ring).
  */
@@ -117,7 +118,7 @@ struct kvx_ctl_hs_params {
 	const uint32_t *ranks;             /**< Array[num_ranks] of DP ranks to dial (each < dp_size), or NULL = all, in order. */
 	uint32_t num_ranks;                /**< Entries in ranks (ignored when ranks is NULL), <= 4096. */
 	uint32_t timeout_ms;               /**< Whole-job deadline from when the job STARTS running, ms; 0 = KVX_CTL_DEFAULT_HANDSHAKE_MS. */
-	kvx_ctl_blob_fn make_blob;         /**< Blob A producer; NULL = no connection setup (MoRIIO-only peer). */
+	kvx_ctl_blob_fn make_blob;         /**< Blob A producer; NULL = no connection setup (MoRIIO-only peer). Called only for a listener whose metadata has the kvx_ keys: a stock MoRIIO/MoRI listener is never sent kvx_connect, its rank completes with blob_b NULL. */
 	kvx_ctl_hs_done_fn on_done;        /**< Completion; not NULL. Called exactly once per accepted job. */
 	void (*on_accept)(void *arg);      /**< Optional: called on the control thread when the job is accepted (not a duplicate, see kvx_ctl_handshake_start()), before it can start or end; lets the caller's control-thread state say "a job runs". NULL = none. */
 	void *arg;                         /**< Passed to make_blob and on_done. */
@@ -384,7 +385,7 @@ int kvx_ctl_mark_live(struct kvx_ctl_inbox *ib, const char *transfer_id,
 /**
  * Start an asynchronous handshake with a remote engine: for each requested remote DP rank, in
  * order, dial `host(rank):base + port_offset(fold(rank), tp_rank, tp_size)`, send
- * `get_meta_msg`, receive and decode (a) and (b), then (if make_blob) exchange blob A/B. The
+ * `get_meta_msg`, receive and decode (a) and (b), then (if make_blob and the listener is a kvxfer engine) exchange blob A/B. The
  * job's deadline starts when the control lcore STARTS it (jobs beyond max_active_handshakes
  * queue without consuming their deadline). on_done is called exactly once, with status 0 only
  * if every rank completed.
