@@ -72,6 +72,7 @@ void ctl_notify_send(struct kvx_ctl *ctl, struct slot *s)
 	}
 	n->used_ns = kvx_now_ns();
 	CINC(ctl, notify_tx);
+	CINC(ctl, notify_tx_type[s->mtype < KVX_CTL_MSG_TYPES ? s->mtype : 0]);
 }
 
 void ctl_terminal_add(struct kvx_ctl *ctl, const char *tid)
@@ -152,6 +153,8 @@ int ctl_notify_recv(struct kvx_ctl *ctl)
 				atomic_fetch_add_explicit(&ps->dropped, 1, memory_order_relaxed);
 			} else {
 				CINC(ctl, notify_rx);
+				if ((unsigned)m->type < KVX_CTL_MSG_TYPES)
+					CINC(ctl, notify_rx_type[m->type]);
 				if (ctl->p.on_notify)
 					ctl->p.on_notify(ctl->p.notify_arg, m);
 			}

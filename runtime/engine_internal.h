@@ -233,6 +233,7 @@ struct xf {
 	struct lgate *gate;      /* Array[n_layers] */
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
 	uint64_t fence_ticket;
+	uint64_t first_layer_ns; /* when the first layer's ops completed; stale (< lf.start_ns) until then */
 	uint64_t bytes;
 	uint32_t next_free; /* app thread free list */
 };

@@ -120,6 +120,7 @@ void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *
 	c->c.error = error;
 	c->c.bytes = x->bytes;
 	c->c.duration_ns = kvx_now_ns() - x->lf.start_ns;
+	c->c.first_layer_ns = x->first_layer_ns > x->lf.start_ns ? x->first_layer_ns - x->lf.start_ns : 0;
 	c->xf = (void *)x;
 	c->last = last;
 }
@@ -752,6 +753,8 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 			conn_stale(po, cn);
 	}
 	if (x->layer_batches[layer] == 0 && !x->lf.failed && !x->lf.await_peer) {
+		if (x->first_layer_ns <= x->lf.start_ns) /* first whole layer of this submission */
+			x->first_layer_ns = kvx_now_ns();
 		if (x->lf.kind == KVX_XFER_K_READ) {
 			/* Per-layer barrier: release pairs with the acquire in kvx_xfer_layer_poll(). */
 			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);

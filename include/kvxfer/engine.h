@@ -191,6 +191,8 @@ struct kvx_engine_params {
 	                                    DIR/allowed/NAME.key = public keys of the peers allowed to
 	                                    connect; allowed/HOST.key or the only key there is the key
 	                                    expected when dialling HOST). Peers must use it too.
+	                                    allowed/ is read again when files are added, removed
+	                                    or renamed there, so keys count without a restart.
 	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
 	                                    warning is logged when the ports are not loopback-only. */
 	uint32_t peer_idle_ms;         /**< A peer worker with no live transfer for longer than this,
@@ -296,6 +298,10 @@ struct kvx_completion {
 	int error;                            /**< 0, or the negative errno behind FAILED/TIMED_OUT. */
 	uint64_t bytes;                       /**< Bytes moved by this engine for the transfer. */
 	uint64_t duration_ns;                 /**< Submission to terminal state, ns. */
+	uint64_t first_layer_ns;              /**< Submission to the first layer whose ops all completed
+	                                           on this engine (READ: landed here; WRITE: written), ns;
+	                                           0 when this engine moved no whole layer (a producer
+	                                           serving READs, a transfer that failed first). */
 };
 
 /** Per polling lcore statistics. */
