@@ -460,6 +460,8 @@ void ctl_job_enqueue(struct kvx_ctl *ctl, struct hs_job *j)
 		job_free(j);
 		return;
 	}
+	if (j->p.on_accept)
+		j->p.on_accept(j->p.arg);
 	j->next = NULL;
 	if (ctl->hs_queue_tail)
 		ctl->hs_queue_tail->next = j;

@@ -76,6 +76,11 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 	memcpy(x->tid, tid, tl + 1);
 	x->lf.kind = kind;
 	x->peer = pr;
+	/* A handshake asked for since the peer's last outcome (app_asked) is still to answer: only
+	 * an outcome after this one can fail the transfer. Else (none asked: a stock MoRIIO
+	 * peer's stored failure) the stored outcome counts. */
+	uint64_t ends = pr ? atomic_load_explicit(&pr->hs_ends, memory_order_acquire) : 0;
+	x->lf.hs_after = pr && pr->app_asked == ends ? ends : 0;
 	x->n = n;
 	x->consumer_tp = consumer_tp;
 	x->lf.start_ns = kvx_now_ns();
@@ -251,6 +256,32 @@ KVX_API int kvx_xfer_abort(struct kvx_engine *e, const char *transfer_id)
 	return push_tid_msg(e, M_ABORT, transfer_id, 0, NULL, NULL);
 }
 
+/* Take every completion the pollers handed over (their `cpl` rings, starting where the last
+ * call started: no poller starves) into the app thread's staging queue, in order. The
+ * outcome of a transfer is stored once, here, by this thread: in its registry entry, from its
+ * KVX_CPL_TRANSFER completion (the poller only builds the completion). The transfer object
+ * stays taken until its last completion leaves the queue (kvx_engine_poll_completions()), so
+ * the queue never holds more than 2 x max_transfers entries. */
+static void cpl_stage(struct kvx_engine *e)
+{
+	for (uint32_t j = 0; j < e->n_po; j++) {
+		struct poller *po = e->po[(e->cpl_rr + j) % e->n_po];
+		while (e->stage_n < e->stage_cap) {
+			struct cmsg *c = &e->stage[(e->stage_head + e->stage_n) % e->stage_cap];
+			if (!kvx_ring_dequeue_elem_burst_sc(po->cpl, c, 1, NULL))
+				break;
+			e->stage_n++;
+			const struct xf *x = c->xf;
+			struct kvx_xfer *r = x->reg && x->reg->user == x ? x->reg : NULL;
+			if (c->c.kind == KVX_CPL_TRANSFER && r) {
+				r->final_status = (uint8_t)(1 + c->c.status);
+				r->final_error = c->c.error;
+			}
+		}
+	}
+	e->cpl_rr = e->n_po ? (e->cpl_rr + 1) % e->n_po : 0;
+}
+
 KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, uint32_t layer)
 {
 	if (!e || !transfer_id || layer >= KVX_ENGINE_MAX_LAYERS)
@@ -258,23 +289,18 @@ KVX_API int kvx_xfer_layer_poll(struct kvx_engine *e, const char *transfer_id, u
 	struct kvx_xfer *r = kvx_xfer_find(e->reg, transfer_id);
 	if (!r)
 		return -ENOENT;
-	if (r->state != KVX_XFER_S_LIVE) {
-		if (r->final_status == 1 + KVX_CPL_DONE)
+	if (r->state == KVX_XFER_S_LIVE && !r->final_status) {
+		const struct xf *x = r->user;
+		/* Acquire pairs with the release in handle_cpl(): the layer's bytes are visible. */
+		if (atomic_load_explicit(&x->layer_done[layer / 64], memory_order_acquire) & (1ull << (layer % 64)))
 			return 1;
-		return r->final_error ? r->final_error : -EIO;
+		cpl_stage(e); /* its outcome, if the poller handed it over */
 	}
-	struct xf *x = r->user;
-	/* Acquire pairs with the release in handle_cpl(): the layer's bytes are visible. */
-	if (atomic_load_explicit(&x->layer_done[layer / 64], memory_order_acquire) & (1ull << (layer % 64)))
+	if (!r->final_status)
+		return 0;
+	if (r->final_status == 1 + KVX_CPL_DONE)
 		return 1;
-	int fin = atomic_load_explicit(&x->final, memory_order_acquire);
-	if (fin == 1 + KVX_CPL_DONE)
-		return 1;
-	if (fin) {
-		int err = atomic_load_explicit(&x->final_error, memory_order_relaxed);
-		return err ? err : -EIO;
-	}
-	return 0;
+	return r->final_error ? r->final_error : -EIO;
 }
 
 KVX_API int kvx_xfer_layer_wait(struct kvx_engine *e, const char *transfer_id, uint32_t layer, uint32_t timeout_ms)
@@ -309,40 +335,29 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 {
 	if (!e || !out || !e->started)
 		return 0;
+	cpl_stage(e);
 	size_t got = 0;
-	struct cmsg c;
-	/* Every poller's ring, starting where the last call stopped (no poller starves). */
-	for (uint32_t j = 0; j < e->n_po && got < n; j++) {
-		struct poller *po = e->po[(e->cpl_rr + j) % e->n_po];
-		while (got < n && kvx_ring_dequeue_elem_burst_sc(po->cpl, &c, 1, NULL)) {
-			out[got++] = c.c;
+	while (got < n && e->stage_n) {
+		const struct cmsg *c = &e->stage[e->stage_head];
+		e->stage_head = (e->stage_head + 1) % e->stage_cap;
+		e->stage_n--;
+		out[got++] = c->c;
+		if (c->last) {
 			/* The registry entry stays live (not evictable) until the last completion: the
 			 * object's app-side pointer to it is valid here, no lookup by id. */
-			struct xf *x = c.xf;
+			struct xf *x = c->xf;
 			struct kvx_xfer *r = x->reg && x->reg->user == x ? x->reg : NULL;
-			if (c.c.kind == KVX_CPL_TRANSFER && r) {
-				r->final_status = (uint8_t)(1 + c.c.status);
-				r->final_error = c.c.error;
+			if (r) {
+				r->user = NULL;
+				kvx_xfer_make_terminal(e->reg, r);
 			}
-			if (c.last) {
-				if (r) {
-					r->user = NULL;
-					kvx_xfer_make_terminal(e->reg, r);
-				}
-				x->next_free = e->xfree; /* the object is free for the next submission */
-				e->xfree = x->slot + 1;
-				if (x->peer && !--x->peer->n_live)
-					x->peer->idle_since = kvx_now_ns();
-			}
+			x->next_free = e->xfree; /* the object is free for the next submission */
+			e->xfree = x->slot + 1;
+			if (x->peer && !--x->peer->n_live)
+				x->peer->idle_since = kvx_now_ns();
 		}
 	}
-	e->cpl_rr = e->n_po ? (e->cpl_rr + 1) % e->n_po : 0;
 	if (e->metrics)
 		kvx_metrics_on_poll(e->metrics, e, e->ctl, out, got, kvx_xfer_live_count(e->reg), false);
 	return got;
-}
-
-void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers)
-{
-	atomic_store_explicit(&e->test_hold_layers, on ? n_layers : UINT32_MAX, memory_order_relaxed);
 }

@@ -173,7 +173,6 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		free(e);
 		return rc;
 	}
-	atomic_init(&e->test_hold_layers, UINT32_MAX);
 	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (e->ctl_efd < 0) {
 		rc = -errno;
@@ -343,10 +342,12 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	e->xpool = calloc(mt, sizeof(*e->xpool));
 	e->lb_pool = calloc(mt * nlay, sizeof(*e->lb_pool));
 	e->gate_pool = calloc(mt * nlay, sizeof(*e->gate_pool));
+	e->stage_cap = 2 * (uint32_t)mt;
+	e->stage = calloc(e->stage_cap, sizeof(*e->stage));
 	e->arena_bytes = mt * 2 * (size_t)e->p.max_blocks * sizeof(uint32_t);
 	void *ar = mmap(NULL, e->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	e->arena = ar == MAP_FAILED ? NULL : ar;
-	if (!e->xpool || !e->lb_pool || !e->gate_pool || !e->arena)
+	if (!e->xpool || !e->lb_pool || !e->gate_pool || !e->stage || !e->arena)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < mt; i++) {
 		struct xf *x = &e->xpool[i];
@@ -564,7 +565,6 @@ KVX_API void kvx_engine_stop(struct kvx_engine *e)
 			unsigned n = 0;
 			if (!x->lf.reported) {
 				x->lf.reported = true;
-				atomic_store_explicit(&x->final, 1 + KVX_CPL_ABORTED, memory_order_release);
 				eng_cpl_build(e, x, &c[n++], KVX_CPL_TRANSFER, KVX_CPL_ABORTED, -ECANCELED, false);
 			}
 			eng_cpl_build(e, x, &c[n++], KVX_CPL_BLOCKS_RELEASED, KVX_CPL_DONE, 0, true);
@@ -635,6 +635,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	free(e->xpool);
 	free(e->lb_pool);
 	free(e->gate_pool);
+	free(e->stage);
 	free(e);
 }
 

@@ -28,7 +28,9 @@ enum msg_type {
 	M_PEER_CHECKED = 8, /* a metadata-only epoch check of the peer finished */
 };
 
-/* app -> poller k (`sub` ring): a submission hands over the transfer object; every later
+/* Ring messages are written whole by the ring's producer before the enqueue and read by its
+ * consumer after the dequeue; neither touches a message in the ring.
+ * app -> poller k (`sub` ring): a submission hands over the transfer object; every later
  * message names it by handle (pool slot + generation), never by id. */
 struct smsg {
 	uint32_t type;  /* M_SUBMIT, M_LAYER_READY, M_SEAL, M_ABORT */
@@ -47,7 +49,8 @@ struct emsg {
 	int32_t status; /* error / decode rank */
 	uint32_t n;     /* block count */
 	void *ptr;      /* peer*, malloc'ed block ids */
-	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
+	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) / the peer's hs_ends
+			 * after the handshake that ended (M_PEER_READY, M_PEER_FAILED) */
 	uint64_t key;   /* the named sender (kvx_xfer_sender_key()), 0 for a MoRIIO sender */
 	int32_t err;    /* kvx_failed: the producer's error */
 	uint32_t fst;   /* kvx_failed: the producer's status */
@@ -56,6 +59,9 @@ struct emsg {
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
+/* poller k -> app (`cpl` ring): a completion built by the owning poller (eng_cpl_build()),
+ * carrying the transfer's outcome (c.status, c.error) to the app thread, the one writer of
+ * the stored outcome (api.c cpl_stage()); `last` hands the transfer object back. */
 struct cmsg {
 	struct kvx_completion c;
 	void *xf;
@@ -68,7 +74,6 @@ enum hs_state {
 	HS_PENDING = 1,
 	HS_READY = 2,
 	HS_FAILED = 3,
-	HS_EVICTED = 4, /* app thread: the peer is being forgotten; nothing starts a handshake */
 };
 
 struct layer {
@@ -95,11 +100,14 @@ struct conn;
 /* A peer worker's identity and handshake state. Writers, by field:
  *  - identity (e .. n_pods): the app thread, once, before the first submission naming the peer
  *    (published to the pollers by that submission's ring enqueue); read-only afterwards.
- *  - hs_state: CAS IDLE/FAILED/READY -> PENDING by whichever thread starts a handshake (app
- *    thread in eng_peer_get(), a poller in xf_conn()/conn_stale()/rehs_scan()); stored
- *    READY/FAILED/IDLE by the control thread when the job ends (on_hs_done()). The CAS makes
- *    one starter win; the job itself always runs on the control lcore.
- *  - hs_error, hs_ep, epoch, gen: the control thread only.
+ *  - hs_state, hs_error, hs_ends, hs_ep, epoch, gen: the control thread only. hs_state is
+ *    PENDING from the job's acceptance (on_hs_accept()) and READY/FAILED when it ends
+ *    (on_hs_done(), which counts hs_ends after storing hs_error). Other threads only read
+ *    them and ask for a handshake through their own inbox ring (eng_hs_request()): the app
+ *    thread in eng_peer_get() (once per outcome: app_asked), a poller when a connection goes
+ *    stale (conn_stale()) or a request is owed again (poller.hs_retry: not queued, or refused
+ *    as a duplicate of an epoch check).
+ *  - app_asked: the app thread (the hs_ends value it last asked at).
  *  - check_busy: CAS false -> true by a poller (eng_epoch_check_start()), reset by the control
  *    thread (on_epoch_checked()); check_started: that poller; check_done, checked_epoch: the
  *    control thread.
@@ -118,8 +126,17 @@ struct peer {
 	char pod_host[KVX_ENGINE_MAX_PODS][KVX_ENGINE_HOST_MAX];
 	const char *pod_ptr[KVX_ENGINE_MAX_PODS];
 	uint32_t n_pods;
-	atomic_int hs_state; /* enum hs_state; CAS by the app thread and the pollers */
+	atomic_int hs_state; /* enum hs_state; control thread */
 	atomic_int hs_error; /* control thread: the failed handshake's errno, stored before HS_FAILED */
+	_Atomic uint64_t hs_ends; /* control thread: handshake jobs ended (results stored) */
+	/* Handshake requests not answered yet: +1 by the requester before it queues one
+	 * (eng_hs_request()), -1 by the control thread after the request's on_done. Eviction
+	 * (app thread, peer_slot()) raises `evicting` and then needs this at 0, while a requester
+	 * raises the count and then backs off if `evicting` is set (seq_cst both ways: one of
+	 * them sees the other), so no request reaches the control lcore for a forgotten slot. */
+	_Atomic uint32_t hs_inflight;
+	atomic_bool evicting; /* app thread */
+	uint64_t app_asked;  /* app thread: hs_ends when it last asked, UINT64_MAX never */
 	/* Control thread: endpoints of the handshake in flight, [link][candidate context]. */
 	struct kvx_xport_ep *hs_ep[KVX_ENGINE_MAX_POLLERS][2];
 	uint64_t epoch; /* control thread: epoch of the last published connection */
@@ -185,10 +202,10 @@ struct lgate {
 };
 
 /* The transfer object, one per transfer, from a pool preallocated at start. Writers:
- *  - tid .. consumer_tp, lf.kind, lf.start_ns, gen, reg, next_free: the app thread, at
- *    submission (before the M_SUBMIT ring enqueue that hands the object to its poller) and
- *    when the last completion gives it back.
- *  - layer_done, final, final_error: the owning poller (release stores); the app thread reads.
+ *  - tid .. consumer_tp, lf.kind, lf.start_ns, lf.hs_after, gen, reg, next_free: the app
+ *    thread, at submission (before the M_SUBMIT ring enqueue that hands the object to its
+ *    poller) and when the last completion gives it back.
+ *  - layer_done: the owning poller (release stores); the app thread reads.
  *  - lf (the lifecycle state, runtime/xfer.c decides its changes) and everything from `t` on:
  *    the owning poller only, from M_SUBMIT until it enqueues the object's last completion. */
 struct xf {
@@ -202,10 +219,10 @@ struct xf {
 	size_t n;
 	uint32_t consumer_tp; /* P READ: consumer TP size (fan-in); D WRITE announce: 1 = remote_blocks
 			       * was sent by the scheduler (kvx_engine_announce.notified), not by us */
-	/* App-visible: per-layer completion bits and the final outcome (release stores). */
+	/* App-visible: per-layer completion bits (release stores). The outcome is not kept here:
+	 * the poller hands it over in the KVX_CPL_TRANSFER completion and the app thread stores it
+	 * in the registry entry (api.c cpl_stage()). */
 	_Atomic uint64_t layer_done[KVX_ENGINE_MAX_LAYERS / 64];
-	atomic_int final; /* 0 pending, else 1 + enum kvx_cpl_status */
-	atomic_int final_error;
 	uint32_t gen; /* app thread, at submission: with slot, the handle ring messages carry */
 	struct kvx_xfer *reg; /* app thread: its registry entry (live until the last completion) */
 	/* Poller-owned. */
@@ -216,14 +233,8 @@ struct xf {
 	uint32_t *layer_batches; /* Array[n_layers] */
 	struct lgate *gate;      /* Array[n_layers] */
 	uint64_t want_post[KVX_ENGINE_MAX_LAYERS / 64];
-	bool await_rehs;    /* D READ: nothing landed before the endpoint died; decide after re-handshake */
 	uint64_t fence_ticket;
-	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
-	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
 	uint64_t first_layer_ns; /* when the first layer's ops completed; stale (< lf.start_ns) until then */
-	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
-	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
-	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
 	uint64_t bytes;
 	uint32_t next_free; /* app thread free list */
 };
@@ -231,7 +242,7 @@ struct xf {
 /* One polling lcore. Set up by the app thread at start (before the lcore runs); afterwards
  * every field is the poller's own, except the rings (their producer/consumer sides are
  * named at struct kvx_engine's top comment in engine.c) and the st_* counters (relaxed adds by
- * the poller; read by any thread). */
+ * the poller; read by any thread). hs_retry is the poller's own too. */
 struct poller {
 	struct kvx_engine *e;
 	uint32_t k;
@@ -247,6 +258,7 @@ struct poller {
 	struct conn *plist; /* connections with ops outstanding on link k */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
+	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 
@@ -301,6 +313,10 @@ struct kvx_engine {
 	uint32_t *lb_pool;        /* Array[max_transfers * n_layers] */
 	struct lgate *gate_pool;  /* Array[max_transfers * n_layers] */
 	uint32_t cpl_rr;
+	/* App thread: completions taken off the pollers' rings, not yet returned (api.c
+	 * cpl_stage()): FIFO of stage_cap = 2 x max_transfers entries. */
+	struct cmsg *stage;
+	uint32_t stage_head, stage_n, stage_cap;
 	/* Control-path transport work runs on the control lcore only (transport.h: endpoint
 	 * create/accept/connect/destroy one thread at a time), so no lock guards it:
 	 *  - accepted[]: target endpoints; written by the control thread only.
@@ -320,7 +336,6 @@ struct kvx_engine {
 	int ctl_efd;
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
-	_Atomic uint32_t test_hold_layers; /* runtime_internal.h test hook; UINT32_MAX = off */
 	/* Counters: relaxed adds by the pollers and the control thread; read by any thread. */
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;
@@ -358,7 +373,7 @@ void eng_conn_reap_stopped(struct kvx_engine *e);
 /* App thread, control lcore stopped: drop a reference, destroying at once on the last. */
 void eng_conn_put_stopped(struct conn *c);
 /* peer.c: handshake orchestration (any thread that owns an inbox: app or poller). */
-int eng_hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from);
+int eng_hs_request(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr);
 void eng_epoch_check_start(struct poller *po, struct peer *pr);
 /* peer.c: app thread, a peer identity for a submission. */
 struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp, bool handshake, int *rc);

@@ -2,7 +2,7 @@
 /* Peers and their connections: handshake orchestration (start, result, epoch checks), the
  * engine's connection blobs (offer / accept / build), the RCU-published `struct conn` entries
  * and their lifetime, and the inbound-notification edge (transfer id -> owning poller).
- * Runs on the control lcore except eng_hs_start() / eng_epoch_check_start() (any thread that
+ * Runs on the control lcore except eng_hs_request() / eng_epoch_check_start() (any thread that
  * owns an inbox: the app thread or a poller) and eng_peer_get() (app thread). */
 #include <errno.h>
 #include <stdio.h>
@@ -532,17 +532,37 @@ static void on_epoch_checked(void *arg, const struct kvx_ctl_hs_result *res)
 		cin_push(e, k, &m);
 }
 
+/* Control thread: a handshake job for the peer was accepted (kvx_ctl_handshake_start(): not a
+ * duplicate of a job with the same host:port). The control thread is the one writer of
+ * hs_state; requesters read it to avoid asking again while a job runs. */
+static void on_hs_accept(void *arg)
+{
+	struct peer *pr = arg;
+	atomic_store_explicit(&pr->hs_state, HS_PENDING, memory_order_release);
+}
+
+static void hs_done(struct peer *pr, const struct kvx_ctl_hs_result *res);
+
+/* Control thread: a handshake request's one answer; after it nothing of this thread touches
+ * the peer for that request (its slot may be reused once hs_inflight is 0). */
 static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 {
 	struct peer *pr = arg;
+	hs_done(pr, res);
+	atomic_fetch_sub_explicit(&pr->hs_inflight, 1, memory_order_release);
+}
+
+static void hs_done(struct peer *pr, const struct kvx_ctl_hs_result *res)
+{
 	struct kvx_engine *e = pr->e;
 	int rc = res->status;
 	if (rc == -EBUSY) {
-		/* Another job (an epoch check) dials the same host:port: not a failure; the
-		 * waiting transfers start the handshake again (xf_conn()). */
-		eng_hs_eps_destroy(pr);
-		atomic_store_explicit(&pr->hs_state, pr->gen ? HS_READY : HS_IDLE, memory_order_release);
-		struct emsg m = {.type = M_PEER_CHECKED, .ptr = pr};
+		/* A duplicate request. While a handshake of ours runs (PENDING) its own result
+		 * answers every requester. Otherwise the busy job is an epoch check dialling the
+		 * same host:port: not a failure; the pollers ask again (xf_conn(), rehs_scan()). */
+		if (atomic_load_explicit(&pr->hs_state, memory_order_relaxed) == HS_PENDING)
+			return;
+		struct emsg m = {.type = M_PEER_CHECKED, .status = -EBUSY, .ptr = pr};
 		for (uint32_t k = 0; k < e->n_po; k++)
 			cin_push(e, k, &m);
 		return;
@@ -590,9 +610,11 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	if (rc)
 		kvx_log(KVX_LOG_WARN, "engine: handshake with %s:%u dp %u failed: %s%s%s", pr->host, pr->hs_port,
 			pr->dp_rank, kvx_strerror(rc), res->error[0] ? ": " : "", res->error);
+	uint64_t ends = atomic_load_explicit(&pr->hs_ends, memory_order_relaxed) + 1;
 	atomic_store_explicit(&pr->hs_error, rc, memory_order_relaxed);
+	atomic_store_explicit(&pr->hs_ends, ends, memory_order_relaxed);
 	atomic_store_explicit(&pr->hs_state, rc ? HS_FAILED : HS_READY, memory_order_release);
-	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr};
+	struct emsg m = {.type = rc ? M_PEER_FAILED : M_PEER_READY, .status = rc, .ptr = pr, .u64 = ends};
 	for (uint32_t k = 0; k < e->n_po; k++)
 		cin_push(e, k, &m);
 }
@@ -624,23 +646,28 @@ static int hs_params(const struct kvx_engine *e, struct peer *pr, uint32_t *rank
 	return 0;
 }
 
-/* Start a handshake with @p pr through inbox @p ib if its state is still @p from (CAS, so the
- * app thread and the pollers never both start one). -EALREADY: another thread won. */
-int eng_hs_start(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr, int from)
+/* Ask the control lcore for a handshake with @p pr through the calling thread's inbox @p ib
+ * (its ring to the control lcore). The requester writes no peer state: the control thread
+ * accepts the job (on_hs_accept(): PENDING) or answers a duplicate of a running one with
+ * that job's result, and stores the outcome (on_hs_done()). */
+int eng_hs_request(struct kvx_engine *e, struct kvx_ctl_inbox *ib, struct peer *pr)
 {
 	uint32_t rank;
 	struct kvx_ctl_hs_params hp;
 	int rc = hs_params(e, pr, &rank, &hp);
 	if (rc)
 		return rc;
-	if (!atomic_compare_exchange_strong_explicit(&pr->hs_state, &from, HS_PENDING, memory_order_acq_rel,
-						     memory_order_acquire))
-		return -EALREADY;
 	hp.make_blob = make_blob;
+	hp.on_accept = on_hs_accept;
 	hp.on_done = on_hs_done;
+	atomic_fetch_add_explicit(&pr->hs_inflight, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&pr->evicting, memory_order_seq_cst)) {
+		atomic_fetch_sub_explicit(&pr->hs_inflight, 1, memory_order_release);
+		return -ENOENT; /* being forgotten (peer_slot()) */
+	}
 	rc = kvx_ctl_handshake_start(ib, &hp);
 	if (rc)
-		atomic_store_explicit(&pr->hs_state, from, memory_order_release);
+		atomic_fetch_sub_explicit(&pr->hs_inflight, 1, memory_order_release);
 	return rc;
 }
 
@@ -708,11 +735,14 @@ static struct peer *peer_slot(struct kvx_engine *e)
 	}
 	if (!old)
 		return NULL;
-	/* No thread starts a handshake with it from here on (they CAS from IDLE/READY/FAILED). */
-	int st = atomic_load_explicit(&old->hs_state, memory_order_acquire);
-	if (st == HS_PENDING || !atomic_compare_exchange_strong_explicit(&old->hs_state, &st, HS_EVICTED,
-									 memory_order_acq_rel, memory_order_acquire))
+	/* No thread asks for a handshake with it from here on (eng_hs_request() backs off), and
+	 * none is queued or running (hs_inflight; PENDING is covered by it). */
+	atomic_store_explicit(&old->evicting, true, memory_order_seq_cst);
+	if (atomic_load_explicit(&old->hs_inflight, memory_order_seq_cst) ||
+	    atomic_load_explicit(&old->hs_state, memory_order_acquire) == HS_PENDING) {
+		atomic_store_explicit(&old->evicting, false, memory_order_relaxed);
 		return NULL;
+	}
 	old->evicted = true;
 	kvx_log(KVX_LOG_INFO, "engine: forgetting idle peer %s:%u dp %u (slot needed)", old->host, old->hs_port,
 		old->dp_rank);
@@ -781,20 +811,25 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 		pr->dp_size_local = pp->dp_size_local;
 		pr->tp_size = pp->tp_size;
 		pr->n_pods = pp->num_remote_hosts;
+		pr->app_asked = UINT64_MAX; /* never asked */
 		for (uint32_t k = 0; k < pr->n_pods; k++) {
 			strcpy(pr->pod_host[k], pp->remote_hosts[k]);
 			pr->pod_ptr[k] = pr->pod_host[k];
 		}
 		/* Published to the pollers by the ring enqueue of the first submission naming it. */
 	}
+	/* Ask once per handshake outcome: hs_ends moves when a job ends, so a request still
+	 * on its way to the control lcore is not repeated by the next submission. */
 	int st = atomic_load_explicit(&pr->hs_state, memory_order_acquire);
+	uint64_t ends = atomic_load_explicit(&pr->hs_ends, memory_order_acquire);
 	/* A stock MoRIIO worker is not asked again: its transfers fail with the stored error. */
-	if (handshake && (st == HS_IDLE || (st == HS_FAILED && !atomic_load_explicit(&pr->is_moriio, memory_order_relaxed)))) {
-		*rc = eng_hs_start(e, e->app_ib, pr, st);
-		if (*rc == -EALREADY)
-			*rc = 0;
-		else if (*rc)
+	if (handshake &&
+	    (st == HS_IDLE || (st == HS_FAILED && !atomic_load_explicit(&pr->is_moriio, memory_order_relaxed))) &&
+	    pr->app_asked != ends) {
+		*rc = eng_hs_request(e, e->app_ib, pr);
+		if (*rc)
 			return NULL;
+		pr->app_asked = ends;
 	}
 	return pr;
 }

@@ -192,11 +192,10 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 	struct kvx_engine *e = po->e;
 	struct cmsg c[2];
 	unsigned n = 0;
+	bool wake = false;
 	if (!x->lf.reported) {
 		x->lf.reported = true;
-		atomic_store_explicit(&x->final_error, error, memory_order_relaxed);
-		atomic_store_explicit(&x->final, 1 + (int)st, memory_order_release);
-		kvx_waiter_wake(&e->app_w);
+		wake = true;
 		count_terminal(po, x, st);
 		bool release_cpl = x->lf.kind == KVX_XFER_K_WRITE || x->lf.kind == KVX_XFER_K_SERVE || st != KVX_CPL_DONE;
 		eng_cpl_build(e, x, &c[n++], KVX_CPL_TRANSFER, st, error, release_now && !release_cpl);
@@ -215,6 +214,9 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 		eng_remove_live(po, x);
 	}
 	eng_push_cpl(po, c, n);
+	/* After the enqueue: a waiting kvx_xfer_layer_wait() finds the outcome in the ring. */
+	if (wake)
+		kvx_waiter_wake(&e->app_w);
 }
 
 static void progress(struct poller *po, struct xf *x);
@@ -334,49 +336,86 @@ static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
 
 static void conn_stale(struct poller *po, struct conn *c);
 
+/* Ask the control lcore for a handshake with @p pr (a connection went stale, or a retry is
+ * owed); unless one runs (PENDING), in which case its result answers. A request that could not
+ * be queued (inbox full), or that the control lcore refused as a duplicate of an epoch check
+ * (M_PEER_CHECKED with -EBUSY), leaves the peer's bit in hs_retry: xf_conn() and rehs_scan()
+ * ask again. Nothing else asks, so a cold peer gets the app thread's one handshake. */
+static void hs_ask(struct poller *po, struct peer *pr)
+{
+	uint32_t i = (uint32_t)(pr - po->e->peers); /* slot index */
+	uint64_t bit = 1ull << (i % 64);
+	po->hs_retry[i / 64] |= bit;
+	if (atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_PENDING)
+		return;
+	if (eng_hs_request(po->e, po->ib, pr) == 0)
+		po->hs_retry[i / 64] &= ~bit;
+}
+
+static bool hs_retry_owed(const struct poller *po, const struct peer *pr)
+{
+	uint32_t i = (uint32_t)(pr - po->e->peers);
+	return po->hs_retry[i / 64] & (1ull << (i % 64));
+}
+
 static void conn_bind(struct xf *x, struct conn *c)
 {
 	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* the table's ref is held */
 	x->conn = c;
 }
 
-/* 1 if x has a usable connection to post on (binding the peer's current one if needed), 0 to
- * wait (no connection yet, re-handshake in progress, own ops still draining), or a negative
- * errno: a WRITE bound to a connection whose peer has since restarted (new epoch: the
- * consumer's allocation is gone, never write into the new process), or a transfer with no
- * connection whose handshake failed (the failure can reach this poller before the submission
- * that started it: M_PEER_FAILED then found no transfer to fail). */
+/* Bind x to connection n in place of the one it holds (a reference each). */
+static void conn_rebind(struct xf *x, struct conn *n)
+{
+	eng_conn_put(x->conn);
+	conn_bind(x, n);
+}
+
+/* 1 if x has a usable connection to post on, 0 to wait (no connection yet, re-handshake in
+ * progress, own ops still draining), -1 if the lifecycle ended it here (the caller must not
+ * touch it again). The decisions are kvx_xfer_step()'s (PEER_CONNECTED, PEER_FAILED); this
+ * function gathers the facts and performs BIND / REPOST. */
 static int xf_conn(struct poller *po, struct xf *x)
 {
 	struct conn *c = x->conn;
 	if (c && !atomic_load_explicit(&c->stale, memory_order_acquire))
 		return 1;
-	if (c && x->lf.ops_out)
-		return 0;
-	if (c && x->lf.kind == KVX_XFER_K_READ) {
-		/* Bytes may have landed from the old endpoint: rehs_decide() settles it. */
-		x->await_rehs = true;
-		return 0;
-	}
 	struct conn *n = conn_lookup(po, x->peer);
 	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
 	if (!n && !c && hs == HS_FAILED) {
+		/* No connection and the peer's last handshake failed (the failure can reach this
+		 * poller before the submission: M_PEER_FAILED then found no transfer to fail); the
+		 * step tells whether it ended after this transfer's submission. */
 		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
-		return err < 0 ? err : -ECONNREFUSED;
+		struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true,
+					 .error = err < 0 ? err : -ECONNREFUSED,
+					 .hs_ends = atomic_load_explicit(&x->peer->hs_ends, memory_order_acquire)};
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+		if (o.act & KVX_XFER_DO_REPORT) {
+			apply(po, x, &o);
+			return -1;
+		}
 	}
-	if (n && atomic_load_explicit(&n->stale, memory_order_acquire) && hs == HS_READY)
-		eng_hs_start(po->e, po->ib, x->peer, HS_READY); /* its re-handshake could not be queued */
-	else if (!n && hs == HS_IDLE)
-		eng_hs_start(po->e, po->ib, x->peer, HS_IDLE); /* the first one was refused (-EBUSY) */
-	if (!n || n == c || atomic_load_explicit(&n->stale, memory_order_acquire))
+	bool n_stale = n && atomic_load_explicit(&n->stale, memory_order_acquire);
+	if ((!n || n_stale) && hs_retry_owed(po, x->peer))
+		hs_ask(po, x->peer); /* a request was refused (-EBUSY) or could not be queued */
+	if (!n || n == c || n_stale)
 		return 0;
-	if (c && x->lf.kind == KVX_XFER_K_WRITE && n->epoch != c->epoch)
-		return -ECONNRESET;
-	if (x->lf.kind == KVX_XFER_K_WRITE && x->alloc_epoch && n->epoch != x->alloc_epoch)
-		return -ECONNRESET; /* the allocation belongs to a consumer incarnation that is gone */
-	eng_conn_put(c);
-	conn_bind(x, n);
-	return 1;
+	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = n->epoch, .bound = c != NULL,
+				 .moved = x->bytes != 0};
+	struct kvx_xfer_out o;
+	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+	if (o.act & KVX_XFER_DO_BIND) {
+		conn_rebind(x, n);
+		if (o.act & KVX_XFER_DO_REPOST)
+			memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
+		return 1;
+	}
+	if (!o.act)
+		return 0;
+	apply(po, x, &o); /* FAILED: it ends here */
+	return -1;
 }
 
 
@@ -385,65 +424,36 @@ static int xf_conn(struct poller *po, struct xf *x)
 
 /* P WRITE: which incarnation of the consumer made the allocation (remote_blocks)? tcp/shm do
  * not watch idle connections, so a consumer that died and restarted on the same ports is not
- * noticed until an op fails. Before a transfer's first post: if the link carried a successful
- * op in the last KVX_EPOCH_FRESH_NS the connection's epoch is current; else the peer's
- * metadata is fetched again (a handshake without connection setup, on the control lcore) and
- * its epoch is the allocation's. If it differs from the connection's, the consumer restarted:
- * the connection is marked stale and re-handshaken, and the transfer binds the new one. A
- * transfer that ends up on a connection of another epoch than its allocation's fails with
- * -ECONNRESET: nothing is written into a restarted consumer for an allocation it never made.
- * A kvxfer consumer names its incarnation in remote_blocks (`kvx_epoch`, @p sent_epoch): that
- * settles it at once, with no guess; the check above is for MoRIIO peers (sent_epoch 0).
- * Returns true once alloc_epoch is settled. */
-static bool alloc_epoch_settle(struct poller *po, struct xf *x, uint64_t sent_epoch)
+ * noticed until an op fails. kvx_xfer_step(PEER_EPOCH) decides from the facts gathered here:
+ * the epoch the allocation named (`kvx_epoch` of a kvxfer consumer), or for a MoRIIO consumer
+ * the connection's epoch when its link carried a successful op within KVX_EPOCH_FRESH_NS,
+ * else the result of a metadata-only handshake (an epoch check on the control lcore). An
+ * allocation epoch other than the connection's means the consumer restarted: the connection is
+ * marked stale and re-handshaken, and PEER_CONNECTED later refuses to write into a connection
+ * of another epoch than the allocation's. Returns true once the allocation epoch is settled. */
+static bool alloc_epoch_settle(struct poller *po, struct xf *x)
 {
 	struct peer *pr = x->peer;
-	if (x->alloc_known)
+	if (x->lf.alloc_known)
 		return true;
 	struct conn *c = conn_lookup(po, pr);
-	bool stale = c && atomic_load_explicit(&c->stale, memory_order_acquire);
-	if (sent_epoch) {
-		x->check_wait = false;
-		x->alloc_known = true;
-		x->alloc_epoch = sent_epoch;
-		if (c && !stale && c->epoch != sent_epoch)
-			conn_stale(po, c); /* the consumer restarted: re-handshake now */
-		return true;
+	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_EPOCH};
+	if (c) {
+		ev.has_conn = true;
+		ev.conn_stale = atomic_load_explicit(&c->stale, memory_order_acquire);
+		ev.conn_epoch = c->epoch;
+		ev.link_fresh = kvx_now_ns() - c->link[po->k].last_ok_ns < KVX_EPOCH_FRESH_NS;
 	}
-	if (x->check_wait && stale) {
-		/* A re-handshake runs anyway: its connection has the epoch current after the
-		 * allocation arrived. */
-		x->check_wait = false;
-		x->alloc_known = true;
-		x->alloc_epoch = 0;
-		return true;
-	}
-	if (x->check_wait && atomic_load_explicit(&pr->check_done, memory_order_acquire) < x->check_need) {
-		eng_epoch_check_start(po, pr); /* no-op while one runs; a job that started before the
-					    * allocation arrived does not count */
-		return false;
-	}
-	if (x->check_wait) {
-		x->check_wait = false;
-		x->alloc_known = true;
-		x->alloc_epoch = atomic_load_explicit(&pr->checked_epoch, memory_order_relaxed);
-		if (!x->alloc_epoch)
-			x->alloc_epoch = c ? c->epoch : 0; /* the check failed: trust the connection */
-		if (c && x->alloc_epoch != c->epoch)
-			conn_stale(po, c); /* restarted: re-handshake now */
-		return true;
-	}
-	if (!c || stale || kvx_now_ns() - c->link[po->k].last_ok_ns < KVX_EPOCH_FRESH_NS) {
-		/* No connection yet (the handshake in flight gives the current epoch), one being
-		 * replaced, or fresh proof of life. */
-		x->alloc_known = true;
-		x->alloc_epoch = c && !stale ? c->epoch : 0;
-		return true;
-	}
-	x->check_need = atomic_load_explicit(&pr->check_started, memory_order_acquire) + 1;
-	x->check_wait = true;
-	eng_epoch_check_start(po, pr);
-	return false;
+	ev.check_started = atomic_load_explicit(&pr->check_started, memory_order_acquire);
+	ev.check_done = atomic_load_explicit(&pr->check_done, memory_order_acquire);
+	ev.checked_epoch = atomic_load_explicit(&pr->checked_epoch, memory_order_relaxed);
+	struct kvx_xfer_out o;
+	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+	if (o.act & KVX_XFER_DO_RESET_PEER)
+		conn_stale(po, c);
+	if (o.act & KVX_XFER_DO_EPOCH_CHECK)
+		eng_epoch_check_start(po, pr);
+	return x->lf.alloc_known;
 }
 
 
@@ -501,26 +511,6 @@ static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_
 	return 0;
 }
 
-/* After a re-handshake: retry a READ that moved nothing only against a new peer epoch (the old
- * incarnation's blocks are gone either way); the same epoch means the producer fenced us (its
- * defer timeout) or the link failed, and the blocks may have been reused: fail. */
-static void rehs_decide(struct poller *po, struct xf *x, struct conn *n)
-{
-	x->await_rehs = false;
-	if (n->epoch != x->peer_epoch && x->bytes == 0 && x->lf.ops_out == 0) {
-		x->lf.next_layer = 0;
-		x->lf.done_posting = false;
-		memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
-		eng_conn_put(x->conn);
-		conn_bind(x, n);
-		x->peer_epoch = n->epoch;
-		return;
-	}
-	x->lf.failed = true;
-	x->lf.error = -ECONNRESET;
-	x->lf.done_posting = true;
-}
-
 static void read_progress(struct poller *po, struct xf *x)
 {
 	struct kvx_engine *e = po->e;
@@ -529,32 +519,16 @@ static void read_progress(struct poller *po, struct xf *x)
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
 		return;
 	}
-	if (x->await_rehs) {
-		if (x->lf.ops_out)
-			return;
-		struct conn *n = conn_lookup(po, x->peer);
-		if (!n || n == x->conn || atomic_load_explicit(&n->stale, memory_order_acquire))
-			return; /* the re-handshake is still running */
-		rehs_decide(po, x, n);
-	}
-	/* A failed transfer finishes even while its (stale) peer is re-handshaking. */
-	if (!x->lf.failed && !x->lf.done_posting) {
+	/* A failed transfer finishes even while its (stale) peer is re-handshaking; one that
+	 * awaits the peer's next connection is decided there (PEER_CONNECTED). */
+	if (x->lf.await_peer || (!x->lf.failed && !x->lf.done_posting)) {
 		int cr = xf_conn(po, x);
-		if (cr < 0) {
-			/* Its handshake failed before it had a connection: FAILED with that error. */
-			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = cr});
-			return;
-		}
-		if (cr == 0)
+		if (cr <= 0)
 			return;
 	}
-	uint32_t hold = atomic_load_explicit(&e->test_hold_layers, memory_order_relaxed);
-	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
-	if (x->lf.next_layer == 0 && x->conn)
-		x->peer_epoch = x->conn->epoch;
 	if (!x->lf.failed)
 		kvx_plan_cache_reset(po->pc);
-	while (!x->lf.failed && x->lf.next_layer < limit) {
+	while (!x->lf.failed && x->lf.next_layer < e->n_layers) {
 		if (post_layer(po, x, x->lf.next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
 			break;
 		x->lf.next_layer++;
@@ -589,14 +563,9 @@ static void write_progress(struct poller *po, struct xf *x)
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
 		return;
 	}
-	if (!t->has_alloc || !alloc_epoch_settle(po, x, t->alloc_epoch))
+	if (!t->has_alloc || !alloc_epoch_settle(po, x))
 		return;
-	int cr = xf_conn(po, x);
-	if (cr < 0) {
-		write_fail(po, x, cr);
-		return;
-	}
-	if (cr == 0)
+	if (xf_conn(po, x) <= 0)
 		return;
 	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
 	 * block (first generated token) stays unpaired (docs/protocol.md §6 item 8). */
@@ -762,8 +731,7 @@ static void conn_stale(struct poller *po, struct conn *c)
 	if (atomic_exchange_explicit(&c->stale, true, memory_order_acq_rel))
 		return;
 	atomic_fetch_add_explicit(&po->e->st_peer_resets, 1, memory_order_relaxed);
-	int rc = eng_hs_start(po->e, po->ib, c->pr, HS_READY);
-	(void)rc; /* -EALREADY: a handshake is already running; -ENOBUFS: retried by rehs_scan() */
+	hs_ask(po, c->pr); /* not queued (inbox full): retried by rehs_scan() */
 }
 
 static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xport_cpl *c)
@@ -783,20 +751,14 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 	if (c->status == 0)
 		cn->link[po->k].last_ok_ns = kvx_now_ns();
 	if (c->status) {
-		bool ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0;
-		if (ep_dead)
+		struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_OP_FAILED, .error = c->status, .moved = x->bytes != 0,
+					 .ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0};
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+		if (o.act & KVX_XFER_DO_RESET_PEER)
 			conn_stale(po, cn);
-		/* Nothing of this READ landed and the endpoint is dead: the peer may have restarted
-		 * before the first op (a new epoch at re-handshake makes a retry equivalent to a fresh
-		 * transfer); decided in rehs_decide(). */
-		if (x->lf.kind == KVX_XFER_K_READ && ep_dead && x->bytes == 0 && !x->lf.failed)
-			x->await_rehs = true;
-		else if (!x->lf.failed) {
-			x->lf.failed = true;
-			x->lf.error = c->status;
-		}
 	}
-	if (x->layer_batches[layer] == 0 && !x->lf.failed) {
+	if (x->layer_batches[layer] == 0 && !x->lf.failed && !x->lf.await_peer) {
 		if (x->first_layer_ns <= x->lf.start_ns) /* first whole layer of this submission */
 			x->first_layer_ns = kvx_now_ns();
 		if (x->lf.kind == KVX_XFER_K_READ) {
@@ -853,14 +815,20 @@ static void handle_cin(struct poller *po, struct emsg *m)
 		handle_notify(po, m);
 		return;
 	}
+	uint32_t si = (uint32_t)(pr - po->e->peers);
+	uint64_t bit = 1ull << (si % 64);
+	if (m->type == M_PEER_CHECKED && m->status == -EBUSY)
+		po->hs_retry[si / 64] |= bit; /* refused as a duplicate of an epoch check */
+	else if (m->type != M_PEER_CHECKED)
+		po->hs_retry[si / 64] &= ~bit; /* a handshake ended: no retry owed */
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
 		if (x->peer == pr && !x->lf.reported) {
 			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
 			if (m->type == M_PEER_FAILED)
-				step(po, x,
-				     (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound, .error = m->status});
+				step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound,
+								 .error = m->status, .hs_ends = m->u64});
 			else
 				progress(po, x);
 		}
@@ -926,10 +894,9 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 static void rehs_scan(struct poller *po)
 {
 	for (struct conn *c = po->plist; c; c = c->link[po->k].next)
-		if (atomic_load_explicit(&c->stale, memory_order_relaxed) &&
-		    atomic_load_explicit(&c->pr->hs_state, memory_order_acquire) == HS_READY &&
+		if (atomic_load_explicit(&c->stale, memory_order_relaxed) && hs_retry_owed(po, c->pr) &&
 		    conn_lookup(po, c->pr) == c)
-			eng_hs_start(po->e, po->ib, c->pr, HS_READY);
+			hs_ask(po, c->pr);
 }
 
 int eng_poll_fn(void *arg)

@@ -60,8 +60,9 @@ struct kvx_xfer {
 	bool ack_completed;
 	/* Owner's attachment: the engine's transfer object while it is live (poller tables: set at
 	 * submission, cleared when the object retires; the app registry: until the last
-	 * completion is polled), and the final outcome kept while the id sits in the terminal LRU
-	 * (app registry only). */
+	 * completion is polled), and, in the app registry only, the transfer's outcome: its one
+	 * store, written by the app thread when it takes the KVX_CPL_TRANSFER completion off its
+	 * poller's ring (kept while the id sits in the terminal LRU). */
 	void *user;
 	int32_t final_error;
 	uint8_t final_status;
@@ -151,7 +152,17 @@ struct kvx_life {
 	uint32_t ops_out;   /* op batches in flight */
 	uint32_t next_layer; /* D READ: layers posted so far */
 	uint64_t start_ns;  /* submission time (app thread clock) */
+	uint64_t hs_after;  /* the peer's count of finished handshakes at submission (app thread) */
 	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
+	/* The peer's incarnation (docs/protocol.md §6 item 18), decided by kvx_xfer_step() from
+	 * the connection facts the poller feeds in (PEER_CONNECTED, PEER_EPOCH, OP_FAILED). */
+	bool await_peer;      /* D READ: an op failed on a dead endpoint before any byte landed:
+			       * retry or fail once the peer is connected again */
+	uint64_t bound_epoch; /* epoch of the connection the transfer is bound to (0: none yet) */
+	bool alloc_known;     /* P WRITE: the consumer incarnation that allocated is settled */
+	uint64_t alloc_epoch; /* P WRITE: its epoch (0: bind whatever connects) */
+	bool check_wait;      /* P WRITE: waiting for the peer's epoch check number check_need */
+	uint64_t check_need;
 	bool peer_stopped;  /* P WRITE: D's release stopped it (D has reported already) */
 	bool queried;       /* D WRITE: the status query went out */
 };
@@ -178,6 +189,13 @@ enum kvx_xfer_do {
 						 * D rank that sent remote_blocks; nothing of ours
 						 * is in flight for the transfer any more */
 	KVX_XFER_DO_SEND_QUERY = 1u << 12,      /* D WRITE: kvx_status_query to every P TP rank */
+	KVX_XFER_DO_BIND = 1u << 13,            /* bind the peer's current connection (the event's) */
+	KVX_XFER_DO_REPOST = 1u << 14,          /* D READ: post every layer again on it (nothing landed) */
+	KVX_XFER_DO_RESET_PEER = 1u << 15,      /* the connection (the op's, or the peer's current one)
+						 * is dead or of a gone incarnation: mark it stale and
+						 * re-handshake the peer */
+	KVX_XFER_DO_EPOCH_CHECK = 1u << 16,     /* P WRITE: fetch the peer's epoch again (a metadata-only
+						 * handshake; a no-op while one runs) */
 };
 
 struct kvx_xfer_out {
@@ -224,7 +242,9 @@ enum kvx_xfer_ev_type {
 	 * terminal, tell an aborting D that writes are over, then release the blocks. */
 	KVX_XFER_EV_WRITE_SETTLE = 7,
 	/* The handshake with the peer failed while the transfer has no usable connection: a D
-	 * READ or P WRITE fails (released once its ops are terminal); others keep waiting. */
+	 * READ or P WRITE fails (released once its ops are terminal); others keep waiting. A
+	 * handshake that ended before the submission (`hs_ends` <= lf.hs_after: the one this
+	 * transfer asked for is still to come) changes nothing. */
 	KVX_XFER_EV_PEER_FAILED = 8,
 	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
 	KVX_XFER_EV_FENCED = 9,
@@ -255,6 +275,29 @@ enum kvx_xfer_ev_type {
 	 * the entry's stored outcome (write_done for DONE, kvx_failed otherwise); nothing while the
 	 * transfer runs or when nothing is known. */
 	KVX_XFER_EV_STATUS_QUERY = 16,
+	/* An op completed with `error`; `ep_dead`: its endpoint is in error state (RESET_PEER).
+	 * A D READ that moved nothing yet (`moved` false) over a dead endpoint may be facing a
+	 * restarted producer: it awaits the next connection (PEER_CONNECTED decides); any other
+	 * failure fails the transfer (the poller then settles it as before). */
+	KVX_XFER_EV_OP_FAILED = 17,
+	/* Peer connected: the peer has a usable connection of epoch `epoch` that the transfer is
+	 * not bound to (`bound`: it is bound to an older, stale one; `moved`: bytes landed).
+	 * Nothing while own ops drain. D READ bound before: retry from layer 0 (BIND | REPOST)
+	 * only against a new epoch with nothing moved (the old incarnation's blocks are gone
+	 * either way), else the same epoch means a fence or a link failure and the blocks may be
+	 * reused: FAILED -ECONNRESET. P WRITE: a new epoch after it was bound, or one other than
+	 * the allocation's, means the consumer restarted and its allocation is gone: FAILED
+	 * -ECONNRESET (never write into the new process). Else BIND. */
+	KVX_XFER_EV_PEER_CONNECTED = 18,
+	/* Peer new epoch (P WRITE, before its first post): which consumer incarnation made the
+	 * allocation? The epoch remote_blocks named (`kvx_epoch`, on the entry) settles it; a
+	 * MoRIIO consumer names none: then a link that carried a successful op within the
+	 * freshness window (`link_fresh`) vouches for the connection's epoch, else the peer's
+	 * epoch is checked again (EPOCH_CHECK; a check numbered after the allocation counts:
+	 * `check_started` / `check_done` / `checked_epoch`, 0 = the check failed: trust the
+	 * connection). An allocation epoch other than the live connection's: RESET_PEER. A
+	 * connection being replaced (`conn_stale`) or none yet: whatever connects next is current. */
+	KVX_XFER_EV_PEER_EPOCH = 19,
 };
 
 struct kvx_xfer_ev {
@@ -277,8 +320,18 @@ struct kvx_xfer_ev {
 	uint64_t query_grace_ns;      /* TICK: how long before its deadline D asks */
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
-	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause;
+	uint64_t hs_ends;             /* PEER_FAILED: the peer's count of finished handshakes, this one included */
+	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED, OP_FAILED: the cause;
 				       * PEER_FAILED_NOTE: the producer's error */
+	bool ep_dead;                 /* OP_FAILED: the op's endpoint is in error state */
+	bool moved;                   /* OP_FAILED, PEER_CONNECTED: bytes of the transfer landed */
+	bool bound;                   /* PEER_CONNECTED: bound to an older connection */
+	uint64_t epoch;               /* PEER_CONNECTED: the connection's epoch */
+	bool has_conn;                /* PEER_EPOCH: the peer has a published connection ... */
+	bool conn_stale;              /* ... being replaced ... */
+	uint64_t conn_epoch;          /* ... of this epoch ... */
+	bool link_fresh;              /* ... whose link carried a successful op just now */
+	uint64_t check_started, check_done, checked_epoch; /* PEER_EPOCH: the peer's epoch checks */
 };
 
 /* The de-duplication key of a named sender (engine id, TP rank, epoch): never 0. */
@@ -296,11 +349,5 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
  * ACKs are needed or the ACK is ignored (not live, duplicate), negative errno for a bad tp
  * combination. A completed transfer becomes terminal. */
 int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t consumer_tp, uint32_t producer_tp);
-
-/* Test hook (tests/runtime only): while on, a consumer engine posts the READ ops of at most
- * n_layers layers (0 = none) of each transfer, so a test can keep a read provably in flight;
- * off lifts the hold. Any thread; takes effect at the poller's next iteration. */
-struct kvx_engine;
-void kvx_engine_test_hold_read(struct kvx_engine *e, bool on, uint32_t n_layers);
 
 #endif /* KVX_RUNTIME_INTERNAL_H */

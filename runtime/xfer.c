@@ -389,7 +389,7 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 
 static void read_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
 {
-	if (lf->ops_out)
+	if (lf->ops_out || (lf->await_peer && !lf->reported))
 		return;
 	if (lf->reported) {
 		/* The status is out already: blocks now, and P's release if it is owed. */
@@ -417,6 +417,95 @@ static void write_settle(const struct kvx_xfer *t, struct kvx_life *lf, struct k
 	 * a kvxfer D gets kvx_failed, a MoRIIO D nothing (it times out). */
 	act |= fail_note(t, lf);
 	out_set(o, act, lf->aborted ? KVX_CPL_ABORTED : lf->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED, lf->error);
+}
+
+static void op_failed(struct kvx_life *lf, const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o)
+{
+	if (ev->ep_dead)
+		o->act = KVX_XFER_DO_RESET_PEER;
+	if (lf->failed)
+		return;
+	if (lf->kind == KVX_XFER_K_READ && ev->ep_dead && !ev->moved) {
+		lf->await_peer = true;
+		return;
+	}
+	lf->failed = true;
+	lf->error = ev->error;
+}
+
+static void peer_connected(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+			   const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o)
+{
+	if (lf->reported || (ev->bound && lf->ops_out))
+		return;
+	if (lf->kind == KVX_XFER_K_READ) {
+		if (!ev->bound && !lf->await_peer) {
+			o->act = KVX_XFER_DO_BIND;
+		} else if (ev->epoch != lf->bound_epoch && !ev->moved) {
+			lf->await_peer = false;
+			lf->next_layer = 0;
+			lf->done_posting = false;
+			o->act = KVX_XFER_DO_BIND | KVX_XFER_DO_REPOST;
+		} else {
+			lf->await_peer = false;
+			lf->failed = true;
+			lf->error = -ECONNRESET;
+			lf->done_posting = true;
+			read_settle(lf, o);
+			return;
+		}
+		lf->bound_epoch = ev->epoch;
+		return;
+	}
+	if (lf->kind != KVX_XFER_K_WRITE)
+		return;
+	if ((ev->bound && ev->epoch != lf->bound_epoch) || (lf->alloc_epoch && ev->epoch != lf->alloc_epoch)) {
+		lf->failed = true;
+		lf->error = -ECONNRESET;
+		if (t)
+			kvx_xfer_mark_write_done(tab, t, false);
+		out_set(o, KVX_XFER_DO_STOP_WRITES | DONE_NOW | fail_note(t, lf), KVX_CPL_FAILED, -ECONNRESET);
+		return;
+	}
+	lf->bound_epoch = ev->epoch;
+	o->act = KVX_XFER_DO_BIND;
+}
+
+static void settle(struct kvx_life *lf, uint64_t epoch)
+{
+	lf->check_wait = false;
+	lf->alloc_known = true;
+	lf->alloc_epoch = epoch;
+}
+
+static void peer_epoch(const struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
+		       struct kvx_xfer_out *o)
+{
+	if (lf->kind != KVX_XFER_K_WRITE || lf->alloc_known || lf->reported)
+		return;
+	bool live = ev->has_conn && !ev->conn_stale;
+	uint64_t sent = t ? t->alloc_epoch : 0;
+	if (sent) {
+		settle(lf, sent);
+	} else if (lf->check_wait && ev->has_conn && ev->conn_stale) {
+		settle(lf, 0); /* a re-handshake runs anyway: its connection is current */
+		return;
+	} else if (lf->check_wait && ev->check_done < lf->check_need) {
+		o->act = KVX_XFER_DO_EPOCH_CHECK; /* no-op while one runs; older jobs do not count */
+		return;
+	} else if (lf->check_wait) {
+		settle(lf, ev->checked_epoch ? ev->checked_epoch : ev->has_conn ? ev->conn_epoch : 0);
+	} else if (!live || ev->link_fresh) {
+		settle(lf, live ? ev->conn_epoch : 0);
+		return;
+	} else {
+		lf->check_need = ev->check_started + 1;
+		lf->check_wait = true;
+		o->act = KVX_XFER_DO_EPOCH_CHECK;
+		return;
+	}
+	if (ev->has_conn && lf->alloc_epoch != ev->conn_epoch && (live || !sent))
+		o->act = KVX_XFER_DO_RESET_PEER; /* the consumer restarted: re-handshake now */
 }
 
 /* Inbound notifications: the entry's bookkeeping, then what it means for a live transfer. */
@@ -582,6 +671,10 @@ static void step_life(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 	case KVX_XFER_EV_PEER_FAILED:
 		if (lf->reported)
 			return;
+		if (ev->hs_ends <= lf->hs_after) {
+			o->act = KVX_XFER_DO_PROGRESS;
+			return;
+		}
 		if (ev->unbound && (lf->kind == KVX_XFER_K_READ || lf->kind == KVX_XFER_K_WRITE)) {
 			uint32_t note = 0;
 			if (lf->kind == KVX_XFER_K_WRITE) {
@@ -617,6 +710,15 @@ static void step_life(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
 		    kvx_xfer_mark_write_done(tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
 			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;
+		return;
+	case KVX_XFER_EV_OP_FAILED:
+		op_failed(lf, ev, o);
+		return;
+	case KVX_XFER_EV_PEER_CONNECTED:
+		peer_connected(tab, t, lf, ev, o);
+		return;
+	case KVX_XFER_EV_PEER_EPOCH:
+		peer_epoch(t, lf, ev, o);
 		return;
 	case KVX_XFER_EV_WRITE_FAILED:
 		if (lf->kind != KVX_XFER_K_WRITE || lf->reported)

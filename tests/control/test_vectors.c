@@ -2,6 +2,7 @@
 /* docs/protocol.md §7 vectors T20-T22, T33-T36, T38-T43, T50, T52, T54 (T37 is not in the spec). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -565,6 +566,14 @@ Test(control_vectors, t40_timeout_and_partial_exchange_never_register)
 	zmq_ctx_term(z);
 }
 
+/* on_accept of t41: runs on the control thread, once per job that is not a duplicate. */
+static atomic_int g_t41_accepts;
+static void t41_accept(void *arg)
+{
+	(void)arg;
+	atomic_fetch_add(&g_t41_accepts, 1);
+}
+
 Test(control_vectors, t41_one_handshake_per_cold_peer)
 {
 	struct kvx_ctl_params p;
@@ -587,10 +596,12 @@ Test(control_vectors, t41_one_handshake_per_cold_peer)
 	for (uint64_t k = 0; k < 4; k++) {
 		hsp(&hp, "127.0.0.1", hs, &h);
 		hp.cookie = k;
+		hp.on_accept = t41_accept;
 		cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0);
 	}
 	cr_assert_eq(kvx_ctl_start(I), 0);
 	cr_assert(hr_wait(&h, 4, 15.0));
+	cr_assert_eq(atomic_load(&g_t41_accepts), 1, "one job accepted, the duplicates are not");
 	int ok = 0, busy = 0;
 	for (int k = 0; k < 4; k++) {
 		ok += h.status[k] == 0;

@@ -268,7 +268,8 @@ Test(runtime_faults, g_handshake_failure_fails_only_unbound_movers)
 	/* The handshake with the peer failed: a D READ / P WRITE without a usable connection fails
 	 * with the handshake's errno (released when no op is in flight); one still bound, or a
 	 * kind that moves nothing, keeps going. */
-	struct kvx_xfer_ev failed = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = -EHOSTUNREACH};
+	struct kvx_xfer_ev failed = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true, .error = -EHOSTUNREACH,
+				     .hs_ends = 3};
 	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
 	struct kvx_xfer_out o = step(NULL, NULL, &lf, failed);
 	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
@@ -284,6 +285,14 @@ Test(runtime_faults, g_handshake_failure_fails_only_unbound_movers)
 	lf = (struct kvx_life){.kind = KVX_XFER_K_READ};
 	failed.unbound = false;
 	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
+	/* A failure of a handshake that ended before the submission (the third of the peer's
+	 * handshakes, submitted after it) is not this transfer's: it waits for the one it asked for. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .hs_after = 3};
+	failed.unbound = true;
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_PROGRESS);
+	cr_assert_not(lf.failed);
+	failed.hs_ends = 4;
+	cr_assert_eq(step(NULL, NULL, &lf, failed).act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 }
 
 Test(runtime_faults, h_consumer_extra_block_pairs_by_position)
@@ -356,6 +365,190 @@ Test(runtime_faults, j_duplicate_transfer_id_rejected_first_intact)
 	cr_assert_eq(kvx_xfer_open(t, "tx-j", &y), -EEXIST);
 	cr_assert_eq(kvx_xfer_open(t, "", &y), -EINVAL);
 	kvx_xfer_table_destroy(t);
+}
+
+/* Peer incarnation (docs/protocol.md §6 item 18): the decisions the poller leaves to
+ * kvx_xfer_step() when endpoints die and peers restart (OP_FAILED, PEER_CONNECTED,
+ * PEER_EPOCH). */
+
+Test(runtime_faults, p_read_dead_endpoint_nothing_moved_retries_only_on_new_epoch)
+{
+	/* D READ bound to epoch 5: its first op fails on a dead endpoint before any byte landed.
+	 * It neither fails nor settles; it waits for its own ops, then for the peer's next
+	 * connection: a new epoch (the producer restarted) re-posts every layer there. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
+	struct kvx_xfer_out o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 5});
+	cr_assert_eq(o.act, KVX_XFER_DO_BIND);
+	cr_assert_eq(lf.bound_epoch, 5);
+	lf.next_layer = 2;
+	lf.done_posting = true;
+	lf.ops_out = 2;
+	o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_OP_FAILED, .error = -ECONNRESET, .ep_dead = true});
+	cr_assert_eq(o.act, KVX_XFER_DO_RESET_PEER);
+	cr_assert(lf.await_peer);
+	cr_assert_not(lf.failed);
+	lf.ops_out = 1;
+	o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 6, .bound = true});
+	cr_assert_eq(o.act, 0, "decided while its own op is in flight");
+	lf.ops_out = 0;
+	o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+	cr_assert_eq(o.act, 0, "settled (DONE) although nothing landed");
+	o = step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 6, .bound = true});
+	cr_assert_eq(o.act, KVX_XFER_DO_BIND | KVX_XFER_DO_REPOST);
+	cr_assert_eq(lf.bound_epoch, 6);
+	cr_assert_eq(lf.next_layer, 0);
+	cr_assert_not(lf.done_posting);
+	cr_assert_not(lf.await_peer);
+	cr_assert_not(lf.failed);
+}
+
+Test(runtime_faults, q_read_same_epoch_after_dead_endpoint_fails_connreset)
+{
+	/* The same epoch after the re-handshake: the producer fenced us (its defer timeout) or the
+	 * link failed, and its blocks may be reused: FAILED -ECONNRESET, release P, blocks
+	 * reusable; never a retry. Bytes that landed before the endpoint died rule out a retry
+	 * too, whatever the epoch. */
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ};
+	step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 5});
+	step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_OP_FAILED, .error = -ECONNRESET, .ep_dead = true});
+	cr_assert(lf.await_peer);
+	struct kvx_xfer_out o =
+		step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 5, .bound = true});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ECONNRESET);
+	cr_assert(lf.release_sent);
+
+	struct kvx_life lm = {.kind = KVX_XFER_K_READ};
+	step(NULL, NULL, &lm, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 5});
+	o = step(NULL, NULL, &lm, (struct kvx_xfer_ev){.type = KVX_XFER_EV_OP_FAILED, .error = -EIO, .ep_dead = true,
+						      .moved = true});
+	cr_assert_eq(o.act, KVX_XFER_DO_RESET_PEER);
+	cr_assert(lm.failed, "bytes landed: no retry");
+	cr_assert_eq(lm.error, -EIO);
+	cr_assert_not(lm.await_peer);
+	lm.done_posting = true;
+	o = step(NULL, NULL, &lm, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -EIO);
+	/* An op error on a live endpoint resets nothing. */
+	struct kvx_life ln = {.kind = KVX_XFER_K_READ};
+	o = step(NULL, NULL, &ln, (struct kvx_xfer_ev){.type = KVX_XFER_EV_OP_FAILED, .error = -EINVAL});
+	cr_assert_eq(o.act, 0);
+	cr_assert(ln.failed);
+}
+
+Test(runtime_faults, r_write_never_binds_a_restarted_consumer)
+{
+	/* P WRITE bound to epoch 5 whose endpoint died: a new connection of epoch 6 means the
+	 * consumer restarted and its allocation is gone: FAILED -ECONNRESET with nothing in
+	 * flight (blocks reusable, its entry terminal); the same epoch 5 rebinds. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-m", &x), 0);
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_out o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 5});
+	cr_assert_eq(o.act, KVX_XFER_DO_BIND);
+	lf.ops_out = 1;
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 6, .bound = true});
+	cr_assert_eq(o.act, 0, "decided while its own op is in flight");
+	lf.ops_out = 0;
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 5, .bound = true});
+	cr_assert_eq(o.act, KVX_XFER_DO_BIND, "same incarnation: rebind");
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 6, .bound = true});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ECONNRESET);
+	cr_assert_eq(x->state, KVX_XFER_S_TERMINAL);
+	performed(&lf, o);
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 7, .bound = true});
+	cr_assert_eq(o.act, 0, "reported: nothing more");
+	/* Unbound, but the allocation named epoch 8: a connection of epoch 9 is refused. */
+	struct kvx_life lu = {.kind = KVX_XFER_K_WRITE, .alloc_known = true, .alloc_epoch = 8};
+	o = step(NULL, NULL, &lu, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 9});
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ECONNRESET);
+	struct kvx_life lv = {.kind = KVX_XFER_K_WRITE, .alloc_known = true, .alloc_epoch = 8};
+	o = step(NULL, NULL, &lv, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = 8});
+	cr_assert_eq(o.act, KVX_XFER_DO_BIND);
+	cr_assert_eq(lv.bound_epoch, 8);
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_faults, s_write_allocation_epoch_named_by_remote_blocks)
+{
+	/* A kvxfer consumer names its incarnation in remote_blocks: settled at once. A live
+	 * connection of another epoch belongs to a consumer that restarted: RESET_PEER (stale +
+	 * re-handshake); one being replaced already is left to its re-handshake. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	cr_assert_eq(kvx_xfer_open(t, "tx-n", &x), 0);
+	uint32_t *ids = malloc(sizeof(*ids));
+	cr_assert_not_null(ids);
+	ids[0] = 3;
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = ids, .n_blocks = 1,
+					     .alloc_epoch = 7});
+	struct kvx_life l2 = lf;
+	struct kvx_xfer_out o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_EPOCH, .has_conn = true,
+								    .conn_epoch = 5});
+	cr_assert_eq(o.act, KVX_XFER_DO_RESET_PEER);
+	cr_assert(lf.alloc_known);
+	cr_assert_eq(lf.alloc_epoch, 7);
+	o = step(t, x, &l2, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_EPOCH, .has_conn = true, .conn_stale = true,
+						 .conn_epoch = 5});
+	cr_assert_eq(o.act, 0);
+	cr_assert(l2.alloc_known && l2.alloc_epoch == 7);
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_EPOCH, .has_conn = true, .conn_epoch = 5});
+	cr_assert_eq(o.act, 0, "settled once");
+	kvx_xfer_table_destroy(t);
+}
+
+Test(runtime_faults, t_write_moriio_allocation_epoch_checked_unless_link_fresh)
+{
+	/* A MoRIIO consumer names no epoch. A link with a fresh successful op vouches for the
+	 * connection; else the peer's epoch is fetched again, and only a check numbered after the
+	 * allocation counts. The check saw epoch 9 while the connection is of epoch 5: the
+	 * consumer restarted (RESET_PEER), and the allocation is epoch 9's. */
+	struct kvx_life fresh = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_out o = step(NULL, NULL, &fresh, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_EPOCH,
+									     .has_conn = true, .conn_epoch = 5,
+									     .link_fresh = true});
+	cr_assert_eq(o.act, 0);
+	cr_assert(fresh.alloc_known && fresh.alloc_epoch == 5);
+	struct kvx_life none = {.kind = KVX_XFER_K_WRITE};
+	o = step(NULL, NULL, &none, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_EPOCH});
+	cr_assert_eq(o.act, 0);
+	cr_assert(none.alloc_known && none.alloc_epoch == 0, "no connection yet: whatever connects is current");
+
+	struct kvx_life lf = {.kind = KVX_XFER_K_WRITE};
+	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_EPOCH, .has_conn = true, .conn_epoch = 5, .check_started = 3,
+				 .check_done = 3, .checked_epoch = 5};
+	o = step(NULL, NULL, &lf, ev);
+	cr_assert_eq(o.act, KVX_XFER_DO_EPOCH_CHECK);
+	cr_assert(lf.check_wait && lf.check_need == 4);
+	cr_assert_not(lf.alloc_known);
+	o = step(NULL, NULL, &lf, ev);
+	cr_assert_eq(o.act, KVX_XFER_DO_EPOCH_CHECK, "an older check's result does not count");
+	ev.check_started = ev.check_done = 4;
+	ev.checked_epoch = 9;
+	o = step(NULL, NULL, &lf, ev);
+	cr_assert_eq(o.act, KVX_XFER_DO_RESET_PEER);
+	cr_assert(lf.alloc_known && lf.alloc_epoch == 9);
+	cr_assert_not(lf.check_wait);
+	/* A failed check (epoch 0) trusts the connection. */
+	struct kvx_life lg = {.kind = KVX_XFER_K_WRITE, .check_wait = true, .check_need = 4};
+	ev.checked_epoch = 0;
+	o = step(NULL, NULL, &lg, ev);
+	cr_assert_eq(o.act, 0);
+	cr_assert(lg.alloc_known && lg.alloc_epoch == 5);
+	/* Waiting while the connection is being replaced: its re-handshake gives the epoch. */
+	struct kvx_life lh = {.kind = KVX_XFER_K_WRITE, .check_wait = true, .check_need = 9};
+	o = step(NULL, NULL, &lh, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_EPOCH, .has_conn = true,
+						       .conn_stale = true, .conn_epoch = 5});
+	cr_assert_eq(o.act, 0);
+	cr_assert(lh.alloc_known && lh.alloc_epoch == 0);
 }
 
 /* Issue 14 (control plane), decided in kvx_xfer_step(): ACKs that name their sender count once

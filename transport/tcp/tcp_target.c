@@ -497,6 +497,12 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 		return 1;
 	struct tcp_ep *e = hello_ep(c, h->buf);
 	if (!e) {
+		/* The endpoint may have been accepted after this call's pick_pending() (the
+		 * poller was preempted in between): look at the pending list once more. */
+		pick_pending(c);
+		e = hello_ep(c, h->buf);
+	}
+	if (!e) {
 		xport_cnt_add(&c->base.cnt, proto_errors, 1);
 		hello_refuse(c, h, "its hello names no endpoint of this target");
 		return 1;

@@ -120,6 +120,7 @@ struct kvx_ctl_hs_params {
 	uint32_t timeout_ms;               /**< Whole-job deadline from when the job STARTS running, ms; 0 = KVX_CTL_DEFAULT_HANDSHAKE_MS. */
 	kvx_ctl_blob_fn make_blob;         /**< Blob A producer; NULL = no connection setup (MoRIIO-only peer). Called only for a listener whose metadata has the kvx_ keys: a stock MoRIIO/MoRI listener is never sent kvx_connect, its rank completes with blob_b NULL. */
 	kvx_ctl_hs_done_fn on_done;        /**< Completion; not NULL. Called exactly once per accepted job. */
+	void (*on_accept)(void *arg);      /**< Optional: called on the control thread when the job is accepted (not a duplicate, see kvx_ctl_handshake_start()), before it can start or end; lets the caller's control-thread state say "a job runs". NULL = none. */
 	void *arg;                         /**< Passed to make_blob and on_done. */
 	uint64_t cookie;                   /**< Copied to the result. */
 };
