@@ -417,27 +417,34 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	struct eng P, D;
 	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
 	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	pp.defer_timeout_ms = 400;
+	pp.defer_timeout_ms = 3000;
 	dp.transfer_timeout_ms = 20000;
 	eng_start(&P, &pp, 0x5a);
 	eng_start(&D, &dp, 0);
-	kvx_engine_test_hold_read(D.e, true, 1);
 	const uint32_t pb[2] = {3, 4}, db[2] = {5, 6};
-	struct kvx_engine_serve sv = {.transfer_id = "tx-f", .local_blocks = pb, .n = 2};
-	struct kvx_engine_read r = {.transfer_id = "tx-f",
+	/* A read of blocks P never served connects D to P (and fails: no lease, issue 14), so the
+	 * handshake is not inside P's defer timeout below. */
+	struct kvx_engine_read r = {.transfer_id = "tx-f0",
 				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
 				    .local_blocks = db,
 				    .remote_blocks = pb,
 				    .n = 2};
+	struct seen s0 = {.transfer = -1};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	cr_assert(wait_for(D.e, "tx-f0", &s0, false, 20000000000ull));
+	cr_assert_eq(s0.transfer, KVX_CPL_FAILED);
+	cr_assert_eq(s0.error, -ESTALE);
+	kvx_engine_test_hold_read(D.e, true, 1);
+	struct kvx_engine_serve sv = {.transfer_id = "tx-f", .local_blocks = pb, .n = 2};
+	/* P serves from now on: its defer timeout (3 s) fires while D's read is in flight. */
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	r.transfer_id = "tx-f";
 	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
 	/* The read is provably started (layer 0 landed) and still in flight (layer 1 held). */
 	cr_assert_eq(kvx_xfer_layer_wait(D.e, "tx-f", 0, 20000), 0);
 	cr_assert_eq(kvx_xfer_layer_poll(D.e, "tx-f", 1), 0);
 	for (int k = 0; k < 2 * 128; k++)
 		cr_assert_eq(D.mem[0][5 * 128 + k], 0x5a);
-	/* P serves from now on: its defer timeout (400 ms from here, however slow the handshake
-	 * was) fires while D's read is in flight. */
-	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
 	/* P: TIMED_OUT, then BLOCKS_RELEASED only after the fence. */
 	struct seen sp = {.transfer = -1};
 	uint64_t end = kvx_now_ns() + 20000000000ull;
@@ -479,7 +486,7 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	}
 	struct kvx_engine_stats sts;
 	kvx_engine_get_stats(D.e, &sts);
-	cr_assert_eq(sts.transfers_failed, 1);
+	cr_assert_eq(sts.transfers_failed, 2);
 	cr_assert_eq(sts.transfers_done, 0);
 	eng_free(&D);
 	eng_free(&P);
@@ -634,7 +641,9 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
 	struct seen sa = {.transfer = -1}, spa = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-a", &sa, false, 20000000000ull));
-	cr_assert_eq(sa.transfer, KVX_CPL_DONE);
+	/* Not served yet: P holds no lease for it, so D reads nothing and fails (issue 14). */
+	cr_assert_eq(sa.transfer, KVX_CPL_FAILED);
+	cr_assert_eq(sa.error, -ESTALE);
 	/* Served only once D's release reached P (it is parked there), so P's short defer timeout
 	 * cannot race the first handshake or the release on a slow machine. */
 	uint64_t end = kvx_now_ns() + 20000000000ull;
@@ -673,8 +682,8 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 			cr_assert_eq(D.mem[l][5 * 128 + k], 0, "layer %d byte %d: reused bytes reached D", l, k);
 	kvx_engine_get_stats(D.e, &st);
 	cr_assert_eq(st.peer_resets, 1);
-	cr_assert_eq(st.transfers_done, 1);
-	cr_assert_eq(st.transfers_failed, 1);
+	cr_assert_eq(st.transfers_done, 0);
+	cr_assert_eq(st.transfers_failed, 2);
 	eng_free(&D);
 	eng_free(&P);
 }
@@ -1141,6 +1150,8 @@ static struct seen hetero_tp_read(uint32_t total, const char *tid)
 	cr_assert_eq(kvx_engine_ports(p, &hs, &nt), 0);
 	cr_assert_eq(kvx_engine_create(&dp, &d, err, sizeof(err)), 0, "%s", err);
 	split_engine_start(d, dm, 0);
+	struct kvx_engine_serve sv = {.transfer_id = tid, .local_blocks = (uint32_t[]){2}, .n = 1, .consumer_tp_size = 2};
+	cr_assert_eq(kvx_xfer_serve(p, &sv), 0);
 	struct kvx_engine_read r = {.transfer_id = tid,
 				    .peer = {.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt, .tp_size = 1},
 				    .local_blocks = (uint32_t[]){1},
