@@ -381,8 +381,8 @@ Test(runtime_lease, shm_read_producer_kill9_restart_same_ports)
 }
 
 /* WRITE consumer, incarnation gen: gets P's ports (and, gen 2, its predecessor's ports) from
- * the parent, fills its pool with 0x5c, reports its ports. gen 1 announces tx-w1 {3,4} and is
- * killed. gen 2 waits until the parent says tx-w1 ended at P, checks that its pool is untouched
+ * the parent, fills its pool with 0x5c, reports its ports. gen 1 announces tx-w0 {5,6} and tx-w1
+ * {3,4} and is killed. gen 2 waits until the parent says tx-w1 ended at P, checks that its pool is untouched
  * ('v' / 'X'), then announces tx-w2 {3,4} and reports whether P's blocks {1,2} landed ('d'). */
 static int child_consumer(const char *prov, int gen, int to_parent, int from_parent)
 {
@@ -399,9 +399,13 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 	struct et_track t = {.n = 0};
 	char c;
 	if (gen == 1) {
+		/* tx-w0 first: the producer's connection to this incarnation is up before tx-w1. */
+		uint32_t db0[2] = {5, 6};
+		struct kvx_engine_announce a0 = {.transfer_id = "tx-w0", .peer = peer_of(p.hs, p.nt),
+						 .local_blocks = db0, .n = 2};
 		struct kvx_engine_announce a = {.transfer_id = "tx-w1", .peer = peer_of(p.hs, p.nt),
 						.local_blocks = db, .n = 2};
-		if (kvx_xfer_announce(D.e, &a))
+		if (kvx_xfer_announce(D.e, &a0) || kvx_xfer_announce(D.e, &a))
 			return 12;
 		(void)rd(from_parent, &c, 1); /* killed here */
 		return 13;
@@ -429,12 +433,11 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 	return 0;
 }
 
-static bool got_notification(struct kvx_engine *e, void *arg)
+static bool got_notifications(struct kvx_engine *e, void *arg)
 {
-	(void)arg;
 	struct kvx_engine_stats st;
 	kvx_engine_get_stats(e, &st);
-	return st.notifications_received >= 1;
+	return st.notifications_received >= *(const uint64_t *)arg;
 }
 
 static void write_consumer_restart(const char *prov)
@@ -450,11 +453,21 @@ static void write_consumer_restart(const char *prov)
 	cr_assert_eq(rd(d1.from, &dp1, sizeof(dp1)), 0, "consumer 1 failed to start");
 	struct et_track tp = {.n = 0};
 	const uint32_t src[2] = {1, 2};
-	struct kvx_engine_write w = {.transfer_id = "tx-w1", .peer = peer_of(dp1.hs, dp1.nt), .local_blocks = src, .n = 2};
+	/* tx-w0 connects P to consumer 1 (a handshake in flight at the kill would only time out). */
+	struct kvx_engine_write w = {.transfer_id = "tx-w0", .peer = peer_of(dp1.hs, dp1.nt), .local_blocks = src, .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	et_follow(&tp, "tx-w0");
+	for (uint32_t l = 0; l < ET_NL; l++)
+		cr_assert_eq(kvx_xfer_layer_ready(P.e, "tx-w0", l, NULL), 0);
+	cr_assert_eq(kvx_xfer_seal(P.e, "tx-w0", ET_NL), 0);
+	et_expect_done(P.e, &tp, "tx-w0", true);
+	w.transfer_id = "tx-w1";
 	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
 	et_follow(&tp, "tx-w1");
-	/* Consumer 1's remote_blocks reached P; then it dies, and consumer 2 takes its ports. */
-	cr_assert(et_wait_until(P.e, &tp, got_notification, NULL), "remote_blocks never reached P");
+	/* Consumer 1's remote_blocks of tx-w1 reached P; then it dies, and consumer 2 takes its
+	 * ports. */
+	uint64_t two = 2;
+	cr_assert(et_wait_until(P.e, &tp, got_notifications, &two), "remote_blocks never reached P");
 	kill9(&d1);
 	cr_assert_eq(wr(d2.to, &pp, sizeof(pp)), 0);
 	cr_assert_eq(wr(d2.to, &dp1, sizeof(dp1)), 0);
@@ -466,8 +479,8 @@ static void write_consumer_restart(const char *prov)
 	cr_assert_eq(kvx_xfer_seal(P.e, "tx-w1", ET_NL), 0);
 	uint64_t t0 = kvx_now_ns();
 	cr_assert(et_wait(P.e, &tp, "tx-w1", true));
-	cr_assert_eq(tp.status[0], KVX_CPL_FAILED, "tx-w1 status %d error %d", tp.status[0], tp.error[0]);
-	cr_assert(tp.error[0] == -ECONNRESET || tp.error[0] == -ESTALE, "tx-w1 error %d", tp.error[0]);
+	cr_assert_eq(tp.status[1], KVX_CPL_FAILED, "tx-w1 status %d error %d", tp.status[1], tp.error[1]);
+	cr_assert(tp.error[1] == -ECONNRESET || tp.error[1] == -ESTALE, "tx-w1 error %d", tp.error[1]);
 	cr_assert_lt(kvx_now_ns() - t0, (uint64_t)LT_TIMEOUT_MS * 1000000ull);
 	char c = 0;
 	cr_assert_eq(wr(d2.to, "c", 1), 0);
