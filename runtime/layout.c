@@ -410,67 +410,140 @@ static void radix_sort32(uint32_t *keys, uint32_t *tmp, size_t n, const struct r
 		memcpy(keys, src, n * sizeof(*keys));
 }
 
-/* emit_plane() for 32-bit keys: the remote id is looked up by the pair index. */
-static size_t emit_plane32(const uint32_t *keys, size_t n, unsigned ibits, const uint32_t *remote_ids, uint64_t lbase,
-			   uint64_t rbase, uint64_t step, uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size,
-			   size_t out)
+/* The current run of an emitter, kept in registers and stored when it ends: an entry starting
+ * exactly where the run ends on both sides extends it (len > 0, so a duplicate never does). */
+struct plan_run {
+	uint64_t l, r, s;
+};
+
+/* Start emitting at out: continue the run stored last, if any. */
+static size_t run_open(struct plan_run *run, const uint64_t *loc, const uint64_t *rem, const uint64_t *size,
+		       size_t out)
 {
-	/* el, er: where the current run ends on each side; an entry starting exactly there on
-	 * both sides extends it (len > 0, so a duplicate never does). */
-	uint64_t el = 0, er = 0;
-	const uint32_t im = (uint32_t)((1ull << ibits) - 1);
-	size_t i = 0;
-	if (out) {
-		el = loc[out - 1] + size[out - 1];
-		er = rem[out - 1] + size[out - 1];
+	if (!out) {
+		*run = (struct plan_run){0};
+		return 0;
 	}
-	for (; i < n; i++) {
-		uint64_t l = lbase + (uint64_t)(keys[i] >> ibits) * step, r = rbase + remote_ids[keys[i] & im] * step;
-		if (out && l == el && r == er) {
-			size[out - 1] += len;
-			el += len;
-			er += len;
-			continue;
-		}
-		loc[out] = l;
-		rem[out] = r;
-		size[out] = len;
-		el = l + len;
-		er = r + len;
+	*run = (struct plan_run){loc[out - 1], rem[out - 1], size[out - 1]};
+	return out - 1;
+}
+
+/* Extend the run with (l, r, len) or store it at out and start a new one; returns the new out. */
+static inline size_t run_add(struct plan_run *run, uint64_t l, uint64_t r, uint64_t len, uint64_t *restrict loc,
+			     uint64_t *restrict rem, uint64_t *restrict size, size_t out)
+{
+	if (run->s && l == run->l + run->s && r == run->r + run->s) {
+		run->s += len;
+		return out;
+	}
+	if (run->s) {
+		loc[out] = run->l;
+		rem[out] = run->r;
+		size[out] = run->s;
+		out++;
+	}
+	*run = (struct plan_run){l, r, len};
+	return out;
+}
+
+static size_t run_close(const struct plan_run *run, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t out)
+{
+	if (run->s) {
+		loc[out] = run->l;
+		rem[out] = run->r;
+		size[out] = run->s;
 		out++;
 	}
 	return out;
 }
 
+/* Sort by placement, for a pool small next to the transfer (nb <= 5n, 16 <= n <= 2^16): each
+ * pair index goes to the slot of its local id and a bitmap marks the slots in use; walking the
+ * bitmap then visits the pairs in local id order. Slots and bitmap take 2nb + nb/8 + 8 bytes of
+ * scratch (16n bytes), which nb <= 5n keeps inside. */
+struct plan_places {
+	const uint16_t *slot;
+	const uint64_t *bits;
+	size_t words;
+};
+
+/* Returns false when a local id repeats (the radix route keeps duplicates in input order). */
+static bool place_by_bitmap(struct plan_places *pl, uint64_t *scratch, size_t n, const uint32_t *local_ids,
+			    uint64_t nb)
+{
+	const size_t words = (size_t)((nb + 63) / 64);
+	uint64_t *bits = scratch;
+	uint16_t *slot = (uint16_t *)(void *)(scratch + words);
+	memset(bits, 0, words * sizeof(*bits));
+	for (size_t i = 0; i < n; i++) {
+		uint32_t lb = local_ids[i];
+		uint64_t bit = 1ull << (lb & 63), *w = &bits[lb >> 6];
+		if (KVX_UNLIKELY(*w & bit))
+			return false;
+		*w |= bit;
+		slot[lb] = (uint16_t)i;
+	}
+	*pl = (struct plan_places){.slot = slot, .bits = bits, .words = words};
+	return true;
+}
+
+/* emit_plane() for 32-bit keys: the remote id is looked up by the pair index. */
+static size_t emit_plane32(const uint32_t *keys, size_t n, unsigned ibits, const uint32_t *remote_ids, uint64_t lbase,
+			   uint64_t rbase, uint64_t step, uint64_t len, uint64_t *restrict loc, uint64_t *restrict rem,
+			   uint64_t *restrict size, size_t out)
+{
+	const uint32_t im = (uint32_t)((1ull << ibits) - 1);
+	struct plan_run run;
+	out = run_open(&run, loc, rem, size, out);
+	for (size_t i = 0; i < n; i++) {
+		uint64_t l = lbase + (uint64_t)(keys[i] >> ibits) * step, r = rbase + remote_ids[keys[i] & im] * step;
+		out = run_add(&run, l, r, len, loc, rem, size, out);
+	}
+	return run_close(&run, loc, rem, size, out);
+}
+
+/* Emit one plane for pairs whose local ids are already non-decreasing, in input order. */
+static size_t emit_pairs(const uint32_t *local_ids, const uint32_t *remote_ids, size_t n, uint64_t lbase,
+			 uint64_t rbase, uint64_t step, uint64_t len, uint64_t *restrict loc, uint64_t *restrict rem,
+			 uint64_t *restrict size, size_t out)
+{
+	struct plan_run run;
+	out = run_open(&run, loc, rem, size, out);
+	for (size_t i = 0; i < n; i++)
+		out = run_add(&run, lbase + local_ids[i] * step, rbase + remote_ids[i] * step, len, loc, rem, size,
+			      out);
+	return run_close(&run, loc, rem, size, out);
+}
+
+/* Emit one plane for pairs placed by place_by_bitmap(), in local id order. */
+static size_t emit_places(const struct plan_places *pl, const uint32_t *remote_ids, uint64_t lbase, uint64_t rbase,
+			  uint64_t step, uint64_t len, uint64_t *restrict loc, uint64_t *restrict rem,
+			  uint64_t *restrict size, size_t out)
+{
+	struct plan_run run;
+	out = run_open(&run, loc, rem, size, out);
+	for (size_t wi = 0; wi < pl->words; wi++) {
+		for (uint64_t w = pl->bits[wi]; w; w &= w - 1) {
+			uint64_t lb = wi * 64 + (unsigned)__builtin_ctzll(w);
+			out = run_add(&run, lbase + lb * step, rbase + remote_ids[pl->slot[lb]] * step, len, loc, rem,
+				      size, out);
+		}
+	}
+	return run_close(&run, loc, rem, size, out);
+}
+
 /* Emit the triples of one plane for pairs already ordered by local id, merging on the fly
  * (§4.4's rule against the current run). Returns the new output count. */
 static size_t emit_plane(const uint64_t *keys, size_t n, uint64_t lbase, uint64_t rbase, uint64_t step,
-			 uint64_t len, uint64_t *loc, uint64_t *rem, uint64_t *size, size_t out)
+			 uint64_t len, uint64_t *restrict loc, uint64_t *restrict rem, uint64_t *restrict size, size_t out)
 {
-	/* el, er: where the current run ends on each side; an entry starting exactly there on
-	 * both sides extends it (len > 0, so a duplicate never does). */
-	uint64_t el = 0, er = 0;
-	size_t i = 0;
-	if (out) {
-		el = loc[out - 1] + size[out - 1];
-		er = rem[out - 1] + size[out - 1];
-	}
-	for (; i < n; i++) {
+	struct plan_run run;
+	out = run_open(&run, loc, rem, size, out);
+	for (size_t i = 0; i < n; i++) {
 		uint64_t l = lbase + (keys[i] >> 32) * step, r = rbase + (keys[i] & 0xffffffffu) * step;
-		if (out && l == el && r == er) {
-			size[out - 1] += len;
-			el += len;
-			er += len;
-			continue;
-		}
-		loc[out] = l;
-		rem[out] = r;
-		size[out] = len;
-		el = l + len;
-		er = r + len;
-		out++;
+		out = run_add(&run, l, r, len, loc, rem, size, out);
 	}
-	return out;
+	return run_close(&run, loc, rem, size, out);
 }
 
 KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *local_ids, const uint32_t *remote_ids,
@@ -499,36 +572,47 @@ KVX_API int kvx_plan_build(const struct kvx_layout_geom *g, const uint32_t *loca
 		memset(count[p], 0, (rp.mask + 1) * sizeof(uint32_t));
 	const unsigned ibits = n > 1 ? 64u - (unsigned)__builtin_clzll(n - 1) : 1u;
 	if (lbits + ibits <= 32 && rp.passes < 3) {
-		/* Half-size keys (local id, pair index): the index keeps the sort stable and finds the
-		 * remote id when the triples are emitted. */
-		uint32_t *k32 = (uint32_t *)scratch, bad, unsorted = 0;
-		uint32_t *c0 = count[0], *c1 = count[1];
-		const unsigned w = rp.width;
-		const uint32_t m = (uint32_t)rp.mask;
-		/* Keys and checks first (a loop the compiler vectorises), then the histograms, which
-		 * ordered ids skip. */
-		bad = local_ids[0] >= nb;
-		k32[0] = local_ids[0] << ibits;
+		/* Checks first (a loop of compares and ors), then one of three routes: ids already in
+		 * order are emitted as they are; a small pool is sorted by placement; otherwise
+		 * half-size keys (local id, pair index) are radix sorted, the index keeping the sort
+		 * stable and finding the remote id when the triples are emitted. */
+		uint32_t bad = local_ids[0] >= nb, unsorted = 0;
 		for (size_t i = 1; i < n; i++) {
-			uint32_t lb = local_ids[i];
-			bad |= lb >= nb;
-			unsorted |= lb < local_ids[i - 1];
-			k32[i] = lb << ibits | (uint32_t)i;
+			bad |= local_ids[i] >= nb;
+			unsorted |= local_ids[i] < local_ids[i - 1];
 		}
 		if (KVX_UNLIKELY(bad))
 			return -EINVAL;
-		if (unsorted) {
-			for (size_t i = 0; i < n; i++) {
-				uint32_t lb = local_ids[i];
-				c0[lb & m]++;
-				c1[(lb >> w) & m]++;
-			}
-			radix_sort32(k32, k32 + n, n, &rp, ibits, count);
+		const uint64_t len = g->block_len, lkv = es * g->local_kv_stride, rkv = es * g->remote_kv_stride;
+		size_t out;
+		if (!unsorted) {
+			out = emit_pairs(local_ids, remote_ids, n, 0, 0, step, len, loc, rem, size, 0);
+			if (tpb == 2)
+				out = emit_pairs(local_ids, remote_ids, n, lkv, rkv, step, len, loc, rem, size, out);
+			return (int)out;
 		}
-		size_t out = emit_plane32(k32, n, ibits, remote_ids, 0, 0, step, g->block_len, loc, rem, size, 0);
+		if (n >= 16 && n <= 65536 && nb <= 5 * n) {
+			struct plan_places pl;
+			if (place_by_bitmap(&pl, scratch, n, local_ids, nb)) {
+				out = emit_places(&pl, remote_ids, 0, 0, step, len, loc, rem, size, 0);
+				if (tpb == 2)
+					out = emit_places(&pl, remote_ids, lkv, rkv, step, len, loc, rem, size, out);
+				return (int)out;
+			}
+		}
+		uint32_t *k32 = (uint32_t *)scratch, *c0 = count[0], *c1 = count[1];
+		const unsigned w = rp.width;
+		const uint32_t m = (uint32_t)rp.mask;
+		for (size_t i = 0; i < n; i++) {
+			uint32_t lb = local_ids[i];
+			k32[i] = lb << ibits | (uint32_t)i;
+			c0[lb & m]++;
+			c1[(lb >> w) & m]++;
+		}
+		radix_sort32(k32, k32 + n, n, &rp, ibits, count);
+		out = emit_plane32(k32, n, ibits, remote_ids, 0, 0, step, len, loc, rem, size, 0);
 		if (tpb == 2)
-			out = emit_plane32(k32, n, ibits, remote_ids, es * g->local_kv_stride, es * g->remote_kv_stride,
-					   step, g->block_len, loc, rem, size, out);
+			out = emit_plane32(k32, n, ibits, remote_ids, lkv, rkv, step, len, loc, rem, size, out);
 		return (int)out;
 	}
 	uint32_t prev = 0, bad = 0;

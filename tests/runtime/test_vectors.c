@@ -1059,7 +1059,8 @@ Test(runtime_layout, peer_regions_mixed_split_and_mla_layers)
 
 /* kvx_plan_build (the one-pass planner the plan cache uses) against offsets + merge, entry for
  * entry, over split (K/V planes), MLA, plain interleaved (offsets-then-merge route) and
- * kernel-block interleaved geometries, with random, sorted, duplicated and plane-crossing ids. */
+ * kernel-block interleaved geometries, with random, distinct random, sorted, duplicated and
+ * plane-crossing ids. */
 static uint64_t xs(uint64_t *s)
 {
 	*s ^= *s << 13;
@@ -1117,6 +1118,27 @@ Test(runtime_layout, plan_build_equals_offsets_then_merge)
 		uint32_t nb = (uint32_t)g->num_blocks;
 		for (int trial = 0; trial < 40; trial++) {
 			size_t n = 1 + xs(&seed) % 600;
+			if (trial % 5 == 4) {
+				/* distinct random ids (a shuffled prefix of the pool): with nb <= 5n
+				 * the planner sorts by placement instead of radix */
+				static uint32_t perm[1400];
+				uint32_t m = nb < 1400 ? nb : 1400;
+				n = 140 + n % 461;
+				for (uint32_t i = 0; i < m; i++)
+					perm[i] = i;
+				for (size_t i = 0; i < n; i++) {
+					size_t j = i + xs(&seed) % (m - i);
+					uint32_t t = perm[i];
+					perm[i] = perm[j];
+					perm[j] = t;
+					lid[i] = perm[i];
+					rid[i] = (uint32_t)(xs(&seed) % nb);
+				}
+				char what[64];
+				snprintf(what, sizeof(what), "%s trial %d n %zu distinct", geo[gi].name, trial, n);
+				expect_build_equals_offsets_merge(g, lid, rid, n, what);
+				continue;
+			}
 			for (size_t i = 0; i < n; i++) {
 				switch (trial % 4) {
 				case 0: /* random, duplicates possible */
