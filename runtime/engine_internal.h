@@ -222,6 +222,7 @@ enum lease_phase {
 	LP_HELD = 2,     /* the lease was found: data ops may go */
 	LP_AFTER = 3,    /* the re-read of the word is outstanding */
 	LP_VERIFIED = 4, /* the word held across every data op: DONE allowed */
+	LP_WAIT = 5,     /* READ: not granted yet; looked up again by the next scan (1 ms) */
 };
 
 /* Cookie layer value of a lease read (data batches carry their layer, < KVX_ENGINE_MAX_LAYERS). */
@@ -344,7 +345,8 @@ uint32_t eng_lease_base(uint64_t key, uint32_t lease_n);
 int eng_lease_stamp(struct kvx_engine *e, uint64_t key, uint32_t *idx);
 /* Owning poller: revoke the word (before the blocks are handed back). */
 void eng_lease_clear(struct kvx_engine *e, uint32_t idx);
-/* Position in a read window (LEASE_WIN words) of the key's word; -ESTALE when none holds it. */
+/* Position in a read window (LEASE_WIN words) of the key's live grant; -ESTALE when only its
+ * tombstone is there (revoked), -EAGAIN when neither (not granted yet, or never). */
 int eng_lease_find(const uint64_t *win, uint64_t key, uint32_t *pos);
 /* kvx_engine_start(), after the contexts opened: directory + read buffer, registered. */
 int eng_lease_init(struct kvx_engine *e);

@@ -7,7 +7,9 @@
  * reads the words of its transfer's window before its first data op and the one word it found
  * again after its last one, and reports DONE only if that word did not change in between.
  *
- * Word: (lease key & ~0xffff) | generation, 0 = free. The key hashes the transfer id and the
+ * Word: (lease key & ~0xffff) | generation; 0 = never used; generation 0 = a tombstone (revoked,
+ * free for the next grant), so a reader that comes after the revocation fails at once instead of
+ * waiting for a grant that will not come. The key hashes the transfer id and the
  * producer's epoch, so a restarted producer (new epoch) never holds a key of its predecessor;
  * the generation (16 bits, never 0, per producer) tells two serves of one id apart. The word of
  * a key lives in the window of LEASE_WIN words starting at key % lease_n (no wrap: the
@@ -47,15 +49,25 @@ int eng_lease_stamp(struct kvx_engine *e, uint64_t key, uint32_t *idx)
 	if (!g)
 		g = 1;
 	e->lease_gen = g;
-	uint64_t w = (key & ~(uint64_t)LEASE_GEN_MASK) | g;
-	for (uint32_t i = 0; i < LEASE_WIN; i++) {
-		uint64_t z = 0;
-		/* R1: the lease is visible before the block ids leave this thread (the app hands them
-		 * to the consumer after kvx_xfer_serve() returns). */
-		if (atomic_compare_exchange_strong_explicit(&e->lease[base + i], &z, w, memory_order_acq_rel,
-							    memory_order_relaxed)) {
-			*idx = base + i;
-			return 0;
+	const uint64_t hi = key & ~(uint64_t)LEASE_GEN_MASK, w = hi | g;
+	/* A word is free when 0 or a tombstone (generation 0). Taken in this order: the tombstone
+	 * of this key (a reader never meets a stale tombstone next to a live grant of the same key),
+	 * a never-used word, then another key's tombstone (its late readers then wait for their
+	 * deadline instead of failing at once). */
+	for (int pass = 0; pass < 3; pass++) {
+		for (uint32_t i = 0; i < LEASE_WIN; i++) {
+			uint64_t cur = atomic_load_explicit(&e->lease[base + i], memory_order_relaxed);
+			if (cur & LEASE_GEN_MASK)
+				continue;
+			if ((pass == 0 && (!cur || cur != hi)) || (pass == 1 && cur))
+				continue;
+			/* R1: the grant is visible before the block ids leave this thread (the app hands
+			 * them on after kvx_xfer_serve() / kvx_xfer_announce() returns). */
+			if (atomic_compare_exchange_strong_explicit(&e->lease[base + i], &cur, w, memory_order_acq_rel,
+								    memory_order_relaxed)) {
+				*idx = base + i;
+				return 0;
+			}
 		}
 	}
 	return -ENOBUFS;
@@ -63,27 +75,34 @@ int eng_lease_stamp(struct kvx_engine *e, uint64_t key, uint32_t *idx)
 
 void eng_lease_clear(struct kvx_engine *e, uint32_t idx)
 {
-	/* R2: the revocation is stored before the completion that hands the blocks back is
-	 * enqueued (release); a reader that saw any byte written after that sees it too. */
-	atomic_store_explicit(&e->lease[idx], 0, memory_order_release);
+	/* R2: the revocation (a tombstone: the key, generation 0) is stored before the completion
+	 * that hands the blocks back is enqueued (release); a reader that saw any byte written after
+	 * that sees it too. Only this poller writes an occupied word. */
+	uint64_t w = atomic_load_explicit(&e->lease[idx], memory_order_relaxed);
+	atomic_store_explicit(&e->lease[idx], w & ~(uint64_t)LEASE_GEN_MASK, memory_order_release);
 }
 
 int eng_lease_find(const uint64_t *win, uint64_t key, uint32_t *pos)
 {
+	const uint64_t hi = key & ~(uint64_t)LEASE_GEN_MASK;
+	bool revoked = false;
 	for (uint32_t i = 0; i < LEASE_WIN; i++) {
-		if (win[i] && (win[i] & ~(uint64_t)LEASE_GEN_MASK) == (key & ~(uint64_t)LEASE_GEN_MASK)) {
+		if ((win[i] & ~(uint64_t)LEASE_GEN_MASK) != hi)
+			continue;
+		if (win[i] & LEASE_GEN_MASK) {
 			*pos = i;
 			return 0;
 		}
+		revoked = true;
 	}
-	return -ESTALE;
+	return revoked ? -ESTALE : -EAGAIN;
 }
 
 int eng_lease_init(struct kvx_engine *e)
 {
 	uint32_t n = 1;
-	while (n < 8 * e->p.max_transfers)
-		n <<= 1;
+	while (n < 8 * e->p.max_transfers || n < 1024)
+		n <<= 1; /* >= 1024: tombstones of small engines last a while */
 	e->lease_n = n;
 	size_t dir = ((size_t)n + LEASE_WIN) * sizeof(uint64_t);
 	size_t buf = (size_t)e->p.max_transfers * LEASE_WIN * sizeof(uint64_t);

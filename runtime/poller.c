@@ -476,6 +476,12 @@ static int lease_post(struct poller *po, struct xf *x, bool after)
 	return 0;
 }
 
+/* Whether the transfer's lease was found (data ops may go). */
+static bool lease_held(const struct xf *x)
+{
+	return x->lease_phase == LP_HELD || x->lease_phase == LP_AFTER || x->lease_phase == LP_VERIFIED;
+}
+
 /* Completion of a lease read: the lease is found / still held, or the transfer fails with
  * -ESTALE (never granted in this producer incarnation, or revoked: released, aborted, timed out). */
 static void lease_cpl(struct poller *po, struct xf *x)
@@ -483,7 +489,15 @@ static void lease_cpl(struct poller *po, struct xf *x)
 	const uint64_t *w = po->e->lease_buf + (size_t)x->slot * LEASE_WIN;
 	bool ok;
 	if (x->lease_phase == LP_BEFORE) {
-		ok = eng_lease_find(w, x->lease_key, &x->lease_pos) == 0;
+		int rc = eng_lease_find(w, x->lease_key, &x->lease_pos);
+		if (rc == -EAGAIN && x->lf.kind == KVX_XFER_K_READ) {
+			/* Not served yet: vLLM's producer hands the block ids on at request_finished and
+			 * serves them a scheduler step later. Wait for the grant (until the transfer's
+			 * deadline; a restarted producer never grants its predecessor's transfers). */
+			x->lease_phase = LP_WAIT;
+			return;
+		}
+		ok = rc == 0;
 		if (ok)
 			x->lease_word = w[x->lease_pos];
 	} else {
@@ -550,7 +564,7 @@ static void read_progress(struct poller *po, struct xf *x)
 	uint32_t limit = hold < e->n_layers ? hold : e->n_layers;
 	if (x->lf.next_layer == 0 && x->conn)
 		x->peer_epoch = x->conn->epoch;
-	if (!x->lf.failed && x->n && x->lease_phase < LP_HELD) {
+	if (!x->lf.failed && x->n && !lease_held(x)) {
 		/* No data op before the lease was found (runtime/lease.c). */
 		int lr = x->lease_phase == LP_NONE ? lease_post(po, x, false) : 0;
 		if (lr) {
@@ -616,7 +630,7 @@ static void write_progress(struct poller *po, struct xf *x)
 	}
 	if (cr == 0)
 		return;
-	if (t->alloc_epoch && x->lease_phase < LP_HELD) {
+	if (t->alloc_epoch && !lease_held(x)) {
 		/* An allocation a kvxfer consumer announced (`kvx_epoch`): nothing is written before
 		 * its lease was found on this connection; a restarted consumer holds no lease of its
 		 * predecessor (runtime/lease.c). remote_blocks without `kvx_epoch` (a MoRIIO decode
@@ -922,6 +936,10 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 		uint32_t before = po->n_live;
 		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? xf_entry(x) : NULL;
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK, .now_ns = now, .has_alloc = tw && tw->has_alloc});
+		if (po->n_live == before && x->lease_phase == LP_WAIT && !x->lf.reported) {
+			x->lease_phase = LP_NONE; /* look the lease up again */
+			progress(po, x);
+		}
 		if (po->n_live == before)
 			i++;
 	}

@@ -9,9 +9,10 @@
  *    and the consumer's blocks are untouched (issue item 1);
  *  - READ, the lease is revoked between the copies of one transfer (layer 0 read, layer 1 not
  *    yet): DONE is refused (the seqlock's second read), tcp and shm;
- *  - READ of blocks the producer never served: -ESTALE, no byte moved;
+ *  - READ of blocks the producer never served: no byte moved, TIMED_OUT at the deadline; a read
+ *    submitted before its serve waits for it;
  *  - READ, producer SIGKILLed and restarted on the same ports: the dead incarnation's block ids
- *    are never read from the new process (item 2);
+ *    are never read from the new process (item 2; it times out: the new process grants nothing);
  *  - WRITE, consumer SIGKILLed and restarted on the same ports after `remote_blocks`: nothing is
  *    written into the new process (item 3). */
 #include <criterion/criterion.h>
@@ -203,26 +204,35 @@ Test(runtime_lease, shm_lease_revoked_between_copies_fails_transfer)
 	revoked_between_copies("shm");
 }
 
-/* A read naming blocks P does not serve (or no longer serves) moves no byte: the tcp target is
- * asked for nothing but the lease window, and D's destination blocks keep their exact bytes. */
+/* A read naming blocks P does not serve moves no byte: D asks the tcp target for nothing but
+ * the lease window, again every scan (vLLM's producer serves a scheduler step after it handed
+ * the ids on), until its transfer deadline; D's destination blocks keep their exact bytes. A
+ * read submitted before its serve completes once the serve comes. */
 Test(runtime_lease, tcp_read_without_lease_moves_no_byte)
 {
 	struct et_eng P, D;
+	struct kvx_engine_params dp;
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ, "tcp", 0, 0, true);
-	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ, "tcp", 0, 0, false);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.transfer_timeout_ms = 1500;
+	et_start(&D, &dp, false);
 	fill(&D, 0x5c);
 	struct et_track tp = {.n = 0}, td = {.n = 0};
-	const uint32_t pb[3] = {1, 2, 3}, db[3] = {9, 10, 11};
-	serve(&P, &tp, "tx-served", pb, 3);
+	const uint32_t pb[3] = {1, 2, 3}, db[3] = {9, 10, 11}, de[3] = {12, 13, 14};
+	read_from(&D, &td, P.hs, P.nt, "tx-early", de, pb, 3);
 	read_from(&D, &td, P.hs, P.nt, "tx-other", db, pb, 3);
-	expect_end(D.e, &td, "tx-other", false, KVX_CPL_FAILED, -ESTALE);
-	cr_assert(all_is(&D, 0x5c), "a read without a lease changed the consumer's memory");
-	cr_assert_eq(et_bytes_moved(D.e), 0, "data moved without a lease");
-	/* The served transfer is unaffected. */
-	read_from(&D, &td, P.hs, P.nt, "tx-served", db, pb, 3);
-	et_expect_done(D.e, &td, "tx-served", false);
-	et_expect_blocks(&D, db, pb, 3, false);
-	et_expect_done(P.e, &tp, "tx-served", true);
+	serve(&P, &tp, "tx-early", pb, 3);
+	et_expect_done(D.e, &td, "tx-early", false);
+	cr_assert(et_wait(D.e, &td, "tx-other", false));
+	cr_assert_eq(td.status[1], KVX_CPL_TIMED_OUT, "tx-other: status %d error %d", td.status[1], td.error[1]);
+	cr_assert_eq(td.error[1], -ETIMEDOUT);
+	cr_assert_eq(td.bytes[1], 0, "tx-other moved bytes without a lease");
+	for (uint32_t i = 0; i < 3; i++)
+		cr_assert(block_is(&D, db[i], 0x5c), "a read without a lease changed block %u", db[i]);
+	for (uint32_t b = 0; b < 9; b++)
+		cr_assert(block_is(&D, b, 0x5c), "block %u changed", b);
+	et_expect_blocks(&D, de, pb, 3, false);
+	et_expect_done(P.e, &tp, "tx-early", true);
 	et_free(&D);
 	et_free(&P);
 }
@@ -342,7 +352,11 @@ static void read_producer_restart(const char *prov)
 	struct ports pp;
 	cr_assert_eq(rd(p1.from, &pp, sizeof(pp)), 0, "producer 1 failed to start");
 	struct et_eng D;
-	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ, prov, 0, 0, false);
+	struct kvx_engine_params dp;
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.transport = prov;
+	dp.transfer_timeout_ms = 2000;
+	et_start(&D, &dp, false);
 	struct et_track td = {.n = 0};
 	const uint32_t b12[2] = {1, 2}, b34[2] = {3, 4}, db[2] = {5, 6}, db2[2] = {7, 8};
 	read_from(&D, &td, pp.hs, pp.nt, "tx-1", db, b12, 2);
@@ -355,9 +369,14 @@ static void read_producer_restart(const char *prov)
 	struct ports pp2;
 	cr_assert_eq(rd(p2.from, &pp2, sizeof(pp2)), 0, "producer 2 failed to start on the same ports");
 	cr_assert(pp2.hs == pp.hs && pp2.nt == pp.nt);
-	/* D reads tx-2 with producer 1's block ids: never from producer 2's memory. */
+	/* D reads tx-2 with producer 1's block ids: never from producer 2's memory. Producer 2
+	 * never grants a lease for it, so D ends at its deadline (fnotify's failure notifications
+	 * can end it sooner). */
 	read_from(&D, &td, pp.hs, pp.nt, "tx-2", db2, b34, 2);
-	expect_end(D.e, &td, "tx-2", false, KVX_CPL_FAILED, -ESTALE);
+	cr_assert(et_wait(D.e, &td, "tx-2", false));
+	cr_assert_eq(td.status[1], KVX_CPL_TIMED_OUT, "tx-2: status %d error %d", td.status[1], td.error[1]);
+	cr_assert_eq(td.error[1], -ETIMEDOUT);
+	cr_assert_eq(td.bytes[1], 0);
 	cr_assert(block_is(&D, 7, 0) && block_is(&D, 8, 0), "producer 2's bytes reached tx-2's blocks");
 	/* Producer 2's own request reads fine, and producer 2 sees it done. */
 	read_from(&D, &td, pp.hs, pp.nt, "tx-3", db2, b34, 2);
