@@ -47,10 +47,11 @@
  * Block leases (docs/protocol.md §5.10, docs/architecture.md §3.1): the owner of the memory grants
  * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
  * transfer ends, before its blocks are handed back. A READ consumer checks the producer's lease
- * before its first op and again after its last: a transfer whose lease was never granted (the
- * producer does not serve that id, e.g. it restarted) or was revoked (release, abort, timeout)
- * ends FAILED with -ESTALE, never DONE; a layer reported by kvx_xfer_layer_poll() is final only
- * once the transfer is DONE. A WRITE producer checks a kvxfer consumer's lease before its first
+ * before its first op and again after its last: a transfer whose lease was revoked (release,
+ * abort, timeout) ends FAILED with -ESTALE, never DONE; one whose lease is not granted (yet)
+ * moves nothing and waits for the grant until its deadline (TIMED_OUT; the producer may serve
+ * after the consumer got the ids; a restarted producer never serves its predecessor's ids). A
+ * layer reported by kvx_xfer_layer_poll() is final only once the transfer is DONE. A WRITE producer checks a kvxfer consumer's lease before its first
  * write: a restarted consumer holds none of its predecessor's, so nothing is written into it.
  *
  * Endpoint errors and peer restarts (docs/protocol.md §6 item 18): when an op completes with the
