@@ -30,6 +30,9 @@
 #include "perf.h"
 #include "perf_xport.h"
 #include "perf_util.h"
+#include "px_auth.h"
+#include "kvxfer/control.h"
+#include <sodium.h>
 #include "trace_report.h"
 #include "kvxfer/mem.h"
 
@@ -60,6 +63,10 @@ static void usage(bool lat)
 	       "      --json FILE                      write the results as JSON ('-' = stdout)\n"
 	       "      --output=%s             print only the number\n"
 	       "      --local                          run the server on a second thread of this process\n"
+	       "      --auth-dir DIR                   both sides prove their keys (kvxfer-perf keygen DIR;\n"
+	       "                                       the peer's engine.key in DIR/allowed/) and the\n"
+	       "                                       out-of-band socket is sealed; --local: DIR/allowed/\n"
+	       "                                       must hold DIR/engine.key\n"
 	       "      --mem host|hip[:DEVICE]|hostdev  buffer memory (default host; hostdev: test-only\n"
 	       "                                       mock of device memory)\n"
 	       "  -V, --version                        print the version and exit\n"
@@ -340,6 +347,13 @@ static int parse_args(int argc, char **argv, bool lat, struct px_cfg *c)
 		case PERF_PX_O_LOCAL:
 			c->local = true;
 			break;
+		case PERF_PX_O_AUTH:
+			if (!optarg[0]) {
+				fprintf(stderr, "kvxfer-perf: --auth-dir '': expected a directory (kvxfer-perf keygen DIR)\n");
+				return 2;
+			}
+			c->auth_dir = optarg;
+			break;
 		case PERF_PX_O_PEER:
 			if (lat) {
 				fprintf(stderr, "kvxfer-perf: --peer is a bw option (lat has no peer loops)\n");
@@ -433,15 +447,24 @@ static int xfer_all(int fd, void *buf, size_t n, bool tx)
 	return 0;
 }
 
+/*
+ * --auth-dir: the sealed channel of this thread's out-of-band socket (the client's on the main
+ * thread, the server's on its own thread with --local), set after px_auth_client/server().
+ */
+static _Thread_local struct px_auth *t_auth;
+
 int px_msg_send(int fd, struct px_msg *m)
 {
 	m->magic = PX_MAGIC;
-	return xfer_all(fd, m, sizeof(*m), true);
+	return t_auth ? px_auth_send(t_auth, fd, m, sizeof(*m)) : xfer_all(fd, m, sizeof(*m), true);
 }
 
 int px_msg_recv(int fd, struct px_msg *m, uint32_t type)
 {
-	int rc = xfer_all(fd, m, sizeof(*m), false);
+	int rc = t_auth ? px_auth_recv(t_auth, fd, m, sizeof(*m)) : xfer_all(fd, m, sizeof(*m), false);
+	if (rc == -EBADMSG)
+		fprintf(stderr, "kvxfer-perf: an out-of-band message failed authentication (forged or "
+				"corrupted); closing\n");
 	if (rc)
 		return rc;
 	if (m->magic != PX_MAGIC || (type != PX_ANY && m->type != type)) {
@@ -681,10 +704,56 @@ static int listen_on(uint16_t port, uint16_t *bound)
 	return fd;
 }
 
+/* "ADDR:PORT" of an accepted peer ("?" if it has no IP address). */
+static void peer_str(const struct sockaddr_storage *ss, char *buf, size_t len)
+{
+	char a[INET6_ADDRSTRLEN] = "?";
+	unsigned port = 0;
+	if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *s6 = (const void *)ss;
+		inet_ntop(AF_INET6, &s6->sin6_addr, a, sizeof(a));
+		port = ntohs(s6->sin6_port);
+	} else if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *s4 = (const void *)ss;
+		inet_ntop(AF_INET, &s4->sin_addr, a, sizeof(a));
+		port = ntohs(s4->sin_port);
+	}
+	snprintf(buf, len, "%s port %u", a, port);
+}
+
+/* How long a connecting client may take over the authentication exchange. */
+#define PX_AUTH_TIMEOUT_NS (30ull * 1000000000ull)
+
 static int server_main(const struct px_cfg *c, int lfd)
 {
 	pin(c->cpu_server);
-	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	int fd;
+	uint64_t refused = 0;
+	/* With --auth-dir a refused connection is logged, counted and closed; the listener stays. */
+	for (;;) {
+		struct sockaddr_storage ss;
+		socklen_t sl = sizeof(ss);
+		fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+		if (fd < 0 && errno == EINTR)
+			continue;
+		if (fd < 0 || !c->auth_dir)
+			break;
+		char who[64] = "", err[320] = "";
+		int arc = px_auth_server(fd, c->auth_dir, PX_AUTH_TIMEOUT_NS, &t_auth, who, sizeof(who), err,
+					 sizeof(err));
+		if (!arc) {
+			fprintf(stderr, "kvxfer-perf server: client authenticated (key %s.key)\n", who);
+			break;
+		}
+		char addr[INET6_ADDRSTRLEN + 16];
+		peer_str(&ss, addr, sizeof(addr));
+		fprintf(stderr, "kvxfer-perf server: refused %s: %s (%llu refused so far%s)\n", addr, err,
+			(unsigned long long)++refused, c->local ? "" : "; still listening");
+		close(fd);
+		fd = -1;
+		if (c->local) /* the one client of --local is this process: nobody else will come */
+			break;
+	}
 	close(lfd);
 	if (fd < 0)
 		return 1;
@@ -692,6 +761,8 @@ static int server_main(const struct px_cfg *c, int lfd)
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	int rc = server_session(fd, c->lat ? 1000000ull : 20000ull, c->cpu_client == c->cpu_server);
 	close(fd);
+	px_auth_free(t_auth);
+	t_auth = NULL;
 	return rc ? 1 : 0;
 }
 
@@ -768,8 +839,12 @@ static int client_setup(const struct px_cfg *c, int fd, uint64_t maxsz, struct p
 	struct kvx_xport_ctx_params p;
 	char addr[INET6_ADDRSTRLEN];
 	ctx_params_from(m, fd, &p, addr);
-	if ((rc = px_msg_send(fd, m)) || (rc = px_msg_recv(fd, m, PX_HELLO)))
+	if ((rc = px_msg_send(fd, m)) || (rc = px_msg_recv(fd, m, PX_HELLO))) {
+		if (!c->auth_dir && (rc == -ECONNRESET || rc == -EPIPE))
+			fprintf(stderr, "kvxfer-perf: the server closed the connection at the first message "
+					"(if it runs with --auth-dir, give this side --auth-dir too)\n");
 		goto out;
+	}
 	if ((rc = m->rc)) {
 		fprintf(stderr, "kvxfer-perf: %s\n", m->err);
 		goto out;
@@ -855,7 +930,8 @@ static void header(const struct px_cfg *c, const struct px_sess *s)
 		       c->lat_method == PX_LAT_PINGPONG
 			       ? "ping-pong, t = round trip / 2 (as ib_write_lat)"
 			       : "post -> completion of one op (as ib_read_lat)");
-	printf(" Data ex. method : Ethernet (out-of-band TCP)\n");
+	printf(" Data ex. method : Ethernet (out-of-band TCP)%s\n",
+	       c->auth_dir ? ", authenticated (--auth-dir keys) and sealed" : ", unauthenticated");
 }
 
 static void bw_header(const struct px_cfg *c)
@@ -1146,12 +1222,28 @@ int px_main(int argc, char **argv, bool lat)
 	}
 	if ((rc = perf_check_gnuplot("bw", c.plot)) != 0)
 		return rc;
+	if (c.peer && c.auth_dir) {
+		fprintf(stderr, "kvxfer-perf bw: --auth-dir authenticates kvxfer's out-of-band socket; --peer %s "
+				"has none\n", c.peer);
+		return 2;
+	}
 	if (c.peer && c.plot) {
 		fprintf(stderr, "kvxfer-perf bw: --plot draws kvxfer's own sweep; not with --peer %s\n", c.peer);
 		return 2;
 	}
 	if (c.peer)
 		return peer_main(&c);
+	if (c.auth_dir) {
+		/* A directory without a usable key pair is a usage error, before anything listens. */
+		uint8_t pk[32], sk[32];
+		rc = kvx_ctl_auth_keypair(c.auth_dir, pk, sk);
+		sodium_memzero(sk, sizeof(sk));
+		if (rc) {
+			fprintf(stderr, "kvxfer-perf: --auth-dir %s: no usable key pair (%s); create one with "
+					"`kvxfer-perf keygen DIR`\n", c.auth_dir, kvx_strerror(rc));
+			return 2;
+		}
+	}
 	signal(SIGPIPE, SIG_IGN);
 	if (!c.host && !c.local) {
 		uint16_t port = 0;
@@ -1201,6 +1293,17 @@ int px_main(int argc, char **argv, bool lat)
 	int fd = dial(c.local ? "127.0.0.1" : c.host, port);
 	if (fd < 0)
 		return 1;
+	if (c.auth_dir) {
+		char err[400];
+		if ((rc = px_auth_client(fd, c.auth_dir, sizeof(struct px_msg), PX_AUTH_TIMEOUT_NS, &t_auth, err,
+					 sizeof(err)))) {
+			fprintf(stderr, "kvxfer-perf: %s\n", err);
+			close(fd);
+			if (server_started)
+				pthread_join(server, NULL);
+			return 1;
+		}
+	}
 	uint64_t maxsz = c.all ? PX_MAX_SIZE : c.size;
 	struct px_sess s = {0};
 	rc = client_setup(&c, fd, maxsz, &s);
@@ -1215,10 +1318,10 @@ int px_main(int argc, char **argv, bool lat)
 			fprintf(json,
 				"{\"command\": \"%s\", \"version\": \"%s\", \"commit\": \"%s\", "
 				"\"test\": \"%s\", \"transport\": \"%s\", \"mode\": \"%s\", \"qps\": %u, "
-				"\"batch\": %u, \"tx_depth\": %u, %s\"results\": [\n",
+				"\"batch\": %u, \"tx_depth\": %u, \"auth\": %s, %s\"results\": [\n",
 				lat ? "lat" : "bw", perf_version(), perf_commit(), lat ? "lat" : "bw", c.transport,
 				c.mode == KVX_XPORT_OP_READ ? "read" : "write", s.caps.num_channels,
-				c.batch, lat ? 1 : c.depth,
+				c.batch, lat ? 1 : c.depth, c.auth_dir ? "true" : "false",
 				!lat ? "" : c.lat_method == PX_LAT_PINGPONG ? "\"method\": \"pingpong\", "
 									 : "\"method\": \"completion\", ");
 		if (lat)
@@ -1288,6 +1391,8 @@ int px_main(int argc, char **argv, bool lat)
 			(unsigned long long)m->cnt.bytes_served);
 	free(m);
 	close(fd);
+	px_auth_free(t_auth);
+	t_auth = NULL;
 	kvx_xport_close(s.ctx);
 	buf_free(&s);
 	if (server_started) {

@@ -12,6 +12,7 @@
  * The ratio peer/kvx (median of the per-round ratios) is the figure to compare across machines. */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,14 +96,27 @@ struct peer_io {
 	char dir[64], ids[96], out[96];
 };
 
+/* The numpy peer script: installed next to the data (<prefix>/share/kvxfer, or
+ * KVX_PERF_DATA_DIR), else the source tree's bench/ (a kvxfer-perf run from its build tree). */
+static const char *peer_script(void)
+{
+	static char path[PATH_MAX];
+	if (!path[0]) {
+		snprintf(path, sizeof(path), "%s/plan_numpy_ref.py", perf_data_dir());
+		if (access(path, R_OK))
+			snprintf(path, sizeof(path), "%s", KVX_BENCH_SRC_DIR "/plan_numpy_ref.py");
+	}
+	return path;
+}
+
 /* Run the numpy peer once; on success fill seed/vec ns and compare its plan with kvx's. */
 static int run_peer(const struct plan_cfg *c, const struct kvx_layout_geom *g, uint32_t layers, uint32_t n,
 		    const struct peer_io *io, const uint64_t *l, const uint64_t *r, const uint64_t *s, size_t merged,
 		    double *seed_ns, double *vec_ns, char *note, size_t notelen)
 {
-	char cmd[768];
+	char cmd[PATH_MAX + 768];
 	snprintf(cmd, sizeof(cmd),
-		 PLAN_PEER_PY " '" KVX_BENCH_SRC_DIR "/plan_numpy_ref.py' '%s' '%s' %u %llu %llu %u %llu %llu %u %llu",
+		 PLAN_PEER_PY " '%s' '%s' '%s' %u %llu %llu %u %llu %llu %u %llu", peer_script(),
 		 io->ids, io->out, g->elem_size, (unsigned long long)g->block_stride, (unsigned long long)g->block_len,
 		 g->transfers_per_block == 2 ? 2u : 1u, (unsigned long long)g->local_kv_stride,
 		 (unsigned long long)g->remote_kv_stride, layers, (unsigned long long)(c->min_ns / 1000000));
@@ -313,14 +327,14 @@ static void usage(FILE *f)
 		   "                        [--pool N] [--remote-pool N] [--min-ms MS] [--seed S] [--json FILE]\n"
 		   "Time to plan one transfer (offsets + merge) for every layer of a model, in ns per\n"
 		   "block-layer, for random and contiguous block ids, against the seed's numpy algorithm\n"
-		   "(bench/plan_numpy_ref.py under " PLAN_PEER_PY "), in " PLAN_STR(PLAN_ROUNDS) " alternating rounds.\n"
+		   "(%s under " PLAN_PEER_PY "), in " PLAN_STR(PLAN_ROUNDS) " alternating rounds.\n"
 		   "  --models FILE      models.csv (default %s/models.csv)\n"
 		   "  --blocks N         blocks in the transfer (default 4096)\n"
 		   "  --block-tokens N   tokens per block (default 16)\n"
 		   "  --pool N           local num_blocks (default 4*blocks)\n"
 		   "  --remote-pool N    peer num_blocks (default pool + 1024: different on each side)\n"
 		   "  --min-ms MS        minimum measuring time per way (default 200)\n",
-		perf_data_dir());
+		peer_script(), perf_data_dir());
 }
 
 static int parse_u64(const char *name, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -420,8 +434,8 @@ int kvx_perf_plan_main(int argc, char **argv)
 	       m.name, m.mla ? "MLA 3-D" : "split K/V 5-D", m.num_layers, c.blocks, c.block_tokens,
 	       (unsigned long long)c.pool_blocks, (unsigned long long)c.remote_pool_blocks,
 	       (unsigned long long)(c.min_ns / 1000000), PLAN_ROUNDS);
-	printf("# peer: the seed's algorithm (per-pair offsets loop + numpy merge) in " PLAN_PEER_PY
-	       "; numpy-vec: the same with vectorised offsets; plans checked identical\n");
+	printf("# peer: the seed's algorithm (per-pair offsets loop + numpy merge) in " PLAN_PEER_PY " %s"
+	       "; numpy-vec: the same with vectorised offsets; plans checked identical\n", peer_script());
 	printf("%-11s %8s %8s %12s %13s %12s %12s %9s %10s\n", "pattern", "entries", "ranges", "kvx ns/b-l",
 	       "cached ns/b-l", "seed ns/b-l", "vec ns/b-l", "seed/kvx", "vec/kvx");
 	for (int i = 0; i < 2; i++) {

@@ -21,6 +21,7 @@
 #include "kvxfer/lcore.h"
 
 #include "kvxfer/common.h"
+#include "px_auth.h"
 #include "perf.h"
 #include "perf_util.h"
 #include "trace_lcores.h"
@@ -689,7 +690,10 @@ static int recv_hello(struct driver *D, int idx)
 	void *p;
 	int rc = trace_msg_recv(D->s[idx].fd, &h, &p);
 	if (rc) {
-		fprintf(stderr, "kvxfer-perf trace: %s did not start (%s)\n", D->s[idx].name, kvx_strerror(rc));
+		fprintf(stderr, "kvxfer-perf trace: %s did not start (%s)%s\n", D->s[idx].name, kvx_strerror(rc),
+			rc == -ECONNRESET && D->o->client && !D->o->auth_dir
+				? "; if the --server runs with --auth-dir, give --auth-dir here too"
+				: "");
 		return rc;
 	}
 	if (h.type == TRACE_MSG_FATAL) {
@@ -697,6 +701,11 @@ static int recv_hello(struct driver *D, int idx)
 			p ? (char *)p : "");
 		free(p);
 		return -EIO;
+	}
+	if (h.type == TRACE_MSG_REFUSED) {
+		fprintf(stderr, "kvxfer-perf trace: the --server refused this run: %s\n", p ? (char *)p : "");
+		free(p);
+		return -ECANCELED; /* a usage error: exit 2 */
 	}
 	const struct trace_msg_hello *hello = p;
 	if (h.type != TRACE_MSG_HELLO || h.len != sizeof(*hello) || hello->magic != TRACE_MSG_MAGIC) {
@@ -1110,10 +1119,24 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		if (spawn_role(&D, 0, argv, argc, &px) || spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	} else {
+		if (o->auth_dir && trace_auth_check(o->auth_dir)) {
+			exit_code = 2;
+			goto out;
+		}
 		int fd = connect_server(o->client, o->port, o->connect_timeout_ms);
 		if (fd < 0)
 			goto out;
 		D.s[0].fd = fd;
+		if (o->auth_dir) {
+			/* The driver channel proves both keys and is sealed before any option goes. */
+			char aerr[400];
+			struct px_auth *pa = NULL;
+			if (px_auth_client(fd, o->auth_dir, 0, TRACE_AUTH_TIMEOUT_NS, &pa, aerr, sizeof(aerr))) {
+				fprintf(stderr, "kvxfer-perf trace: --client: %s\n", aerr);
+				goto out;
+			}
+			trace_wire_seal(fd, pa); /* kept until exit: the channel lives as long as the run */
+		}
 		/* The options the server must agree on, and the pool this trace needs. */
 		struct trace_msg_setup su = {.magic = TRACE_MSG_MAGIC, .block_tokens = o->block_tokens,
 					     .write_mode = o->write_mode, .timeout_ms = o->timeout_ms,
@@ -1140,8 +1163,13 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		if (spawn_role(&D, 1, argv, argc, &cx))
 			goto out;
 	}
-	if (recv_hello(&D, 0) || recv_hello(&D, 1))
+	int hrc = recv_hello(&D, 0);
+	hrc = hrc ? hrc : recv_hello(&D, 1);
+	if (hrc) {
+		if (hrc == -ECANCELED)
+			exit_code = 2;
 		goto out;
+	}
 	const struct trace_msg_hello *hp = &D.s[0].hello, *hc = &D.s[1].hello;
 	if (hp->role != TRACE_ROLE_PRODUCER || hc->role != TRACE_ROLE_CONSUMER ||
 	    hp->write_mode != hc->write_mode || hp->write_mode != (uint32_t)o->write_mode ||
@@ -1151,6 +1179,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 				" start --server with the same --model, --block-size and -m\n",
 			hp->model, hp->write_mode ? "WRITE" : "READ", hp->block_tokens, hc->model,
 			hc->write_mode ? "WRITE" : "READ", hc->block_tokens);
+		exit_code = 2; /* options that must match do not: a usage error */
 		goto out;
 	}
 	if (!o->local) {

@@ -5,6 +5,7 @@
  * run's results and exit 1 if one failed (docs/operations.md §2).
  */
 #include <errno.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include "kvxfer/common.h"
+#include "kvxfer/control.h"
+#include "px_auth.h"
 #include "models.h"
 #include "perf_trace_internal.h"
 #include "perf_util.h"
@@ -74,7 +77,7 @@ static int serve_one(struct trace_opts *o, int fd)
 		snprintf(msg, sizeof(msg), "--server and --client disagree on:%s; give both the same values, or "
 					   "leave them off the --server command (it takes the client's)", bad);
 		fprintf(stderr, "kvxfer-perf trace --server: %s\n", msg);
-		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		trace_msg_send(fd, TRACE_MSG_REFUSED, msg, strlen(msg) + 1, NULL, 0);
 		return 2;
 	}
 	o->model = su->model;
@@ -91,7 +94,7 @@ static int serve_one(struct trace_opts *o, int fd)
 	if (perf_model_find(o->models_csv, o->model, &m, err, sizeof(err))) {
 		char msg[600];
 		snprintf(msg, sizeof(msg), "--server: --model %s: %s", o->model, err);
-		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		trace_msg_send(fd, TRACE_MSG_REFUSED, msg, strlen(msg) + 1, NULL, 0);
 		fprintf(stderr, "kvxfer-perf trace %s\n", msg);
 		return 2;
 	}
@@ -100,7 +103,7 @@ static int serve_one(struct trace_opts *o, int fd)
 		o->pool_blocks = su->pool_blocks; /* sized from the client's trace */
 	if (trace_check_pool_fits(o, o->pool_blocks, bb, 1)) {
 		const char *msg = "--server: the pool does not fit this host's memory (see the server's output)";
-		trace_msg_send(fd, TRACE_MSG_FATAL, msg, strlen(msg) + 1, NULL, 0);
+		trace_msg_send(fd, TRACE_MSG_REFUSED, msg, strlen(msg) + 1, NULL, 0);
 		return 2;
 	}
 	/* Default --host: the address of this host that the client reached. */
@@ -108,6 +111,18 @@ static int serve_one(struct trace_opts *o, int fd)
 	if (!(o->set & TRACE_SET_HOST) && !trace_net_local_addr(fd, myaddr, sizeof(myaddr)))
 		o->host = myaddr;
 	return trace_role_main(o, fd);
+}
+
+int trace_auth_check(const char *dir)
+{
+	uint8_t pk[32], sk[32];
+	int rc = kvx_ctl_auth_keypair(dir, pk, sk);
+	explicit_bzero(sk, sizeof(sk));
+	if (!rc)
+		return 0;
+	fprintf(stderr, "kvxfer-perf trace: --auth-dir %s: no usable key pair (%s); create one with "
+			"`kvxfer-perf keygen DIR`\n", dir, kvx_strerror(rc));
+	return 2;
 }
 
 int trace_run_server(struct trace_opts *o)
@@ -128,6 +143,8 @@ int trace_run_server(struct trace_opts *o)
 	}
 	if ((o->lcores || o->control_lcore != UINT32_MAX) && trace_check_role_lcores(o, o->lcores, "producer"))
 		return 2;
+	if (o->auth_dir && trace_auth_check(o->auth_dir))
+		return 2;
 	int ls = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	int one = 1, zero = 0;
 	struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_port = htons(o->port), .sin6_addr = in6addr_any};
@@ -141,7 +158,7 @@ int trace_run_server(struct trace_opts *o)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	unsigned failed = 0;
+	unsigned failed = 0, refused = 0;
 	for (uint32_t run = 1; o->runs == 0 || run <= o->runs; run++) {
 		char of[32] = ", until stopped";
 		if (o->runs)
@@ -157,6 +174,27 @@ int trace_run_server(struct trace_opts *o)
 			perror("kvxfer-perf trace: accept");
 			close(ls);
 			return 1;
+		}
+		/* --auth-dir: the driver connection proves the client's key and is sealed; a refused
+		 * one is logged, counted and closed, and does not use up a run. */
+		struct px_auth *pa = NULL;
+		if (o->auth_dir) {
+			char who[64] = "", aerr[400] = "";
+			if (px_auth_server(fd, o->auth_dir, TRACE_AUTH_TIMEOUT_NS, &pa, who, sizeof(who), aerr,
+					   sizeof(aerr))) {
+				struct sockaddr_in6 pa6;
+				socklen_t pl = sizeof(pa6);
+				char addr[INET6_ADDRSTRLEN] = "?";
+				if (!getpeername(fd, (struct sockaddr *)&pa6, &pl))
+					inet_ntop(AF_INET6, &pa6.sin6_addr, addr, sizeof(addr));
+				fprintf(stderr, "kvxfer-perf trace --server: refused a --client from %s: %s (%u refused "
+						"so far; still listening)\n", addr, aerr, ++refused);
+				close(fd);
+				run--;
+				continue;
+			}
+			fprintf(stderr, "kvxfer-perf trace --server: --client authenticated (key %s.key)\n", who);
+			trace_wire_seal(fd, pa);
 		}
 		/* A fresh process per run: its engine, pool and options start clean. */
 		fflush(NULL);
@@ -175,6 +213,8 @@ int trace_run_server(struct trace_opts *o)
 			_exit(rc);
 		}
 		close(fd);
+		trace_wire_seal(fd, NULL); /* the child has its own copy */
+		px_auth_free(pa);
 		int st = 0;
 		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
 			;

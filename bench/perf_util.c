@@ -528,6 +528,7 @@ const struct option perf_px_opts[] = {
 	{"ib-dev", required_argument, NULL, 'd'},
 	{"report_gbits", no_argument, NULL, PERF_PX_O_GBITS},
 	{"report-gbits", no_argument, NULL, PERF_PX_O_GBITS},
+	{"auth-dir", required_argument, NULL, PERF_PX_O_AUTH},
 	{"help", no_argument, NULL, 'h'},
 	{0, 0, 0, 0},
 };

@@ -194,7 +194,7 @@ int perf_check_cpu(long cpu, char *err, size_t errlen);
 enum perf_px_opt {
 	PERF_PX_O_QPS = 256, PERF_PX_O_BATCH, PERF_PX_O_DEPTH, PERF_PX_O_CHUNK, PERF_PX_O_JSON,
 	PERF_PX_O_OUTPUT, PERF_PX_O_LOCAL, PERF_PX_O_PEER, PERF_PX_O_MEM, PERF_PX_O_PLOT,
-	PERF_PX_O_GBITS,
+	PERF_PX_O_GBITS, PERF_PX_O_AUTH,
 };
 /** Short options of bw/lat, for getopt_long(). */
 #define PERF_PX_SHORTOPTS "t:m:s:an:D:l:p:d:h"

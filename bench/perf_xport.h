@@ -72,6 +72,7 @@ struct px_cfg {
 	bool lat;
 	const char *ib_dev;   /* -d/--ib-dev: RDMA device (implies verbs), NULL = first ACTIVE one */
 	bool gbits;           /* --report_gbits: bandwidth columns in Gb/s (10^9 bit/s) */
+	const char *auth_dir; /* --auth-dir: authenticate and seal the out-of-band socket (px_auth.h) */
 };
 
 struct px_sess {

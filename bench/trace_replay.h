@@ -106,6 +106,7 @@ enum trace_msg_type {
 	TRACE_MSG_FATAL = 10, /**< role -> driver: the role cannot continue (text payload). */
 	TRACE_MSG_SETUP = 11, /**< --client -> --server, first message: the run's options (struct trace_msg_setup). */
 	TRACE_MSG_RESULT = 12, /**< driver -> --server's producer, before QUIT: exit code (int32) + summary text. */
+	TRACE_MSG_REFUSED = 13, /**< --server -> --client, instead of HELLO: the options are refused (a usage error: they disagree, unknown model, pool too large); text payload. */
 };
 
 /** Magic in every HELLO ("KVXTRAC1"). */
@@ -215,9 +216,20 @@ struct trace_msg_stats {
 /** Send one message (blocking, handles short writes). @return 0 or -errno. */
 int trace_msg_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen);
 
+struct px_auth;
+/**
+ * --auth-dir: seal every later message on @p fd (the --server/--client driver connection) with
+ * @p a, an exchange made by px_auth_client/server() (px_auth.h): header and payload each go as
+ * one crypto_secretbox. NULL removes @p fd. At most 4 sealed fds per process. Call before
+ * messages flow on @p fd; each fd is then used by one thread at a time.
+ * @return 0, or -ENOSPC.
+ */
+int trace_wire_seal(int fd, struct px_auth *a);
+
 /**
  * Receive one message (blocking). *payload is malloc'ed (free it); NULL when len is 0.
- * @return 0, -ECONNRESET on EOF, -EPROTO on an oversized message, or -errno.
+ * @return 0, -ECONNRESET on EOF, -EPROTO on an oversized message, -EBADMSG on a sealed fd when
+ *         the bytes fail authentication, or -errno.
  */
 int trace_msg_recv(int fd, struct trace_msg_hdr *h, void **payload);
 

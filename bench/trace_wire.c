@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "px_auth.h"
 #include "trace_replay.h"
 
 static int write_all(int fd, struct iovec *iov, int n)
@@ -50,11 +51,64 @@ static int read_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
+/* Sealed fds (trace_wire_seal()): set before use, then each read by its fd's one thread. */
+static struct {
+	int fd;
+	struct px_auth *a;
+} g_seal[4] = {{-1, NULL}, {-1, NULL}, {-1, NULL}, {-1, NULL}};
+
+int trace_wire_seal(int fd, struct px_auth *a)
+{
+	for (int i = 0; i < 4; i++)
+		if (g_seal[i].fd == fd) {
+			g_seal[i].a = a;
+			if (!a)
+				g_seal[i].fd = -1;
+			return 0;
+		}
+	for (int i = 0; a && i < 4; i++)
+		if (g_seal[i].fd < 0) {
+			g_seal[i].fd = fd;
+			g_seal[i].a = a;
+			return 0;
+		}
+	return a ? -ENOSPC : 0;
+}
+
+static struct px_auth *seal_of(int fd)
+{
+	for (int i = 0; i < 4; i++)
+		if (g_seal[i].fd == fd)
+			return g_seal[i].a;
+	return NULL;
+}
+
+static int sealed_send(struct px_auth *x, int fd, const struct trace_msg_hdr *h, const void *a, size_t alen,
+		       const void *b, size_t blen)
+{
+	int rc = px_auth_send(x, fd, h, sizeof(*h));
+	if (rc || !h->len)
+		return rc;
+	uint8_t *p = malloc(h->len);
+	if (!p)
+		return -ENOMEM;
+	if (alen)
+		memcpy(p, a, alen);
+	if (blen)
+		memcpy(p + alen, b, blen);
+	rc = px_auth_send(x, fd, p, h->len);
+	free(p);
+	return rc;
+}
+
 int trace_msg_send(int fd, uint32_t type, const void *a, size_t alen, const void *b, size_t blen)
 {
 	if (alen + blen > TRACE_MSG_MAX)
 		return -EMSGSIZE;
 	struct trace_msg_hdr h = {.type = type, .len = (uint32_t)(alen + blen)};
+	struct px_auth *x = seal_of(fd);
+	if (x)
+		return sealed_send(x, fd, &h, a, alen, b, blen);
 	struct iovec iov[3] = {{&h, sizeof(h)}, {(void *)a, alen}, {(void *)b, blen}};
 	return write_all(fd, iov, blen ? 3 : (alen ? 2 : 1));
 }
@@ -62,7 +116,8 @@ int trace_msg_send(int fd, uint32_t type, const void *a, size_t alen, const void
 int trace_msg_recv(int fd, struct trace_msg_hdr *h, void **payload)
 {
 	*payload = NULL;
-	int rc = read_all(fd, h, sizeof(*h));
+	struct px_auth *x = seal_of(fd);
+	int rc = x ? px_auth_recv(x, fd, h, sizeof(*h)) : read_all(fd, h, sizeof(*h));
 	if (rc)
 		return rc;
 	if (h->len > TRACE_MSG_MAX)
@@ -72,7 +127,7 @@ int trace_msg_recv(int fd, struct trace_msg_hdr *h, void **payload)
 	void *p = malloc(h->len);
 	if (!p)
 		return -ENOMEM;
-	rc = read_all(fd, p, h->len);
+	rc = x ? px_auth_recv(x, fd, p, h->len) : read_all(fd, p, h->len);
 	if (rc) {
 		free(p);
 		return rc;

@@ -38,7 +38,10 @@ struct auth_peer {
 
 struct ctl_auth {
 	uint8_t pub[32], sec[32];
-	struct auth_peer *allowed;
+	char adir[4096];  /* DIR/allowed */
+	struct auth_peer *allowed; /* read at create, again when allowed/ may have changed */
+	struct stat seen;          /* allowed/ as stat(2) saw it just before the last read */
+	struct timespec read_at;   /* CLOCK_REALTIME of the last read */
 	uint32_t nallowed;
 	void *zap;        /* REP bound to ZAP_EP (control lcore once started) */
 	void *mon[2];     /* PAIR sockets receiving the ROUTERs' handshake-failure events */
@@ -123,50 +126,133 @@ static int load_own(struct ctl_auth *a, const char *dir)
 	return rc;
 }
 
-static int load_allowed(struct ctl_auth *a, const char *dir)
+/* Read DIR/allowed/ (adir) into a new array; *out and *n only on success. Errors logged when
+ * @p loud, else left to the caller. */
+static int read_allowed(const char *adir, struct auth_peer **out, uint32_t *n, int loud)
 {
-	char adir[4096];
-	snprintf(adir, sizeof(adir), "%s/allowed", dir);
 	DIR *d = opendir(adir);
 	if (!d) {
 		int e = errno;
-		kvx_log(KVX_LOG_ERROR, "control: auth allowlist %s: %s", adir, strerror(e));
+		if (loud)
+			kvx_log(KVX_LOG_ERROR, "control: auth allowlist %s: %s", adir, strerror(e));
 		return -e;
 	}
-	a->allowed = calloc(AUTH_ALLOWED_MAX, sizeof(*a->allowed));
-	if (!a->allowed) {
+	struct auth_peer *l = calloc(AUTH_ALLOWED_MAX, sizeof(*l));
+	if (!l) {
 		closedir(d);
 		return -ENOMEM;
 	}
+	uint32_t k = 0;
 	int rc = 0;
 	struct dirent *de;
 	while ((de = readdir(d)) && !rc) {
 		if (!ends_with(de->d_name, ".key"))
 			continue;
 		size_t nl = strlen(de->d_name) - 4;
-		if (a->nallowed == AUTH_ALLOWED_MAX || nl > KVX_CTL_HOST_MAX) {
-			kvx_log(KVX_LOG_ERROR, "control: %s: too many keys or name too long (%s)",
-				adir, de->d_name);
+		if (k == AUTH_ALLOWED_MAX || nl > KVX_CTL_HOST_MAX) {
+			if (loud)
+				kvx_log(KVX_LOG_ERROR, "control: %s: too many keys or name too long (%s)",
+					adir, de->d_name);
 			rc = -E2BIG;
 			break;
 		}
 		char path[8192];
 		snprintf(path, sizeof(path), "%s/%s", adir, de->d_name);
-		struct auth_peer *p = &a->allowed[a->nallowed];
+		struct auth_peer *p = &l[k];
 		rc = cert_key(path, "public-key", p->key);
 		if (rc) {
-			kvx_log(KVX_LOG_ERROR, "control: %s: no valid public-key (%s)", path,
-				strerror(-rc));
+			if (loud)
+				kvx_log(KVX_LOG_ERROR, "control: %s: no valid public-key (%s)", path,
+					strerror(-rc));
 			break;
 		}
 		memcpy(p->name, de->d_name, nl);
 		p->name[nl] = 0;
-		a->nallowed++;
+		k++;
 	}
 	closedir(d);
+	if (rc) {
+		free(l);
+		return rc;
+	}
+	*out = l;
+	*n = k;
+	return 0;
+}
+
+/* Remember allowed/ as it was just before a read (see auth_stale()). */
+static void mark_read(struct ctl_auth *a, const struct stat *st)
+{
+	a->seen = *st;
+	clock_gettime(CLOCK_REALTIME, &a->read_at);
+}
+
+static int load_allowed(struct ctl_auth *a, const char *dir)
+{
+	snprintf(a->adir, sizeof(a->adir), "%s/allowed", dir);
+	struct stat st;
+	int have = stat(a->adir, &st) == 0;
+	int rc = read_allowed(a->adir, &a->allowed, &a->nallowed, 1);
+	if (!rc && have)
+		mark_read(a, &st);
 	if (!rc && !a->nallowed)
-		kvx_log(KVX_LOG_WARN, "control: %s holds no *.key: every peer will be refused", adir);
+		kvx_log(KVX_LOG_WARN, "control: %s holds no *.key: every peer will be refused until one "
+			"is added", a->adir);
 	return rc;
+}
+
+static int ts_eq(const struct timespec *x, const struct timespec *y)
+{
+	return x->tv_sec == y->tv_sec && x->tv_nsec == y->tv_nsec;
+}
+
+/*
+ * May allowed/ hold other files than at the last read? Adding, removing or renaming a file
+ * changes the directory's mtime (and ctime). Timestamps have a coarse granularity (a kernel tick), so
+ * a change made in the same tick as the last read would not show: while the last read happened
+ * less than 2 s after the directory's last change, read again each time (as git does with its
+ * "racily clean" index entries). One stat(2) per connection otherwise.
+ */
+static int auth_stale(const struct ctl_auth *a, struct stat *st, int *have)
+{
+	*have = stat(a->adir, st) == 0;
+	if (!*have)
+		return 1; /* the read reports and keeps the list */
+	const struct stat *o = &a->seen;
+	if (st->st_ino != o->st_ino || st->st_dev != o->st_dev || st->st_size != o->st_size ||
+	    !ts_eq(&st->st_mtim, &o->st_mtim) || !ts_eq(&st->st_ctim, &o->st_ctim))
+		return 1;
+	return a->read_at.tv_sec - st->st_mtim.tv_sec < 2; /* entries change the mtime */
+}
+
+/*
+ * Read allowed/ again when it may have changed, so that a key added to it (or removed from it)
+ * takes effect at the next connection without restarting the engine. Called on the creator
+ * thread before start and on the control lcore after it (the only readers of the list). A
+ * directory that cannot be read keeps the previous list (logged, rate limited).
+ */
+static void auth_refresh(struct kvx_ctl *ctl, struct ctl_auth *a)
+{
+	struct auth_peer *l;
+	uint32_t n;
+	struct stat st;
+	int have;
+	if (!auth_stale(a, &st, &have))
+		return;
+	int rc = read_allowed(a->adir, &l, &n, 0);
+	if (!rc && have)
+		mark_read(a, &st); /* after a failed read, try again at the next connection */
+	if (rc) {
+		ctl_warn_rl(ctl, "auth: cannot read the allowlist %s again (%s); the %u keys read "
+			    "before stay in force", a->adir, strerror(-rc), a->nallowed);
+		return;
+	}
+	if (n != a->nallowed)
+		kvx_log(KVX_LOG_INFO, "control: auth allowlist %s now holds %u keys (was %u)", a->adir,
+			n, a->nallowed);
+	free(a->allowed);
+	a->allowed = l;
+	a->nallowed = n;
 }
 
 int ctl_auth_load(struct kvx_ctl *ctl, const char *dir)
@@ -218,6 +304,7 @@ int ctl_auth_client(struct kvx_ctl *ctl, void *sock, const char *host)
 	struct ctl_auth *a = ctl->auth;
 	if (!a)
 		return 0;
+	auth_refresh(ctl, a);
 	const struct auth_peer *srv = NULL;
 	for (uint32_t i = 0; i < a->nallowed && !srv; i++)
 		if (!strcmp(a->allowed[i].name, host))
@@ -283,6 +370,8 @@ static int zap_one(struct kvx_ctl *ctl, struct ctl_auth *a)
 			addr[l] = 0;
 		}
 	}
+	if (n >= 2)
+		auth_refresh(ctl, a);
 	int curve = n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
 		    zmq_msg_size(&f[6]) == 32;
 	for (uint32_t i = 0; curve && i < a->nallowed && !ok; i++)
@@ -495,5 +584,45 @@ int kvx_ctl_auth_keygen(const char *dir)
 	snprintf(p, sizeof(p), "%s/engine.key", dir);
 	rc = rc ? rc : write_cert(p, 0644, pub, NULL);
 	explicit_bzero(sec, sizeof(sec));
+	return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The same directory for channels that are not ZMQ sockets (kvxfer-perf bw/lat)             */
+/* ---------------------------------------------------------------------------------------- */
+
+int kvx_ctl_auth_keypair(const char *dir, uint8_t pub[32], uint8_t sec[32])
+{
+	if (!dir || !dir[0] || strlen(dir) > 4000 || !pub || !sec)
+		return -EINVAL;
+	struct ctl_auth a = {0};
+	int rc = load_own(&a, dir);
+	if (!rc) {
+		memcpy(pub, a.pub, 32);
+		memcpy(sec, a.sec, 32);
+	}
+	explicit_bzero(a.sec, sizeof(a.sec));
+	return rc;
+}
+
+int kvx_ctl_auth_allowed(const char *dir, const uint8_t key[32], char *name, size_t len)
+{
+	if (!dir || !dir[0] || strlen(dir) > 4000 || !key)
+		return -EINVAL;
+	char adir[4096];
+	snprintf(adir, sizeof(adir), "%s/allowed", dir);
+	struct auth_peer *l;
+	uint32_t n;
+	int rc = read_allowed(adir, &l, &n, 1);
+	if (rc)
+		return rc;
+	rc = -EACCES;
+	for (uint32_t i = 0; i < n && rc; i++)
+		if (!memcmp(l[i].key, key, 32)) {
+			if (name && len)
+				snprintf(name, len, "%s", l[i].name);
+			rc = 0;
+		}
+	free(l);
 	return rc;
 }

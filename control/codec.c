@@ -12,12 +12,32 @@
 /* Notify                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
 
+/* The identity keys of a kvxfer sender, after the message's own keys (a MoRIIO receiver looks
+ * keys up by name and ignores these). */
+static int pk_ident(msgpack_packer *pk, const struct kvx_msg_notify *m)
+{
+	if (!m->sender_id[0])
+		return 0;
+	int f = pk_kv_str(pk, "kvx_engine", m->sender_id);
+	f |= pk_kv_u64(pk, "kvx_rank", (uint64_t)m->sender_rank);
+	if (m->sender_epoch)
+		f |= pk_kv_u64(pk, "kvx_epoch", m->sender_epoch);
+	return f;
+}
+
 int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
 {
 	if (!m || !buf || cap > INT32_MAX)
 		return -EINVAL;
 	if (!id_ok(m->transfer_id, KVX_MSG_ID_MAX))
 		return -EINVAL;
+	/* The sender's identity (kvxfer peers): kvx_engine + kvx_rank [+ kvx_epoch]. */
+	uint32_t ident = 0;
+	if (m->type != KVX_MSG_REMOTE_BLOCKS && m->type != KVX_MSG_COMPLETION && m->sender_id[0]) {
+		if (!id_ok(m->sender_id, KVX_MSG_NAME_MAX) || m->sender_rank < 0 || m->sender_rank > 65535)
+			return -EINVAL;
+		ident = m->sender_epoch ? 3 : 2;
+	}
 	struct kvx_ctl_wbuf w;
 	kvx_ctl_wbuf_init(&w, buf, cap);
 	msgpack_packer pk;
@@ -61,18 +81,42 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
 		break;
 	}
 	case KVX_MSG_WRITE_DONE:
-		f |= msgpack_pack_map(&pk, 2);
+		f |= msgpack_pack_map(&pk, 2 + ident);
 		f |= pk_kv_str(&pk, "type", "write_done");
 		f |= pk_kv_str(&pk, "transfer_id", m->transfer_id);
+		f |= pk_ident(&pk, m);
 		break;
 	case KVX_MSG_RELEASE:
 		if (m->has_consumer_tp_size && m->consumer_tp_size == 0)
 			return -EINVAL;
-		f |= msgpack_pack_map(&pk, m->has_consumer_tp_size ? 3 : 2);
+		f |= msgpack_pack_map(&pk, (m->has_consumer_tp_size ? 3 : 2) + ident);
 		f |= pk_kv_str(&pk, "type", "release");
 		f |= pk_kv_str(&pk, "transfer_id", m->transfer_id);
 		if (m->has_consumer_tp_size)
 			f |= pk_kv_u64(&pk, "consumer_tp_size", m->consumer_tp_size);
+		f |= pk_ident(&pk, m);
+		break;
+	case KVX_MSG_FAILED:
+		if (!ident || m->fail_status < 1 || m->fail_status > 3 || m->fail_error > 0 ||
+		    m->fail_error < -4095 || strnlen(m->reason, KVX_MSG_REASON_MAX + 1) > KVX_MSG_REASON_MAX ||
+		    !kvx_ctl_utf8_ok((const uint8_t *)m->reason, strlen(m->reason)))
+			return -EINVAL;
+		f |= msgpack_pack_map(&pk, 5 + ident);
+		f |= pk_kv_str(&pk, "type", "kvx_failed");
+		f |= pk_kv_str(&pk, "transfer_id", m->transfer_id);
+		f |= pk_kv_u64(&pk, "kvx_status", m->fail_status);
+		f |= pk_str(&pk, "kvx_error");
+		f |= msgpack_pack_int32(&pk, m->fail_error);
+		f |= pk_kv_str(&pk, "kvx_reason", m->reason);
+		f |= pk_ident(&pk, m);
+		break;
+	case KVX_MSG_STATUS_QUERY:
+		if (!ident)
+			return -EINVAL;
+		f |= msgpack_pack_map(&pk, 2 + ident);
+		f |= pk_kv_str(&pk, "type", "kvx_status_query");
+		f |= pk_kv_str(&pk, "transfer_id", m->transfer_id);
+		f |= pk_ident(&pk, m);
 		break;
 	case KVX_MSG_COMPLETION: {
 		size_t n = strlen(m->transfer_id);
@@ -170,6 +214,11 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 	m->num_groups = 0;
 	m->num_blocks = 0;
 	m->sender_epoch = 0;
+	m->sender_id[0] = 0;
+	m->sender_rank = -1;
+	m->fail_status = 0;
+	m->fail_error = 0;
+	m->reason[0] = 0;
 	if (len > KVX_MSG_NOTIFY_MAX_BYTES) {
 		kvx_ctl_seterr(err, err_len, "frame of %zu bytes exceeds %u", len,
 			       KVX_MSG_NOTIFY_MAX_BYTES);
@@ -188,9 +237,10 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 	if (rc)
 		return rc;
 	static const char *const keys[] = {"type", "transfer_id", "req_id", "block_notify_list",
-					   "decode_rank", "consumer_tp_size", "kvx_epoch"};
-	const msgpack_object *v[7];
-	rc = map_lookup(&u.data, keys, 7, v, err, err_len);
+					   "decode_rank", "consumer_tp_size", "kvx_epoch", "kvx_engine",
+					   "kvx_rank", "kvx_status", "kvx_error", "kvx_reason"};
+	const msgpack_object *v[12];
+	rc = map_lookup(&u.data, keys, 12, v, err, err_len);
 	if (rc)
 		goto out;
 	if (v[0]) {
@@ -206,6 +256,10 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 			m->type = KVX_MSG_WRITE_DONE;
 		} else if (key_is(v[0], "release")) {
 			m->type = KVX_MSG_RELEASE;
+		} else if (key_is(v[0], "kvx_failed")) {
+			m->type = KVX_MSG_FAILED;
+		} else if (key_is(v[0], "kvx_status_query")) {
+			m->type = KVX_MSG_STATUS_QUERY;
 		} else {
 			uint32_t n = obj_size(v[0]) > 64 ? 64 : obj_size(v[0]);
 			char t[65];
@@ -246,7 +300,44 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 		if (v[6] && (rc = get_uint(v[6], "kvx_epoch", UINT64_MAX, &m->sender_epoch, err,
 					   err_len)))
 			goto out;
-	} else if (m->type == KVX_MSG_RELEASE && v[5]) {
+		goto out;
+	}
+	/* The sender's identity: both keys or neither (kvx_epoch optional with them). */
+	if ((v[7] != NULL) != (v[8] != NULL) && (m->type != KVX_MSG_FAILED && m->type != KVX_MSG_STATUS_QUERY)) {
+		kvx_ctl_seterr(err, err_len, "fields 'kvx_engine' and 'kvx_rank' come together");
+		rc = -EPROTO;
+		goto out;
+	}
+	if (m->type == KVX_MSG_FAILED || m->type == KVX_MSG_STATUS_QUERY) {
+		if ((rc = need(v[7], "kvx_engine", err, err_len)) || (rc = need(v[8], "kvx_rank", err, err_len)))
+			goto out;
+	}
+	if (v[7]) {
+		uint64_t r;
+		if ((rc = get_text(v[7], "kvx_engine", m->sender_id, sizeof(m->sender_id), 0, err, err_len)) ||
+		    (rc = get_uint(v[8], "kvx_rank", 65535, &r, err, err_len)) ||
+		    (v[6] && (rc = get_uint(v[6], "kvx_epoch", UINT64_MAX, &m->sender_epoch, err, err_len))))
+			goto out;
+		m->sender_rank = (int64_t)r;
+	}
+	if (m->type == KVX_MSG_FAILED) {
+		uint64_t st;
+		int64_t er;
+		if ((rc = need(v[9], "kvx_status", err, err_len)) || (rc = need(v[10], "kvx_error", err, err_len)) ||
+		    (rc = need(v[11], "kvx_reason", err, err_len)) ||
+		    (rc = get_uint(v[9], "kvx_status", 3, &st, err, err_len)) ||
+		    (rc = get_int(v[10], "kvx_error", -4095, 0, &er, err, err_len)) ||
+		    (rc = get_text(v[11], "kvx_reason", m->reason, sizeof(m->reason), 1, err, err_len)))
+			goto out;
+		if (st == 0) {
+			kvx_ctl_seterr(err, err_len, "field 'kvx_status' must name a failure (1..3)");
+			rc = -EPROTO;
+			goto out;
+		}
+		m->fail_status = (uint32_t)st;
+		m->fail_error = (int32_t)er;
+	}
+	if (m->type == KVX_MSG_RELEASE && v[5]) {
 		uint64_t t;
 		if ((rc = get_uint(v[5], "consumer_tp_size", 1u << 16, &t, err, err_len)))
 			goto out;

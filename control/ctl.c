@@ -511,6 +511,15 @@ void kvx_ctl_counters_get(const struct kvx_ctl *ctl, struct kvx_ctl_counters *ou
 	RD(oversize); RD(send_errors); RD(inbox_full); RD(hs_served); RD(connect_served);
 	RD(hs_ok); RD(hs_failed); RD(heartbeats); RD(peers_evicted); RD(peers_open);
 	RD(watch_errors); RD(auth_refused); RD(auth_accepted);
+	for (int i = 0; i < KVX_CTL_MSG_TYPES; i++) {
+		RD(notify_rx_type[i]);
+		RD(notify_tx_type[i]);
+	}
+	for (int r = 0; r < 2; r++) {
+		RD(hs_lat_sum_ns[r]);
+		for (int b = 0; b <= KVX_CTL_HS_NB; b++)
+			RD(hs_lat[r][b]);
+	}
 #undef RD
 }
 

@@ -65,6 +65,7 @@ enum slot_kind { SLOT_SEND = 1, SLOT_TERMINAL, SLOT_LIVE, SLOT_HANDSHAKE };
 
 struct slot {
 	enum slot_kind kind;
+	uint8_t mtype; /* SLOT_SEND: enum kvx_msg_type of the notification, 0 = raw bytes */
 	uint16_t port;
 	char host[KVX_CTL_HOST_MAX + 1];
 	char tid[KVX_MSG_ID_MAX + 1];
@@ -126,6 +127,9 @@ struct ctr {
 	_Atomic uint64_t notify_rx, notify_tx, dropped_terminal, malformed, unknown_type, oversize,
 		send_errors, inbox_full, hs_served, connect_served, hs_ok, hs_failed, heartbeats,
 		peers_evicted, peers_open, watch_errors, auth_refused, auth_accepted;
+	_Atomic uint64_t notify_rx_type[KVX_CTL_MSG_TYPES], notify_tx_type[KVX_CTL_MSG_TYPES];
+	_Atomic uint64_t hs_lat[2][KVX_CTL_HS_NB + 1]; /* [ok, failed][bucket] */
+	_Atomic uint64_t hs_lat_sum_ns[2];
 };
 
 /* One raw fd in the control lcore's poll set (kvx_ctl_watch_fd()). */

@@ -201,6 +201,14 @@ static void report(struct kvx_ctl *ctl, struct hs_job *j, int status, const char
 		CINC(ctl, hs_failed);
 	else
 		CINC(ctl, hs_ok);
+	/* Latency histogram (metrics endpoint): start of the job to this report. */
+	static const double bounds[KVX_CTL_HS_NB] = {KVX_CTL_HS_BOUNDS_S};
+	uint64_t lat = res.end_ns - res.start_ns;
+	int k = status ? 1 : 0, b = 0;
+	while (b < KVX_CTL_HS_NB && (double)lat / 1e9 > bounds[b])
+		b++;
+	CINC(ctl, hs_lat[k][b]);
+	atomic_fetch_add_explicit(&ctl->c.hs_lat_sum_ns[k], lat, memory_order_relaxed);
 	j->p.on_done(j->p.arg, &res);
 	free(rr);
 }
@@ -359,7 +367,10 @@ void ctl_job_on_readable(struct kvx_ctl *ctl, struct hs_job *j)
 			return;
 		}
 		if (ph == HS_LAYERS) {
-			if (j->p.make_blob) {
+			/* kvx_connect goes only to a kvxfer listener (kvx_ keys in its metadata): a
+			 * stock MoRIIO/MoRI listener accepts nothing but get_meta_msg, so its rank
+			 * completes here without blob B and the caller decides (issue 14). */
+			if (j->p.make_blob && r->meta.has_kvx) {
 				size_t la = 0;
 				uint8_t *blob = ctl->txbuf + 1024;
 				rc = j->p.make_blob(j->p.arg, r->dp_rank, &r->meta, blob,

@@ -148,6 +148,7 @@ int kvx_ctl_send_raw(struct kvx_ctl_inbox *ib, const char *host, uint16_t port, 
 		return -ENOBUFS;
 	}
 	s->kind = SLOT_SEND;
+	s->mtype = 0;
 	strcpy(s->host, host);
 	s->port = port;
 	s->data = big ? big : s->inline_buf;
@@ -192,6 +193,7 @@ int kvx_ctl_send_notify(struct kvx_ctl_inbox *ib, const char *host, uint16_t por
 		s->data = s->inline_buf;
 	}
 	s->kind = SLOT_SEND;
+	s->mtype = (unsigned)m->type < KVX_CTL_MSG_TYPES ? (uint8_t)m->type : 0;
 	strcpy(s->host, host);
 	s->port = port;
 	s->len = (size_t)n;

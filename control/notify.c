@@ -72,6 +72,7 @@ void ctl_notify_send(struct kvx_ctl *ctl, struct slot *s)
 	}
 	n->used_ns = kvx_now_ns();
 	CINC(ctl, notify_tx);
+	CINC(ctl, notify_tx_type[s->mtype < KVX_CTL_MSG_TYPES ? s->mtype : 0]);
 }
 
 void ctl_terminal_add(struct kvx_ctl *ctl, const char *tid)
@@ -143,11 +144,17 @@ int ctl_notify_recv(struct kvx_ctl *ctl)
 					CINC(ctl, unknown_type);
 				ctl_warn_rl(ctl, "notify: dropped a %zu-byte message from %s: %s",
 					zmq_msg_size(&pl), addr ? addr : "?", err);
-			} else if (ctl_smap_find(&ctl->terminal, m->transfer_id)) {
+			} else if (ctl_smap_find(&ctl->terminal, m->transfer_id) &&
+				   m->type != KVX_MSG_STATUS_QUERY &&
+				   !(m->type == KVX_MSG_REMOTE_BLOCKS && m->sender_epoch)) {
+				/* A kvxfer peer's status query or allocation for a finished transfer
+				 * still goes through: its answer comes from the engine's record. */
 				CINC(ctl, dropped_terminal);
 				atomic_fetch_add_explicit(&ps->dropped, 1, memory_order_relaxed);
 			} else {
 				CINC(ctl, notify_rx);
+				if ((unsigned)m->type < KVX_CTL_MSG_TYPES)
+					CINC(ctl, notify_rx_type[m->type]);
 				if (ctl->p.on_notify)
 					ctl->p.on_notify(ctl->p.notify_arg, m);
 			}

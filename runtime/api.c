@@ -108,6 +108,8 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 	}
 	e->xfree = next_free;
 	r->user = x;
+	if (pr)
+		pr->n_live++; /* not evictable while it has live transfers (peer.c peer_slot()) */
 	return 0;
 }
 
@@ -341,6 +343,8 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 				}
 				x->next_free = e->xfree; /* the object is free for the next submission */
 				e->xfree = x->slot + 1;
+				if (x->peer && !--x->peer->n_live)
+					x->peer->idle_since = kvx_now_ns();
 			}
 		}
 	}

@@ -75,6 +75,7 @@ KVX_API void kvx_engine_params_init(struct kvx_engine_params *p)
 	p->handshake_timeout_ms = 10000;
 	p->transfer_timeout_ms = 30000;
 	p->defer_timeout_ms = 60000;
+	p->peer_idle_ms = 60000;
 	p->max_transfers = 1024;
 	p->max_blocks = 8192;
 }
@@ -498,6 +499,13 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	}
 	if ((rc = kvx_ctl_start(e->ctl)))
 		return rc;
+	/* This worker's name in the acks and failure notes it sends kvxfer peers: its engine id
+	 * (the handshake base port, or the bound one with ephemeral ports), TP rank and epoch. */
+	uint16_t hs_bound = 0;
+	kvx_ctl_bound_ports(e->ctl, &hs_bound, NULL);
+	snprintf(e->self_id, sizeof(e->self_id), "%s:%u", e->host,
+		 e->p.handshake_port ? e->p.handshake_port : hs_bound);
+	e->self_epoch = kvx_ctl_epoch(e->ctl);
 	for (uint32_t k = 0; k < e->n_po; k++) {
 		struct poller *po = e->po[k];
 		if ((rc = kvx_poller_register(po->lc, eng_poll_fn, po, "engine", NULL)))

@@ -48,8 +48,11 @@ struct emsg {
 	uint32_t n;     /* block count */
 	void *ptr;      /* peer*, malloc'ed block ids */
 	uint64_t u64;   /* consumer_tp_size (release) / sender epoch (remote_blocks) */
+	uint64_t key;   /* the named sender (kvx_xfer_sender_key()), 0 for a MoRIIO sender */
+	int32_t err;    /* kvx_failed: the producer's error */
+	uint32_t fst;   /* kvx_failed: the producer's status */
 	char tid[KVX_ENGINE_ID_MAX];
-	uint8_t pad[256 - 32 - KVX_ENGINE_ID_MAX];
+	uint8_t pad[256 - 48 - KVX_ENGINE_ID_MAX];
 };
 _Static_assert(sizeof(struct emsg) == 256, "ring element size");
 
@@ -65,6 +68,7 @@ enum hs_state {
 	HS_PENDING = 1,
 	HS_READY = 2,
 	HS_FAILED = 3,
+	HS_EVICTED = 4, /* app thread: the peer is being forgotten; nothing starts a handshake */
 };
 
 struct layer {
@@ -102,7 +106,9 @@ struct conn;
  *  - bytes, ops, transfers, failures: counters, relaxed adds by the pollers; read by any. */
 struct peer {
 	struct kvx_engine *e;
-	uint64_t id; /* key in the engine's RCU table of connections */
+	/* Key in the engine's RCU table of connections; the app thread gives a reused slot a new
+	 * one (atomic: a poller may read it for an entry of its terminal LRU meanwhile). */
+	_Atomic uint64_t id;
 	char host[KVX_ENGINE_HOST_MAX];
 	uint16_t hs_port, notify_port;
 	uint32_t dp_rank, dp_size_local, tp_size;
@@ -123,6 +129,21 @@ struct peer {
 	 * saw (0: failed) and then the number of the finished job in check_done (release). */
 	atomic_bool check_busy;
 	_Atomic uint64_t check_started, check_done, checked_epoch;
+	/* A kvxfer engine (its handshake metadata had kvx_ keys, or it named itself in a message):
+	 * it may be sent kvx_failed / kvx_status_query. Set (relaxed, never cleared) by the control
+	 * thread (handshake) and the pollers (notifications). */
+	atomic_bool is_kvx;
+	/* A stock MoRIIO/MoRI worker (its metadata had no kvx_ keys): data never moves to or from
+	 * it. Control thread (handshake result), read by any. */
+	atomic_bool is_moriio;
+	/* Eviction (params.peer_idle_ms): n_live, idle_since and evicted are the app thread's
+	 * (submissions and the last completion of each transfer); n_conns counts this peer's
+	 * connections not yet destroyed (conn_build: control thread; eng_conn_destroy: the
+	 * destroying thread), so an evicted slot is reused only once the last one is gone. */
+	uint32_t n_live;
+	uint64_t idle_since;
+	bool evicted;
+	_Atomic uint32_t n_conns;
 	_Atomic uint64_t bytes, ops, transfers, failures;
 };
 
@@ -200,6 +221,7 @@ struct xf {
 	uint64_t fence_ticket;
 	uint64_t peer_epoch; /* D READ: the peer epoch its first op was posted against */
 	uint64_t alloc_epoch; /* P WRITE: epoch of the consumer incarnation that sent remote_blocks, 0 unknown */
+	uint64_t first_layer_ns; /* when the first layer's ops completed; stale (< lf.start_ns) until then */
 	bool alloc_known;     /* P WRITE: alloc_epoch is settled (an epoch, or 0 = bind any) */
 	bool check_wait;      /* P WRITE: waiting for the peer's epoch check */
 	uint64_t check_need;  /* P WRITE: first check job number that started after the request */
@@ -267,6 +289,8 @@ struct kvx_engine {
 	char host[KVX_ENGINE_HOST_MAX];
 	char transport[16];
 	char lcores[128];
+	char self_id[KVX_ENGINE_HOST_MAX + 8]; /* app thread at start: "host:hs_port", our engine id in acks */
+	uint64_t self_epoch;                   /* app thread at start: this incarnation's epoch */
 	char proxy[128], http[128];
 	bool started, stopped;
 	uint32_t n_layers;
@@ -291,6 +315,7 @@ struct kvx_engine {
 	struct kvx_xfer_table *reg;
 	struct peer peers[KVX_ENGINE_MAX_PEERS];
 	uint32_t n_peers;
+	uint64_t next_peer_id;    /* ids of reused peer slots (> KVX_ENGINE_MAX_PEERS) */
 	struct xf *xpool;         /* Array[max_transfers] */
 	uint32_t xfree;           /* free list head, index+1 */
 	uint32_t *arena;          /* block ids: Array[max_transfers * 2 * max_blocks], mmap'ed */

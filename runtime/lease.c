@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Block leases of READ-served transfers (issue 14, docs/architecture.md §3.4, docs/protocol.md
- * §5.4): a producer's lease directory, a table of 64-bit words in memory it registers with every
- * transport context (REMOTE_READ) and exports in the connection blob. A served transfer holds
- * one word from kvx_xfer_serve() until its serve ends (release, abort, timeout); a consumer
- * reads the words of its transfer's window before its first data op and the one word it found
- * again after its last one, and reports DONE only if that word did not change in between.
+ * Block leases (issue 14, docs/architecture.md §3.1, docs/protocol.md §5.11): the lease
+ * directory of the engine that owns the memory, a table of 64-bit words it registers with every
+ * transport context (REMOTE_READ) and exports in the connection blob. A served (P READ) or
+ * announced (D WRITE) transfer holds one word from kvx_xfer_serve() / kvx_xfer_announce() until
+ * it ends (release, write_done, abort, timeout). A READ consumer reads its transfer's window
+ * before its first data op and the one word it found again after its last one, and reports DONE
+ * only if that word did not change in between; a WRITE producer finds the word before its first
+ * write.
  *
  * Word: (lease key & ~0xffff) | generation; 0 = never used; generation 0 = a tombstone (revoked,
  * free for the next grant), so a reader that comes after the revocation fails at once instead of

@@ -18,10 +18,10 @@
 #include <microhttpd.h>
 #endif
 
-/* Transfer-duration histogram buckets, seconds (upper bounds; +Inf implied). */
-static const double g_bounds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-				  0.25,   0.5,   1,      2.5,   5,    10,    30,    60};
-#define NB (sizeof(g_bounds) / sizeof(g_bounds[0]))
+/* Latency histogram buckets (transfer, first layer, handshake), seconds (upper bounds; +Inf
+ * implied): the control lcore's handshake histogram uses the same ones. */
+static const double g_bounds[KVX_CTL_HS_NB] = {KVX_CTL_HS_BOUNDS_S};
+#define NB ((size_t)KVX_CTL_HS_NB)
 /* Outcomes, indexed by enum kvx_cpl_status. */
 static const char *const g_outcome[4] = {"done", "failed", "aborted", "timed_out"};
 /* Distinct (outcome, errno) pairs tracked; later ones share the last entry ("other"). */
@@ -40,6 +40,9 @@ struct acc {
 	uint64_t count[4];
 	uint64_t bytes[4];        /* bytes reported by the completions, per outcome */
 	uint64_t released;        /* KVX_CPL_BLOCKS_RELEASED completions */
+	uint64_t fl_hist[NB + 1]; /* submission -> first whole layer (completions with one), non-cumulative */
+	double fl_sum_s;
+	uint64_t fl_count;
 	struct reason reasons[NREASONS];
 	uint32_t n_reasons;
 };
@@ -152,6 +155,23 @@ static void head(FILE *f, const char *name, const char *type, const char *help)
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One histogram series: cumulative _bucket lines, _sum and _count. @p lbl: labels without
+ * braces ("" = none), @p b: non-cumulative bucket counts [NB + 1]. */
+static void hist(FILE *f, const char *name, const char *lbl, const uint64_t *b, double sum_s, uint64_t count)
+{
+	uint64_t cum = 0;
+	const char *sep = lbl[0] ? "," : "";
+	for (size_t i = 0; i <= NB; i++) {
+		cum += b[i];
+		if (i < NB)
+			fprintf(f, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, lbl, sep, g_bounds[i], (unsigned long long)cum);
+		else
+			fprintf(f, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, lbl, sep, (unsigned long long)cum);
+	}
+	fprintf(f, lbl[0] ? "%s_sum{%s} %.9f\n" : "%s_sum%s %.9f\n", name, lbl, sum_s);
+	fprintf(f, lbl[0] ? "%s_count{%s} %llu\n" : "%s_count%s %llu\n", name, lbl, (unsigned long long)count);
+}
+
 static void errname(int error, char *buf, size_t len)
 {
 	if (error == INT32_MIN) {
@@ -195,20 +215,14 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 	head(f, "kvxfer_transfer_duration_seconds", "histogram",
 	     "Submission to terminal state of the transfers polled by the application, by outcome.");
 	for (int o = 0; o < 4; o++) {
-		uint64_t cum = 0;
-		for (size_t b = 0; b <= NB; b++) {
-			cum += s->acc.hist[o][b];
-			if (b < NB)
-				fprintf(f, "kvxfer_transfer_duration_seconds_bucket{outcome=\"%s\",le=\"%g\"} %llu\n",
-					g_outcome[o], g_bounds[b], (unsigned long long)cum);
-			else
-				fprintf(f, "kvxfer_transfer_duration_seconds_bucket{outcome=\"%s\",le=\"+Inf\"} %llu\n",
-					g_outcome[o], (unsigned long long)cum);
-		}
-		fprintf(f, "kvxfer_transfer_duration_seconds_sum{outcome=\"%s\"} %.9f\n", g_outcome[o], s->acc.sum_s[o]);
-		fprintf(f, "kvxfer_transfer_duration_seconds_count{outcome=\"%s\"} %llu\n", g_outcome[o],
-			(unsigned long long)s->acc.count[o]);
+		char lbl[32];
+		snprintf(lbl, sizeof(lbl), "outcome=\"%s\"", g_outcome[o]);
+		hist(f, "kvxfer_transfer_duration_seconds", lbl, s->acc.hist[o], s->acc.sum_s[o], s->acc.count[o]);
 	}
+	head(f, "kvxfer_first_layer_seconds", "histogram",
+	     "Submission to the first layer whose ops all completed on this engine (READ: landed here; "
+	     "WRITE: written), over the polled transfers that moved a whole layer.");
+	hist(f, "kvxfer_first_layer_seconds", "", s->acc.fl_hist, s->acc.fl_sum_s, s->acc.fl_count);
 	head(f, "kvxfer_transfer_bytes_total", "counter", "Bytes of the transfers polled by the application, by outcome.");
 	for (int o = 0; o < 4; o++)
 		fprintf(f, "kvxfer_transfer_bytes_total{outcome=\"%s\"} %llu\n", g_outcome[o],
@@ -290,6 +304,43 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 		head(f, "kvxfer_handshakes_total", "counter", "Handshake jobs this engine initiated, by result.");
 		fprintf(f, "kvxfer_handshakes_total{result=\"ok\"} %llu\n", (unsigned long long)c->hs_ok);
 		fprintf(f, "kvxfer_handshakes_total{result=\"failed\"} %llu\n", (unsigned long long)c->hs_failed);
+		head(f, "kvxfer_handshake_duration_seconds", "histogram",
+		     "Handshake jobs this engine initiated, start to completion (metadata of every peer rank, "
+		     "connection setup), by result.");
+		for (int r = 0; r < 2; r++) {
+			uint64_t n = 0;
+			for (size_t b = 0; b <= NB; b++)
+				n += c->hs_lat[r][b];
+			hist(f, "kvxfer_handshake_duration_seconds", r ? "result=\"failed\"" : "result=\"ok\"",
+			     c->hs_lat[r], (double)c->hs_lat_sum_ns[r] / 1e9, n);
+		}
+		head(f, "kvxfer_control_messages_total", "counter",
+		     "Control-plane messages by direction and type: notifications (remote_blocks, write_done, "
+		     "release, completion = legacy plain id, kvx_failed, kvx_status_query, raw = kvx_ctl_send_raw "
+		     "bytes), handshake requests "
+		     "answered (get_meta_msg, kvx_connect) and proxy heartbeats sent.");
+		static const char *const tn[KVX_CTL_MSG_TYPES] = {"raw",        "remote_blocks", "write_done",
+								  "release",    "completion",    "kvx_failed",
+								  "kvx_status_query"};
+		_Static_assert(KVX_CTL_MSG_TYPES == KVX_MSG_STATUS_QUERY + 1, "a name per notify type");
+		for (int t = 1; t < KVX_CTL_MSG_TYPES; t++)
+			fprintf(f, "kvxfer_control_messages_total{direction=\"received\",type=\"%s\"} %llu\n", tn[t],
+				(unsigned long long)c->notify_rx_type[t]);
+		fprintf(f, "kvxfer_control_messages_total{direction=\"received\",type=\"get_meta_msg\"} %llu\n",
+			(unsigned long long)c->hs_served);
+		fprintf(f, "kvxfer_control_messages_total{direction=\"received\",type=\"kvx_connect\"} %llu\n",
+			(unsigned long long)c->connect_served);
+		for (int t = 0; t < KVX_CTL_MSG_TYPES; t++)
+			fprintf(f, "kvxfer_control_messages_total{direction=\"sent\",type=\"%s\"} %llu\n", tn[t],
+				(unsigned long long)c->notify_tx_type[t]);
+		fprintf(f, "kvxfer_control_messages_total{direction=\"sent\",type=\"heartbeat\"} %llu\n",
+			(unsigned long long)c->heartbeats);
+		head(f, "kvxfer_auth_connections_total", "counter",
+		     "With auth_dir: inbound CURVE connections to the handshake and notify listeners, by result "
+		     "(refused: no CURVE, a failed handshake, or a key not in allowed/).");
+		fprintf(f, "kvxfer_auth_connections_total{result=\"accepted\"} %llu\n",
+			(unsigned long long)c->auth_accepted);
+		fprintf(f, "kvxfer_auth_connections_total{result=\"refused\"} %llu\n", (unsigned long long)c->auth_refused);
 		head(f, "kvxfer_handshake_requests_served_total", "counter",
 		     "Handshake requests answered, by kind (get_meta_msg, kvx_connect).");
 		fprintf(f, "kvxfer_handshake_requests_served_total{kind=\"metadata\"} %llu\n", (unsigned long long)c->hs_served);
@@ -442,6 +493,15 @@ void kvx_metrics_on_poll(struct kvx_metrics *m, const struct kvx_engine *e, cons
 			b++;
 		a->hist[o][b]++;
 		a->sum_s[o] += sec;
+		if (c[i].first_layer_ns) {
+			double fl = (double)c[i].first_layer_ns / 1e9;
+			size_t k = 0;
+			while (k < NB && fl > g_bounds[k])
+				k++;
+			a->fl_hist[k]++;
+			a->fl_sum_s += fl;
+			a->fl_count++;
+		}
 		a->count[o]++;
 		a->bytes[o] += c[i].bytes;
 		if (o == KVX_CPL_DONE)

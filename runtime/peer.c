@@ -38,7 +38,9 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 	 * a legacy plain id is a release on P and a write completion on D. */
 	if (t == KVX_MSG_COMPLETION)
 		t = producer ? KVX_MSG_RELEASE : KVX_MSG_WRITE_DONE;
-	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE) : t == KVX_MSG_WRITE_DONE;
+	/* kvxfer peers add: kvx_failed (P -> D) and kvx_status_query (D -> P). */
+	bool ok = producer ? (t == KVX_MSG_REMOTE_BLOCKS || t == KVX_MSG_RELEASE || t == KVX_MSG_STATUS_QUERY)
+			   : (t == KVX_MSG_WRITE_DONE || t == KVX_MSG_FAILED);
 	if (!ok || strlen(msg->transfer_id) >= KVX_ENGINE_ID_MAX || !msg->transfer_id[0]) {
 		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
 		return;
@@ -60,6 +62,15 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 		m.u64 = msg->sender_epoch; /* the allocating incarnation, 0 from a MoRIIO peer */
 	} else {
 		m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
+	}
+	if (msg->sender_id[0] && msg->sender_rank >= 0)
+		m.key = kvx_xfer_sender_key(msg->sender_id, (uint32_t)msg->sender_rank, msg->sender_epoch);
+	if (t == KVX_MSG_FAILED) {
+		m.fst = msg->fail_status;
+		m.err = msg->fail_error;
+		kvx_log(KVX_LOG_WARN, "engine: transfer %s: producer %s rank %lld ended it (%s): %s", msg->transfer_id,
+			msg->sender_id, (long long)msg->sender_rank, kvx_strerror(msg->fail_error),
+			msg->reason[0] ? msg->reason : "no reason given");
 	}
 	cin_push(e, eng_tid_poller(e, m.tid), &m);
 }
@@ -268,6 +279,7 @@ static int make_blob(void *arg, uint32_t dp_rank, const struct kvx_msg_meta *rem
  * once the control lcore is stopped. */
 void eng_conn_destroy(struct conn *c)
 {
+	atomic_fetch_sub_explicit(&c->pr->n_conns, 1, memory_order_release); /* see struct peer */
 	for (uint32_t l = 0; l < c->n_links; l++) {
 		kvx_xport_ep_destroy(c->link[l].ep); /* frees its imported regions too */
 		free(c->link[l].rmr);
@@ -444,6 +456,7 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 		return -ENOMEM;
 	c->e = e;
 	c->pr = pr;
+	atomic_fetch_add_explicit(&pr->n_conns, 1, memory_order_relaxed);
 	c->epoch = epoch;
 	c->xi = (uint32_t)xi;
 	c->n_links = e->n_po;
@@ -552,6 +565,20 @@ static void on_hs_done(void *arg, const struct kvx_ctl_hs_result *res)
 	}
 	uint64_t epoch = rc == 0 && res->num_ranks == 1 && res->ranks[0].meta ? res->ranks[0].meta->epoch : 0;
 	struct conn *c = NULL;
+	if (res->num_ranks == 1 && res->ranks[0].meta) {
+		bool kvx = res->ranks[0].meta->has_kvx;
+		atomic_store_explicit(kvx ? &pr->is_kvx : &pr->is_moriio, true, memory_order_relaxed);
+		if (!kvx) {
+			/* A stock MoRIIO/MoRI worker: the handshake stopped after its two replies
+			 * (it was never sent kvx_connect); no data moves between us. */
+			rc = -EPROTONOSUPPORT;
+			kvx_log(KVX_LOG_ERROR,
+				"engine: peer %s:%u dp %u is a MoRIIO/MoRI worker (no kvx_ keys in its metadata): kvxfer "
+				"interoperates with MoRIIO on the control plane only and moves data only between "
+				"kvxfer engines",
+				pr->host, pr->hs_port, pr->dp_rank);
+		}
+	}
 	if (rc == 0)
 		rc = hetero_tp_guard(pr);
 	if (rc == 0 && res->num_ranks == 1)
@@ -655,6 +682,65 @@ void eng_epoch_check_start(struct poller *po, struct peer *pr)
 	}
 }
 
+/* App thread: a fresh slot with a new id (the connection table keys on it). */
+static struct peer *peer_reset(struct kvx_engine *e, struct peer *pr, uint64_t id)
+{
+	memset(pr, 0, sizeof(*pr)); /* nothing refers to the slot any more (peer_slot()) */
+	pr->e = e;
+	atomic_store_explicit(&pr->id, id, memory_order_relaxed);
+	return pr;
+}
+
+/* App thread: a slot for a new peer identity. A never-used slot; else one whose peer was
+ * forgotten earlier and whose last connection is destroyed (no pointer to the slot is left:
+ * the connection was taken out of the RCU table, a grace period passed, its last reference
+ * was dropped); else forget the peer idle longest, if for more than params.peer_idle_ms with
+ * no live transfer and no handshake or epoch check running: its connection leaves the table
+ * now, and the slot is reused here once that connection is gone (at once if it had none).
+ * NULL: nothing evictable yet (the caller's -ENOBUFS is retryable). */
+static struct peer *peer_slot(struct kvx_engine *e)
+{
+	if (e->n_peers < KVX_ENGINE_MAX_PEERS) {
+		struct peer *pr = &e->peers[e->n_peers];
+		e->n_peers++;
+		return peer_reset(e, pr, e->n_peers);
+	}
+	if (e->next_peer_id <= KVX_ENGINE_MAX_PEERS)
+		e->next_peer_id = KVX_ENGINE_MAX_PEERS + 1;
+	for (uint32_t i = 0; i < e->n_peers; i++) {
+		struct peer *q = &e->peers[i];
+		if (q->evicted && atomic_load_explicit(&q->n_conns, memory_order_acquire) == 0)
+			return peer_reset(e, q, e->next_peer_id++);
+	}
+	uint64_t now = kvx_now_ns(), limit = ms_ns(e->p.peer_idle_ms);
+	struct peer *old = NULL;
+	for (uint32_t i = 0; i < e->n_peers; i++) {
+		struct peer *q = &e->peers[i];
+		if (q->evicted || q->n_live || (e->p.peer_idle_ms && now - q->idle_since <= limit) ||
+		    atomic_load_explicit(&q->check_busy, memory_order_acquire))
+			continue;
+		if (!old || q->idle_since < old->idle_since)
+			old = q;
+	}
+	if (!old)
+		return NULL;
+	/* No thread starts a handshake with it from here on (they CAS from IDLE/READY/FAILED). */
+	int st = atomic_load_explicit(&old->hs_state, memory_order_acquire);
+	if (st == HS_PENDING || !atomic_compare_exchange_strong_explicit(&old->hs_state, &st, HS_EVICTED,
+									 memory_order_acq_rel, memory_order_acquire))
+		return NULL;
+	old->evicted = true;
+	kvx_log(KVX_LOG_INFO, "engine: forgetting idle peer %s:%u dp %u (slot needed)", old->host, old->hs_port,
+		old->dp_rank);
+	kvx_rcu_register();
+	int drc = kvx_rcu_table_del_u64(e->conns, atomic_load_explicit(&old->id, memory_order_relaxed));
+	kvx_rcu_unregister();
+	(void)drc; /* -ENOENT: it never had a connection */
+	if (atomic_load_explicit(&old->n_conns, memory_order_acquire) == 0)
+		return peer_reset(e, old, e->next_peer_id++);
+	return NULL;
+}
+
 struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp, bool handshake, int *rc)
 {
 	*rc = 0;
@@ -680,7 +766,7 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 	struct peer *pr = NULL;
 	for (uint32_t i = 0; i < e->n_peers && !pr; i++) {
 		struct peer *q = &e->peers[i];
-		if (strcmp(q->host, pp->host) || q->hs_port != pp->handshake_port || q->notify_port != pp->notify_port ||
+		if (q->evicted || strcmp(q->host, pp->host) || q->hs_port != pp->handshake_port || q->notify_port != pp->notify_port ||
 		    q->dp_rank != pp->dp_rank || q->dp_size_local != pp->dp_size_local || q->tp_size != pp->tp_size ||
 		    q->n_pods != pp->num_remote_hosts)
 			continue;
@@ -691,14 +777,19 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 			pr = q;
 	}
 	if (!pr) {
-		if (e->n_peers == KVX_ENGINE_MAX_PEERS) {
-			kvx_log(KVX_LOG_ERROR, "engine: more than %d peers", KVX_ENGINE_MAX_PEERS);
+		pr = peer_slot(e);
+		if (!pr) {
+			uint64_t supp = 0;
+			if (kvx_ratelimit_ok(&e->rl_nobufs, &supp))
+				kvx_log(KVX_LOG_ERROR,
+					"engine: %d peers known, none idle for params.peer_idle_ms (%u ms) or done "
+					"draining: peer %s:%u refused with -ENOBUFS, retry later (%llu more refusals "
+					"not logged)",
+					KVX_ENGINE_MAX_PEERS, e->p.peer_idle_ms, pp->host, pp->handshake_port,
+					(unsigned long long)supp);
 			*rc = -ENOBUFS;
 			return NULL;
 		}
-		pr = &e->peers[e->n_peers];
-		pr->e = e;
-		pr->id = e->n_peers + 1;
 		strcpy(pr->host, pp->host);
 		pr->hs_port = pp->handshake_port;
 		pr->notify_port = pp->notify_port;
@@ -711,10 +802,10 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 			pr->pod_ptr[k] = pr->pod_host[k];
 		}
 		/* Published to the pollers by the ring enqueue of the first submission naming it. */
-		e->n_peers++;
 	}
 	int st = atomic_load_explicit(&pr->hs_state, memory_order_acquire);
-	if (handshake && (st == HS_IDLE || st == HS_FAILED)) {
+	/* A stock MoRIIO worker is not asked again: its transfers fail with the stored error. */
+	if (handshake && (st == HS_IDLE || (st == HS_FAILED && !atomic_load_explicit(&pr->is_moriio, memory_order_relaxed)))) {
 		*rc = eng_hs_start(e, e->app_ib, pr, st);
 		if (*rc == -EALREADY)
 			*rc = 0;

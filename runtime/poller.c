@@ -55,6 +55,20 @@ static void send_notify(struct poller *po, const struct peer *pr, uint16_t port,
 	send_notify_to(po, peer_host_of(pr, pr->dp_rank), port, t, tid, blocks, n);
 }
 
+/* Queue @p m for host:port; kvxfer's acks, failure notes and queries name this worker (engine
+ * id, TP rank, epoch: extra keys a MoRIIO peer ignores), so a duplicate is recognised. */
+static void send_msg(struct poller *po, const char *host, uint16_t port, struct kvx_msg_notify *m)
+{
+	struct kvx_engine *e = po->e;
+	if (m->type != KVX_MSG_REMOTE_BLOCKS) {
+		snprintf(m->sender_id, sizeof(m->sender_id), "%s", e->self_id);
+		m->sender_rank = e->p.tp_rank;
+		m->sender_epoch = e->self_epoch;
+	}
+	if (kvx_ctl_send_notify(po->ib, host, port, m))
+		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
+}
+
 static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
 			   const char *tid, const uint32_t *blocks, uint32_t n)
 {
@@ -72,8 +86,7 @@ static void send_notify_to(struct poller *po, const char *host, uint16_t port, e
 		m.decode_rank = e->p.dp_rank;
 		m.sender_epoch = kvx_ctl_epoch(e->ctl); /* names this incarnation (kvxfer peers) */
 	}
-	if (kvx_ctl_send_notify(po->ib, host, port, &m))
-		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
+	send_msg(po, host, port, &m);
 }
 
 static void send_to_paired_rank(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid)
@@ -107,6 +120,7 @@ void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *
 	c->c.error = error;
 	c->c.bytes = x->bytes;
 	c->c.duration_ns = kvx_now_ns() - x->lf.start_ns;
+	c->c.first_layer_ns = x->first_layer_ns > x->lf.start_ns ? x->first_layer_ns - x->lf.start_ns : 0;
 	c->xf = (void *)x;
 	c->last = last;
 }
@@ -207,20 +221,38 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 static void progress(struct poller *po, struct xf *x);
 static struct kvx_xfer *xf_entry(struct xf *x);
 
-/* P WRITE done: write_done to the D DP rank that sent remote_blocks (its decode rank, else the
- * peer's), its TP rank paired with ours. */
-static void send_write_done(struct poller *po, struct xf *x)
+/* P WRITE: write_done (DONE) or kvx_failed (else) to the D DP rank that sent remote_blocks (its
+ * decode rank, else the peer's), its TP rank paired with ours. Also answers a status query or
+ * a late allocation from the entry alone (the transfer object may be gone). */
+static void send_outcome(struct poller *po, const struct peer *pr, const struct kvx_xfer *t, const char *tid,
+			 enum kvx_cpl_status st, int error, const char *why)
 {
 	struct kvx_engine *e = po->e;
-	struct peer *pr = x->peer;
-	struct kvx_xfer *t = xf_entry(x);
 	int32_t decode_dp = t ? t->decode_dp_rank : -1;
 	uint32_t rtp = 0, dtp = peer_tp(e, pr);
 	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, dtp, &rtp, NULL, 0);
 	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
 	uint16_t port = (uint16_t)(pr->notify_port +
 				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
-	send_notify_to(po, peer_host_of(pr, dp), port, KVX_MSG_WRITE_DONE, x->tid, NULL, 0);
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
+	m.type = st == KVX_CPL_DONE ? KVX_MSG_WRITE_DONE : KVX_MSG_FAILED;
+	if (m.type == KVX_MSG_FAILED) {
+		m.fail_status = (uint32_t)st;
+		m.fail_error = error <= 0 && error >= -4095 ? error : -EIO;
+		snprintf(m.reason, sizeof(m.reason), "%s",
+			 why			  ? why
+			 : st == KVX_CPL_ABORTED   ? "the producer aborted the transfer"
+			 : st == KVX_CPL_TIMED_OUT ? "the producer timed out"
+						   : "the producer failed (handshake, connection or write)");
+	}
+	send_msg(po, peer_host_of(pr, dp), port, &m);
+}
+
+static void send_write_done(struct poller *po, struct xf *x)
+{
+	send_outcome(po, x->peer, xf_entry(x), x->tid, KVX_CPL_DONE, 0, NULL);
 }
 
 /* Perform what a lifecycle decision of xfer.c asks for (enum kvx_xfer_do, in its order). The
@@ -241,6 +273,24 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 			send_write_done(po, x);
 		else
 			send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+	}
+	if (a & KVX_XFER_DO_SEND_FAILED) {
+		/* The status the transfer ends with: this step's, else the one reported before. */
+		struct kvx_xfer *t = xf_entry(x);
+		enum kvx_cpl_status st = a & KVX_XFER_DO_REPORT ? o->status
+					 : t && t->has_out	 ? (enum kvx_cpl_status)t->out_status
+								 : o->status;
+		int err = a & KVX_XFER_DO_REPORT ? o->error : t && t->has_out ? t->out_error : o->error;
+		send_outcome(po, x->peer, t, x->tid, st == KVX_CPL_DONE ? KVX_CPL_FAILED : st, err, NULL);
+	}
+	if (a & KVX_XFER_DO_SEND_QUERY) {
+		for (uint32_t r = 0; r < peer_tp(po->e, x->peer); r++) {
+			struct kvx_msg_notify m;
+			memset(&m, 0, sizeof(m));
+			m.type = KVX_MSG_STATUS_QUERY;
+			strcpy(m.transfer_id, x->tid);
+			send_msg(po, peer_host_of(x->peer, x->peer->dp_rank), peer_notify_port(po->e, x->peer, r), &m);
+		}
 	}
 	if (a & KVX_XFER_DO_STOP_WRITES)
 		memset(x->want_post, 0, sizeof(x->want_post));
@@ -268,7 +318,7 @@ static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 	struct kvx_xfer_out o;
 	ev.transfer_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
 	ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
-	if (ev.type == KVX_XFER_EV_ABORT)
+	if (ev.type == KVX_XFER_EV_ABORT || ev.type == KVX_XFER_EV_SUBMIT)
 		ev.now_ns = kvx_now_ns(); /* the quarantine deadline; a tick brings its own */
 	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
 	apply(po, x, &o);
@@ -702,6 +752,8 @@ static struct kvx_xfer *attach(struct poller *po, struct xf *x)
 	struct kvx_xfer *t = tab_get(po, x->tid);
 	if (t) {
 		t->user = x;
+		t->peer_ref = x->peer;
+		t->peer_id = x->peer ? atomic_load_explicit(&x->peer->id, memory_order_relaxed) : 0;
 		x->t = t;
 	}
 	return t;
@@ -720,6 +772,14 @@ static void handle_submit(struct poller *po, struct xf *x)
 	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = x->n});
 }
 
+/* The peer of a (possibly retired) transfer's entry, unless its slot was given to another peer
+ * since (params.peer_idle_ms). */
+static const struct peer *entry_peer(const struct kvx_xfer *t)
+{
+	const struct peer *pr = t ? t->peer_ref : NULL;
+	return pr && atomic_load_explicit(&pr->id, memory_order_relaxed) == t->peer_id ? pr : NULL;
+}
+
 /* Inbound notification for a transfer id: the one place on a poller where an id is resolved
  * (its table: the live transfer attached to the entry, or a parked entry). */
 static void handle_notify(struct poller *po, struct emsg *m)
@@ -727,7 +787,10 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	struct kvx_engine *e = po->e;
 	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
 	struct xf *x = t ? t->user : NULL;
-	struct kvx_xfer_ev ev = {.n_blocks = m->n, .block_ids = m->ptr, .decode_dp_rank = m->status};
+	struct kvx_xfer_ev ev = {.n_blocks = m->n, .block_ids = m->ptr, .decode_dp_rank = m->status,
+				 .sender_key = m->key};
+	if (x && m->key && x->peer)
+		atomic_store_explicit(&x->peer->is_kvx, true, memory_order_relaxed); /* it named itself */
 	switch (m->u32) {
 	case KVX_MSG_REMOTE_BLOCKS:
 		ev.type = KVX_XFER_EV_REMOTE_BLOCKS;
@@ -739,15 +802,33 @@ static void handle_notify(struct poller *po, struct emsg *m)
 		ev.producer_tp = e->p.tp_size;
 		break;
 	case KVX_MSG_WRITE_DONE:
-		ev.type = KVX_XFER_EV_WRITE_DONE;
+	case KVX_MSG_FAILED:
+		ev.type = m->u32 == KVX_MSG_FAILED ? KVX_XFER_EV_PEER_FAILED_NOTE : KVX_XFER_EV_WRITE_DONE;
 		ev.consumer_tp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
 		ev.producer_tp = e->p.tp_size;
+		ev.fail_status = m->fst;
+		ev.error = m->err;
+		ev.now_ns = kvx_now_ns();
+		ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
+		break;
+	case KVX_MSG_STATUS_QUERY:
+		ev.type = KVX_XFER_EV_STATUS_QUERY;
 		break;
 	default:
 		return;
 	}
-	if (!t && !(x && x->lf.kind == KVX_XFER_K_WRITE))
+	if (!t && !(x && x->lf.kind == KVX_XFER_K_WRITE) && ev.type != KVX_XFER_EV_STATUS_QUERY)
 		t = tab_get(po, m->tid); /* before its submission: parked on the entry (faults b) */
+	if (ev.type == KVX_XFER_EV_STATUS_QUERY) {
+		/* Answered from the entry (kept in the terminal LRU with its outcome and peer). */
+		struct kvx_xfer_out o;
+		kvx_xfer_step(po->tab, t, NULL, &ev, &o);
+		if (o.act && entry_peer(t))
+			send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error, NULL);
+		else
+			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
+		return;
+	}
 	if (x) {
 		struct kvx_xfer_out o;
 		kvx_xfer_step(po->tab, t, &x->lf, &ev, &o);
@@ -760,6 +841,9 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	kvx_xfer_step(po->tab, t, NULL, &ev, &o);
 	if (o.late)
 		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
+	if (o.act & KVX_XFER_DO_SEND_FAILED && t && entry_peer(t))
+		send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error,
+			     "the allocation arrived after the producer's side had ended"); /* late allocation */
 }
 
 /* A connection's endpoint is in error state (transport.h: every op on it fails from now on):
@@ -829,6 +913,8 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 		}
 	}
 	if (x->layer_batches[layer] == 0 && !x->lf.failed) {
+		if (x->first_layer_ns <= x->lf.start_ns) /* first whole layer of this submission */
+			x->first_layer_ns = kvx_now_ns();
 		if (x->lf.kind == KVX_XFER_K_READ) {
 			/* Per-layer barrier: release pairs with the acquire in kvx_xfer_layer_poll(). */
 			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
@@ -935,7 +1021,16 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
 		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? xf_entry(x) : NULL;
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK, .now_ns = now, .has_alloc = tw && tw->has_alloc});
+		/* D WRITE asks a kvxfer producer a quarter of the transfer timeout (at most a
+		 * second) before its deadline. */
+		uint64_t grace = ms_ns(po->e->p.transfer_timeout_ms) / 4;
+		step(po, x,
+		     (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK,
+					  .now_ns = now,
+					  .has_alloc = tw && tw->has_alloc,
+					  .query_peer = x->lf.kind == KVX_XFER_K_ANNOUNCE && x->peer &&
+							atomic_load_explicit(&x->peer->is_kvx, memory_order_relaxed),
+					  .query_grace_ns = grace < 1000000000ull ? grace : 1000000000ull});
 		if (po->n_live == before && x->lease_phase == LP_WAIT && !x->lf.reported) {
 			x->lease_phase = LP_NONE; /* look the lease up again */
 			progress(po, x);

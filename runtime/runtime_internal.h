@@ -20,6 +20,10 @@
 /** Default size of the terminal-id LRU (docs/protocol.md Appendix A item 4). */
 #define KVX_XFER_TERMINAL_LRU 4096
 
+/* Distinct named senders remembered per transfer for ACK de-duplication (>= the largest ACK
+ * fan-in, kvx_ctl_expected_acks()); beyond it ACKs are counted as from MoRIIO peers. */
+#define KVX_XFER_ACK_IDS 16
+
 enum kvx_xfer_state {
 	KVX_XFER_S_FREE = 0,
 	KVX_XFER_S_LIVE = 1,
@@ -61,6 +65,20 @@ struct kvx_xfer {
 	void *user;
 	int32_t final_error;
 	uint8_t final_status;
+	/* Sender-named acks and failure notes between kvxfer peers (issue 14, control plane):
+	 * written by the table's owner thread only. */
+	uint64_t ack_from[KVX_XFER_ACK_IDS]; /* sender keys of the ACKs counted (0 = none) */
+	uint32_t n_ack_from;
+	uint8_t out_status;        /* poller tables: the transfer's reported status (with has_out) */
+	bool has_out;
+	bool peer_failed;          /* D: a kvx_failed was received (status/error below) */
+	int32_t out_error;         /* poller tables: the reported error */
+	uint8_t peer_status;       /* D: the producer's status from kvx_failed */
+	int32_t peer_error;        /* D: the producer's error from kvx_failed */
+	const void *peer_ref;      /* poller tables: the engine's peer of the transfer (kept while
+				    * the entry is in the terminal LRU: a late allocation is answered) */
+	uint64_t peer_id;          /* ... and its id then: a slot reused for another peer since
+				    * (params.peer_idle_ms) has another id and is not answered */
 };
 
 struct kvx_xfer_table;
@@ -134,6 +152,8 @@ struct kvx_life {
 	uint32_t next_layer; /* D READ: layers posted so far */
 	uint64_t start_ns;  /* submission time (app thread clock) */
 	uint64_t quarantine_ns; /* D WRITE ended early: blocks held until write_done or this time */
+	bool peer_stopped;  /* P WRITE: D's release stopped it (D has reported already) */
+	bool queried;       /* D WRITE: the status query went out */
 };
 
 /* What the owning poller does after a lifecycle decision, in this order: send the
@@ -154,6 +174,10 @@ enum kvx_xfer_do {
 						 * deadline (kvx_xfer_tick()) */
 	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ: blocks held until every reader is revoked */
 	KVX_XFER_DO_POST_LAYER = 1u << 10,      /* P WRITE: the event's layer is to be written */
+	KVX_XFER_DO_SEND_FAILED = 1u << 11,     /* P WRITE: kvx_failed (status / error) to the kvxfer
+						 * D rank that sent remote_blocks; nothing of ours
+						 * is in flight for the transfer any more */
+	KVX_XFER_DO_SEND_QUERY = 1u << 12,      /* D WRITE: kvx_status_query to every P TP rank */
 };
 
 struct kvx_xfer_out {
@@ -221,6 +245,16 @@ enum kvx_xfer_ev_type {
 	 * (parked if not submitted yet); a P WRITE then posts what is ready. A duplicate, an empty
 	 * list or one for a finished transfer is late. */
 	KVX_XFER_EV_REMOTE_BLOCKS = 14,
+	/* Inbound kvx_failed (kvxfer producers only, sent after their fence): one terminal ACK of
+	 * the fan-in from a named sender (parked if not submitted yet). A D WRITE not yet reported
+	 * ends at once with the producer's status and error; its blocks are released once every
+	 * producer rank has answered (write_done or kvx_failed), else the other ranks are told to
+	 * stop and the blocks stay quarantined. */
+	KVX_XFER_EV_PEER_FAILED_NOTE = 15,
+	/* Inbound kvx_status_query (a kvxfer consumer about to time out): the poller answers from
+	 * the entry's stored outcome (write_done for DONE, kvx_failed otherwise); nothing while the
+	 * transfer runs or when nothing is known. */
+	KVX_XFER_EV_STATUS_QUERY = 16,
 };
 
 struct kvx_xfer_ev {
@@ -236,10 +270,19 @@ struct kvx_xfer_ev {
 	uint64_t alloc_epoch;         /* REMOTE_BLOCKS: its sender's incarnation (0: a MoRIIO peer) */
 	uint32_t consumer_tp;         /* RELEASE / WRITE_DONE: fan-in sizes (docs/protocol.md §5.6) */
 	uint32_t producer_tp;
+	uint64_t sender_key;          /* RELEASE / WRITE_DONE / PEER_FAILED_NOTE: the named sender
+				       * (kvx_xfer_sender_key()), 0 for a MoRIIO sender (counted) */
+	uint32_t fail_status;         /* PEER_FAILED_NOTE: the producer's enum kvx_cpl_status */
+	bool query_peer;              /* TICK: D WRITE may ask its producer (a kvxfer peer) first */
+	uint64_t query_grace_ns;      /* TICK: how long before its deadline D asks */
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */
-	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause */
+	int error;                    /* PEER_FAILED: the handshake's errno; WRITE_FAILED: the cause;
+				       * PEER_FAILED_NOTE: the producer's error */
 };
+
+/* The de-duplication key of a named sender (engine id, TP rank, epoch): never 0. */
+uint64_t kvx_xfer_sender_key(const char *engine_id, uint32_t rank, uint64_t epoch);
 
 /* The one entry into a transfer's lifecycle: apply @p ev to @p lf (and to its entry @p t, the
  * poller's table entry; NULL for a consumer READ or when it has none) and say in @p o what the

@@ -240,6 +240,32 @@ int kvx_xfer_resolve_ack(struct kvx_xfer_table *t, struct kvx_xfer *x, uint32_t 
 	return 1;
 }
 
+uint64_t kvx_xfer_sender_key(const char *engine_id, uint32_t rank, uint64_t epoch)
+{
+	uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bit */
+	for (const char *c = engine_id; *c; c++)
+		h = (h ^ (uint8_t)*c) * 1099511628211ull;
+	for (int i = 0; i < 4; i++)
+		h = (h ^ ((rank >> (8 * i)) & 0xff)) * 1099511628211ull;
+	for (int i = 0; i < 8; i++)
+		h = (h ^ ((epoch >> (8 * i)) & 0xff)) * 1099511628211ull;
+	return h ? h : 1;
+}
+
+/* A named sender's ACK for a live entry: true if that sender was counted already (a duplicate,
+ * ignored); else it is remembered. MoRIIO senders (key 0) carry no name: every ACK counts. */
+static bool ack_dup(struct kvx_xfer *x, uint64_t key)
+{
+	if (!key || !x || x->state != KVX_XFER_S_LIVE)
+		return false;
+	for (uint32_t i = 0; i < x->n_ack_from; i++)
+		if (x->ack_from[i] == key)
+			return true;
+	if (x->n_ack_from < KVX_XFER_ACK_IDS)
+		x->ack_from[x->n_ack_from++] = key;
+	return false;
+}
+
 static void out_set(struct kvx_xfer_out *o, uint32_t act, enum kvx_cpl_status st, int error)
 {
 	o->act = act;
@@ -257,6 +283,14 @@ static void on_submit(const struct kvx_xfer *t, const struct kvx_life *lf, size_
 		o->act = n_blocks ? KVX_XFER_DO_PROGRESS : KVX_XFER_DO_SEND_RELEASE | DONE_NOW;
 		return;
 	case KVX_XFER_K_ANNOUNCE:
+		if (n_blocks && t && t->peer_failed) {
+			/* A producer rank failed before we announced (kvx_failed parked): end now;
+			 * the blocks wait for the other ranks' answers unless all are in. */
+			out_set(o, KVX_XFER_DO_REPORT | (acked ? KVX_XFER_DO_RELEASE
+							   : KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE),
+				(enum kvx_cpl_status)t->peer_status, t->peer_error);
+			return;
+		}
 		o->act = !n_blocks ? KVX_XFER_DO_SEND_RELEASE_ALL | DONE_NOW : acked ? DONE_NOW : KVX_XFER_DO_SEND_BLOCKS;
 		return;
 	case KVX_XFER_K_WRITE:
@@ -273,6 +307,18 @@ static void terminate_entry(struct kvx_xfer_table *tab, struct kvx_xfer *t)
 {
 	if (t && t->state == KVX_XFER_S_LIVE)
 		kvx_xfer_make_terminal(tab, t);
+}
+
+/* P WRITE with nothing of ours in flight any more: a kvxfer consumer (it named its incarnation
+ * in remote_blocks) is told, once, that this side failed, so it ends the transfer at once and
+ * frees its blocks (no write can land after this). A consumer that stopped us itself, or a
+ * MoRIIO consumer, gets nothing here. */
+static uint32_t fail_note(const struct kvx_xfer *t, struct kvx_life *lf)
+{
+	if (lf->release_sent || lf->peer_stopped || !t || !t->alloc_epoch)
+		return 0;
+	lf->release_sent = true;
+	return KVX_XFER_DO_SEND_FAILED;
 }
 
 /* The transfer ends early (abort, timeout): its status is @p st / @p err. */
@@ -292,8 +338,9 @@ static void end_early(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		return;
 	case KVX_XFER_K_WRITE:
 		terminate_entry(tab, t);
-		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), st,
-			err);
+		out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT |
+				   (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE | fail_note(t, lf)),
+			st, err);
 		return;
 	case KVX_XFER_K_SERVE:
 		if (st == KVX_CPL_TIMED_OUT) {
@@ -322,7 +369,19 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 	uint64_t limit = holds ? ev->defer_timeout_ns : ev->transfer_timeout_ns;
 	/* Strict '>': exactly at the limit the transfer is still pending (docs/protocol.md §5.5); a
 	 * clock reading older than the start (another thread's) is no timeout. */
-	if (now > lf->start_ns && now - lf->start_ns > limit) {
+	uint64_t age = now > lf->start_ns ? now - lf->start_ns : 0;
+	if (lf->kind == KVX_XFER_K_ANNOUNCE && ev->query_peer && !lf->queried) {
+		/* Shortly before timing out (the grace before the deadline), ask the (kvxfer)
+		 * producer what became of the transfer: a lost write_done still ends DONE on both
+		 * sides, and the deadline does not move. */
+		uint64_t grace = ev->query_grace_ns < limit ? ev->query_grace_ns : limit;
+		if (age > limit - grace) {
+			lf->queried = true;
+			o->act = KVX_XFER_DO_SEND_QUERY;
+			return;
+		}
+	}
+	if (age > limit) {
 		lf->timed_out = true;
 		end_early(tab, t, lf, now, ev->defer_timeout_ns, KVX_CPL_TIMED_OUT, -ETIMEDOUT, o);
 	}
@@ -344,16 +403,19 @@ static void read_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
 		lf->release_sent = true;
 }
 
-static void write_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
+static void write_settle(const struct kvx_xfer *t, struct kvx_life *lf, struct kvx_xfer_out *o)
 {
 	if (lf->ops_out)
 		return;
 	uint32_t act = DONE_NOW;
-	if (lf->aborted && !lf->release_sent) {
+	if (lf->peer_stopped && !lf->release_sent) {
 		/* D aborted: tell it our writes are terminal so its blocks leave quarantine. */
 		lf->release_sent = true;
 		act |= KVX_XFER_DO_SEND_WRITE_DONE;
 	}
+	/* Our own abort, timeout or failure is never a write_done (D would take it for DONE):
+	 * a kvxfer D gets kvx_failed, a MoRIIO D nothing (it times out). */
+	act |= fail_note(t, lf);
 	out_set(o, act, lf->aborted ? KVX_CPL_ABORTED : lf->timed_out ? KVX_CPL_TIMED_OUT : KVX_CPL_FAILED, lf->error);
 }
 
@@ -369,6 +431,14 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		if (!t)
 			free(ev->block_ids);
 		o->late = rc <= 0;
+		if (rc == 0 && t->has_out && t->out_status != KVX_CPL_DONE && ev->alloc_epoch) {
+			/* A kvxfer consumer allocated for a transfer this side already ended: tell it
+			 * now (after our ops drained, if any are still out), so it does not wait. */
+			t->alloc_epoch = ev->alloc_epoch;
+			t->decode_dp_rank = ev->decode_dp_rank;
+			if (!lf)
+				out_set(o, KVX_XFER_DO_SEND_FAILED, (enum kvx_cpl_status)t->out_status, t->out_error);
+		}
 		if (lf && lf->kind == KVX_XFER_K_WRITE)
 			o->act = KVX_XFER_DO_PROGRESS;
 		return;
@@ -377,11 +447,16 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 			/* D aborted a push transfer: stop posting, answer once our writes are terminal. */
 			if (!lf->reported) {
 				lf->aborted = true;
+				lf->peer_stopped = true;
 				lf->error = -ECANCELED;
 				terminate_entry(tab, t);
 				out_set(o, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT, KVX_CPL_ABORTED, -ECANCELED);
 			}
 			o->act |= KVX_XFER_DO_PROGRESS;
+			return;
+		}
+		if (ack_dup(t, ev->sender_key)) {
+			o->late = true; /* the same sender's ACK again */
 			return;
 		}
 		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
@@ -390,15 +465,64 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		o->late = rc < 0;
 		return;
 	case KVX_XFER_EV_WRITE_DONE:
+		if (ack_dup(t, ev->sender_key)) {
+			o->late = true; /* the same producer rank's write_done again */
+			return;
+		}
 		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
 		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE)
 			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
 		o->late = rc == 0 && !lf;
 		return;
+	case KVX_XFER_EV_PEER_FAILED_NOTE:
+		if (!t || t->state != KVX_XFER_S_LIVE || ack_dup(t, ev->sender_key) ||
+		    (lf && lf->kind != KVX_XFER_K_ANNOUNCE)) {
+			o->late = true;
+			return;
+		}
+		if (!t->peer_failed) {
+			t->peer_failed = true;
+			t->peer_status = (uint8_t)ev->fail_status;
+			t->peer_error = ev->error;
+		}
+		/* The producer's fence is behind this message: it is a terminal ACK. */
+		rc = kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp);
+		if (!lf) {
+			o->late = rc < 0;
+			return; /* parked: applied at submission (on_submit()) */
+		}
+		if (lf->reported) {
+			if (rc == 1)
+				o->act = DONE_NOW; /* quarantine over: every producer rank answered */
+			return;
+		}
+		lf->error = t->peer_error;
+		if (rc == 1) {
+			out_set(o, DONE_NOW, (enum kvx_cpl_status)t->peer_status, t->peer_error);
+		} else {
+			/* Other producer ranks may still write: stop them, hold the blocks until they
+			 * answer or the defer timeout passes. */
+			lf->quarantine_ns = ev->now_ns + ev->defer_timeout_ns;
+			out_set(o, KVX_XFER_DO_REPORT | KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE,
+				(enum kvx_cpl_status)t->peer_status, t->peer_error);
+		}
+		return;
+	case KVX_XFER_EV_STATUS_QUERY:
+		/* Answer from the stored outcome; a running transfer or an unknown id: nothing. */
+		if (t && t->state == KVX_XFER_S_TERMINAL && t->has_out)
+			out_set(o, t->out_status == KVX_CPL_DONE ? KVX_XFER_DO_SEND_WRITE_DONE : KVX_XFER_DO_SEND_FAILED,
+				(enum kvx_cpl_status)t->out_status, t->out_error);
+		else
+			o->late = true;
+		return;
 	default:
 		return;
 	}
 }
+
+static void record_out(struct kvx_xfer *t, const struct kvx_xfer_out *o);
+static void step_life(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+		      const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o);
 
 void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
 		   struct kvx_xfer_out *o)
@@ -406,15 +530,37 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 	out_set(o, 0, KVX_CPL_DONE, 0);
 	o->late = false;
 	if (ev->type == KVX_XFER_EV_REMOTE_BLOCKS || ev->type == KVX_XFER_EV_RELEASE ||
-	    ev->type == KVX_XFER_EV_WRITE_DONE) {
+	    ev->type == KVX_XFER_EV_WRITE_DONE || ev->type == KVX_XFER_EV_PEER_FAILED_NOTE ||
+	    ev->type == KVX_XFER_EV_STATUS_QUERY) {
 		on_notify(tab, t, lf, ev, o);
+		record_out(t, o);
 		return;
 	}
 	if (!lf)
 		return;
+	step_life(tab, t, lf, ev, o);
+	record_out(t, o);
+}
+
+/* Poller tables: the reported outcome stays on the entry (terminal LRU), so a status query or
+ * a late allocation is answered after the transfer retired. */
+static void record_out(struct kvx_xfer *t, const struct kvx_xfer_out *o)
+{
+	if (!t || !(o->act & KVX_XFER_DO_REPORT) || t->has_out)
+		return;
+	t->has_out = true;
+	t->out_status = (uint8_t)o->status;
+	t->out_error = o->error;
+}
+
+static void step_life(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+		      const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o)
+{
 	switch (ev->type) {
 	case KVX_XFER_EV_SUBMIT:
 		on_submit(t, lf, ev->n_blocks, o);
+		if (o->act & KVX_XFER_DO_QUARANTINE)
+			lf->quarantine_ns = ev->now_ns + ev->defer_timeout_ns;
 		if (o->act & KVX_XFER_DO_REPORT && o->status == KVX_CPL_ABORTED)
 			lf->aborted = true;
 		return;
@@ -431,15 +577,23 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 		read_settle(lf, o);
 		return;
 	case KVX_XFER_EV_WRITE_SETTLE:
-		write_settle(lf, o);
+		write_settle(t, lf, o);
 		return;
 	case KVX_XFER_EV_PEER_FAILED:
 		if (lf->reported)
 			return;
-		if (ev->unbound && (lf->kind == KVX_XFER_K_READ || lf->kind == KVX_XFER_K_WRITE))
-			out_set(o, KVX_XFER_DO_REPORT | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_FAILED,
+		if (ev->unbound && (lf->kind == KVX_XFER_K_READ || lf->kind == KVX_XFER_K_WRITE)) {
+			uint32_t note = 0;
+			if (lf->kind == KVX_XFER_K_WRITE) {
+				/* Terminal entry: a later allocation is answered (kvx_failed). */
+				lf->failed = true;
+				lf->error = ev->error ? ev->error : -ECONNREFUSED;
+				terminate_entry(tab, t);
+				note = lf->ops_out ? 0 : fail_note(t, lf);
+			}
+			out_set(o, KVX_XFER_DO_REPORT | note | (lf->ops_out ? 0 : KVX_XFER_DO_RELEASE), KVX_CPL_FAILED,
 				ev->error ? ev->error : -ECONNREFUSED);
-		else
+		} else
 			o->act = KVX_XFER_DO_PROGRESS;
 		return;
 	case KVX_XFER_EV_FENCED:

@@ -44,7 +44,7 @@
  * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
  * transfer_timeout_ms.
  *
- * Block leases (docs/protocol.md §5.10, docs/architecture.md §3.1): the owner of the memory grants
+ * Block leases (docs/protocol.md §5.11, docs/architecture.md §3.1): the owner of the memory grants
  * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
  * transfer ends, before its blocks are handed back. A READ consumer checks the producer's lease
  * before its first op and again after its last: a transfer whose lease was revoked (release,
@@ -126,7 +126,9 @@ extern "C" {
 #define KVX_ENGINE_MAX_LAYERS 512
 /** Most polling lcores reported by kvx_engine_get_stats(). */
 #define KVX_ENGINE_MAX_POLLERS 16
-/** Most peers reported by kvx_engine_get_stats() (and distinct peers per engine). */
+/** Most peers reported by kvx_engine_get_stats() and known at once per engine; a peer idle for
+ * params.peer_idle_ms is forgotten when its slot is needed, so more distinct peers are served
+ * over time. */
 #define KVX_ENGINE_MAX_PEERS 64
 /** Most per-pod hosts of one peer (struct kvx_engine_peer.remote_hosts). */
 #define KVX_ENGINE_MAX_PODS 16
@@ -200,8 +202,18 @@ struct kvx_engine_params {
 	                                    DIR/allowed/NAME.key = public keys of the peers allowed to
 	                                    connect; allowed/HOST.key or the only key there is the key
 	                                    expected when dialling HOST). Peers must use it too.
+	                                    allowed/ is read again when files are added, removed
+	                                    or renamed there, so keys count without a restart.
 	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
 	                                    warning is logged when the ports are not loopback-only. */
+	uint32_t peer_idle_ms;         /**< A peer worker with no live transfer for longer than this,
+	                                    ms, may be forgotten (its connection closed) when its slot
+	                                    is needed for a new peer; the slot is reused once no
+	                                    reference to the old connection remains (after an RCU grace
+	                                    period), so a submission naming a new peer while every
+	                                    slot is busy or still draining gets -ENOBUFS and may be
+	                                    retried. Default 60000; 0 = as soon as it has none. A
+	                                    forgotten peer named again is handshaken again. */
 };
 
 /** A KV layer to register (docs/protocol.md §4.1). */
@@ -297,6 +309,10 @@ struct kvx_completion {
 	int error;                            /**< 0, or the negative errno behind FAILED/TIMED_OUT. */
 	uint64_t bytes;                       /**< Bytes moved by this engine for the transfer. */
 	uint64_t duration_ns;                 /**< Submission to terminal state, ns. */
+	uint64_t first_layer_ns;              /**< Submission to the first layer whose ops all completed
+	                                           on this engine (READ: landed here; WRITE: written), ns;
+	                                           0 when this engine moved no whole layer (a producer
+	                                           serving READs, a transfer that failed first). */
 };
 
 /** Per polling lcore statistics. */

@@ -23,8 +23,17 @@ grep -qF "$tmp/a/share/kvxfer/models.csv" <<<"$out" || fail "trace --help defaul
 grep -qF "$tmp/a/share/kvxfer/traces/" <<<"$out" || fail "trace --help default trace: $out"
 out=$(cd / && "$tmp/a/bin/kvxfer-perf" plan --help)
 grep -qF "$tmp/a/share/kvxfer/models.csv" <<<"$out" || fail "plan --help: $out"
-(cd / && "$tmp/a/bin/kvxfer-perf" plan --model Llama-3.1-8B --blocks 64 --min-ms 1 >/dev/null) ||
-	fail "installed plan with the installed models.csv"
+[[ -f $tmp/a/share/kvxfer/plan_numpy_ref.py ]] || fail "share/kvxfer/plan_numpy_ref.py not installed"
+grep -qF "$tmp/a/share/kvxfer/plan_numpy_ref.py under" <<<"$out" || fail "plan --help: numpy peer script: $out"
+(cd / && "$tmp/a/bin/kvxfer-perf" plan --model Llama-3.1-8B --blocks 64 --min-ms 1 >"$tmp/plan.txt" 2>&1) ||
+	{ cat "$tmp/plan.txt"; fail "installed plan with the installed models.csv"; }
+grep -qF "/usr/bin/python3 $tmp/a/share/kvxfer/plan_numpy_ref.py;" "$tmp/plan.txt" ||
+	{ cat "$tmp/plan.txt"; fail "installed plan did not run the installed numpy peer"; }
+# With numpy present the installed peer must have run and agreed (no failure note).
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+	! grep -q "numpy peer failed\|plans differ" "$tmp/plan.txt" ||
+		{ cat "$tmp/plan.txt"; fail "the installed numpy peer did not run"; }
+fi
 
 # Relocated prefix: the data path follows the binary.
 mv "$tmp/a" "$tmp/b"
@@ -42,4 +51,6 @@ grep -qF "/some/data/models.csv" <<<"$out" || fail "KVX_PERF_DATA_DIR: $out"
 # The build-tree binary uses the source tree.
 out=$(cd / && "$built_bin" trace --help)
 grep -qF "$src/bench/data/models.csv" <<<"$out" || fail "build tree binary: $out"
+out=$(cd / && "$built_bin" plan --help)
+grep -qF "$src/bench/plan_numpy_ref.py under" <<<"$out" || fail "build tree binary's numpy peer: $out"
 echo "installed kvxfer-perf OK"

@@ -318,7 +318,9 @@ Test(bench_perf_trace_ops, server_refuses_options_that_differ_and_names_them, .i
 	const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
 				 "--model", "Tiny-GQA", "--trace", g_trace, "-m", "write", "--quiet", NULL};
 	perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, a);
-	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	/* Options that must match and do not: a usage error (2) on the client, as on the server's run. */
+	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "the --server refused this run: "), "%s", g_r.err);
 	cr_assert(strstr(g_r.err, "disagree on: --block-size (server 32, client 16) -m (server read, client write)"),
 		  "%s", g_r.err);
 	cr_assert(perf_run_read(&ch, &g_srv, 60000, NULL));
@@ -449,6 +451,13 @@ Test(bench_perf_trace_ops, metrics_endpoint_serves_the_engines_counters_during_a
 	cr_assert_eq(scrape_value(pu, "kvxfer_bytes_total"), 63.0 * 4096);
 	cr_assert_eq(scrape_value(pu, "kvxfer_transfers_in_flight"), 0);
 	cr_assert_eq(scrape_value(cu, "kvxfer_transfer_duration_seconds_count{outcome=\"done\"}"), 1);
+	/* WRITE: the producer moved the layers (first-layer sample), the consumer sent remote_blocks,
+	 * the producer write_done. */
+	cr_assert_eq(scrape_value(pu, "kvxfer_first_layer_seconds_count"), 1);
+	cr_assert_geq(scrape_value(cu, "kvxfer_control_messages_total{direction=\"sent\",type=\"remote_blocks\"}"), 1);
+	cr_assert_geq(scrape_value(pu, "kvxfer_control_messages_total{direction=\"received\",type=\"remote_blocks\"}"),
+		      1);
+	cr_assert_geq(scrape_value(pu, "kvxfer_control_messages_total{direction=\"sent\",type=\"write_done\"}"), 1);
 	/* End the run: the consumer goes away, the driver reports and exits 1. */
 	pid_t c = consumer_of(ch.pid);
 	cr_assert_gt(c, 0);
@@ -456,4 +465,84 @@ Test(bench_perf_trace_ops, metrics_endpoint_serves_the_engines_counters_during_a
 	cr_assert(perf_run_read(&ch, &g_r, 120000, NULL));
 	unlink(tr);
 	cr_assert_eq(g_r.status, 1);
+}
+
+/* Fresh auth directories made with `kvxfer-perf keygen` under /tmp (removed by the test). */
+static void auth_dirs(char *root, size_t rl, char *s, char *c, char *x, size_t len)
+{
+	snprintf(root, rl, "/tmp/kvx_trace_auth.XXXXXX");
+	cr_assert(mkdtemp(root));
+	char *d[3] = {s, c, x};
+	const char *n[3] = {"server", "client", "stranger"};
+	for (int i = 0; i < 3; i++) {
+		snprintf(d[i], len, "%s/%s", root, n[i]);
+		const char *const a[] = {"keygen", d[i], NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, a);
+		cr_assert_eq(g_r.status, 0, "%s", g_r.err);
+	}
+	char cmd[1024];
+	snprintf(cmd, sizeof(cmd),
+		 "cp %s/engine.key %s/allowed/client.key && cp %s/engine.key %s/allowed/server.key && "
+		 "cp %s/engine.key %s/allowed/server.key",
+		 c, s, s, c, s, x);
+	cr_assert_eq(system(cmd), 0);
+}
+
+Test(bench_perf_trace_ops, auth_dir_server_refuses_plain_and_unlisted_clients_then_runs_authenticated,
+     .init = setup, .fini = teardown)
+{
+	char root[64], s[128], c[128], x[128], port[16];
+	auth_dirs(root, sizeof(root), s, c, x, sizeof(s));
+	struct perf_child ch;
+	const char *const ex[] = {"--auth-dir", s, NULL};
+	start_server(&ch, &g_srv, port, sizeof(port), ex);
+	/* A client without --auth-dir: refused at the driver channel, told what to do. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--quiet", NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, a);
+	}
+	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "if the --server runs with --auth-dir, give --auth-dir here too"), "%s", g_r.err);
+	cr_assert_not(perf_run_read(&ch, &g_srv, 60000, "(1 refused so far; still listening)"), "%s", g_srv.err);
+	/* A key the server does not list. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--quiet", "--auth-dir", x,
+					 NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 120000, a);
+	}
+	cr_assert_eq(g_r.status, 1, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "--client: the server closed the connection during authentication"), "%s", g_r.err);
+	cr_assert_not(perf_run_read(&ch, &g_srv, 60000, "(2 refused so far; still listening)"), "%s", g_srv.err);
+	cr_assert(strstr(g_srv.err, "is not in "), "%s", g_srv.err);
+	/* The listed client: driver channel sealed, engines on CURVE, every block verified; the
+	 * refused clients did not use up the server's one run. */
+	{
+		const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", port, "--models-csv", g_models,
+					 "--model", "Tiny-GQA", "--trace", g_trace, "-t", "tcp", "--speed", "0", "--verify",
+					 "--quiet", "--auth-dir", c, NULL};
+		perf_run(&g_r, KVX_PERF_BIN, NULL, 300000, a);
+	}
+	cr_assert_eq(g_r.status, 0, "%d\n%s\n%s", g_r.status, g_r.out, g_r.err);
+	cr_assert(strstr(g_r.out, "verification           OK"), "%s", g_r.out);
+	cr_assert(perf_run_read(&ch, &g_srv, 120000, NULL));
+	cr_assert_eq(g_srv.status, 0, "%s\n%s", g_srv.out, g_srv.err);
+	cr_assert(strstr(g_srv.err, "--client authenticated (key client.key)"), "%s", g_srv.err);
+	cr_assert(strstr(g_srv.out, "run 1 OK (exit 0)"), "%s", g_srv.out);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+	cr_assert_eq(system(cmd), 0);
+}
+
+Test(bench_perf_trace_ops, auth_dir_without_key_pair_is_a_usage_error, .init = setup, .fini = teardown)
+{
+	const char *const a[] = {"trace", "--client", "127.0.0.1", "--port", "1", "--models-csv", g_models, "--model",
+				 "Tiny-GQA", "--trace", g_trace, "--auth-dir", "/nonexistent/kvx", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, a);
+	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "--auth-dir /nonexistent/kvx: no usable key pair"), "%s", g_r.err);
+	const char *const b[] = {"trace", "--server", "--port", "0", "--auth-dir", "/nonexistent/kvx", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, b);
+	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
 }

@@ -5,11 +5,13 @@
  * and raw DEALERs playing unauthenticated or unlisted peers.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -315,4 +317,54 @@ Test(control_auth, bad_auth_dirs_are_rejected_at_create)
 	cr_assert_eq(kvx_ctl_create(&p, &c), 0);
 	kvx_ctl_destroy(c);
 	rm_dir(d);
+}
+
+Test(control_auth, allowlist_changes_take_effect_without_a_restart)
+{
+	char da[64], dx[64];
+	mk_dir(da, sizeof(da));
+	mk_dir(dx, sizeof(dx));
+	/* allowed/ last changed an hour ago: connections then only stat it (no re-read) until it
+	 * changes again, the path a long-running engine takes. */
+	char path[128];
+	const char *dirs[2] = {da, dx};
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/allowed", dirs[i]);
+		struct timespec old[2] = {{.tv_sec = time(NULL) - 3600}, {.tv_sec = time(NULL) - 3600}};
+		cr_assert_eq(utimensat(AT_FDCWD, path, old, 0), 0);
+	}
+	struct collector ca;
+	coll_init(&ca);
+	/* Both start with empty allowlists: neither knows the other yet. */
+	struct kvx_ctl *a = auth_ctl(da, &ca, 1);
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	p.auth_dir = dx;
+	struct kvx_ctl *x = tctl_start(&p);
+	uint16_t hs, nt;
+	cr_assert_eq(kvx_ctl_bound_ports(a, &hs, &nt), 0);
+	struct hsw w;
+	/* x has no key for a: its handshake fails at once, naming the missing file. */
+	handshake(x, hs, 20000, &w);
+	cr_assert_neq(w.status, 0);
+	cr_assert_eq(CTR(a, hs_served), 0);
+	/* Keys added to the running engines' allowed/ directories count at the next connection. */
+	allow(da, dx, "a");
+	allow(dx, da, "x");
+	handshake(x, hs, 20000, &w);
+	cr_assert_eq(w.status, 0, "%s", w.error);
+	cr_assert_eq(CTR(a, hs_served), 1);
+	uint64_t refused = CTR(a, auth_refused);
+	/* A key removed from allowed/ is refused from the next connection on. */
+	snprintf(path, sizeof(path), "%s/allowed/x.key", da);
+	cr_assert_eq(unlink(path), 0);
+	handshake(x, hs, 1500, &w);
+	cr_assert_eq(w.status, -ETIMEDOUT, "%s", w.error);
+	cr_assert(WAIT_CTR(a, auth_refused, refused + 1, 20.0));
+	cr_assert_eq(CTR(a, hs_served), 1, "the removed key was not served");
+	kvx_ctl_destroy(x);
+	kvx_ctl_destroy(a);
+	coll_fini(&ca);
+	rm_dir(da);
+	rm_dir(dx);
 }

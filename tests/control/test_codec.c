@@ -588,3 +588,165 @@ Test(control_codec, utf8_validation)
 	cr_assert_not(kvx_ctl_utf8_ok((const uint8_t *)"\xe2\x82", 2), "truncated");
 	cr_assert_not(kvx_ctl_utf8_ok((const uint8_t *)"\xf4\x90\x80\x80", 4), "> U+10FFFF");
 }
+
+/* Issue 14: between kvxfer peers, write_done and release name their sender (`kvx_engine`,
+ * `kvx_rank`, `kvx_epoch` after the MoRIIO keys, which a MoRIIO receiver ignores), so a
+ * duplicate from one sender is recognised; without them the frame is MoRIIO's (tests above). */
+Test(control_codec, write_done_and_release_name_their_sender)
+{
+	struct kvx_msg_notify m;
+	notify_init(&m, KVX_MSG_WRITE_DONE, "xfer");
+	strcpy(m.sender_id, "10.0.0.1:6301");
+	m.sender_rank = 1;
+	m.sender_epoch = 0x0102030405060708ull;
+	uint8_t buf[256];
+	struct exp e = {.n = 0};
+	e_byte(&e, 0x85);
+	e_str(&e, "type");
+	e_str(&e, "write_done");
+	e_str(&e, "transfer_id");
+	e_str(&e, "xfer");
+	e_str(&e, "kvx_engine");
+	e_str(&e, "10.0.0.1:6301");
+	e_str(&e, "kvx_rank");
+	e_byte(&e, 0x01);
+	e_str(&e, "kvx_epoch");
+	e_byte(&e, 0xcf);
+	e_raw(&e, "\x01\x02\x03\x04\x05\x06\x07\x08", 8);
+	int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n);
+	cr_assert_arr_eq(buf, e.b, e.n);
+	struct kvx_msg_notify d;
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_eq(d.type, KVX_MSG_WRITE_DONE);
+	cr_assert_str_eq(d.sender_id, "10.0.0.1:6301");
+	cr_assert_eq(d.sender_rank, 1);
+	cr_assert_eq(d.sender_epoch, 0x0102030405060708ull);
+
+	/* release: after consumer_tp_size; no epoch -> two identity keys. */
+	notify_init(&m, KVX_MSG_RELEASE, "xfer-7");
+	m.has_consumer_tp_size = true;
+	m.consumer_tp_size = 2;
+	strcpy(m.sender_id, "d:1");
+	m.sender_rank = 0;
+	e.n = 0;
+	e_byte(&e, 0x85);
+	e_str(&e, "type");
+	e_str(&e, "release");
+	e_str(&e, "transfer_id");
+	e_str(&e, "xfer-7");
+	e_str(&e, "consumer_tp_size");
+	e_byte(&e, 0x02);
+	e_str(&e, "kvx_engine");
+	e_str(&e, "d:1");
+	e_str(&e, "kvx_rank");
+	e_byte(&e, 0x00);
+	n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n);
+	cr_assert_arr_eq(buf, e.b, e.n);
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_str_eq(d.sender_id, "d:1");
+	cr_assert_eq(d.sender_rank, 0);
+	cr_assert_eq(d.sender_epoch, 0);
+	cr_assert_eq(d.consumer_tp_size, 2);
+
+	/* A MoRIIO frame decodes without a sender. */
+	const uint8_t moriio[] = "\x82\xa4type\xaawrite_done\xabtransfer_id\xa1x";
+	cr_assert_eq(kvx_msg_notify_decode(moriio, sizeof(moriio) - 1, &d, NULL, 0), 0);
+	cr_assert_str_eq(d.sender_id, "");
+	cr_assert_eq(d.sender_rank, -1);
+	/* One identity key without the other is malformed. */
+	const uint8_t half[] = "\x83\xa4type\xaawrite_done\xabtransfer_id\xa1x\xa8kvx_rank\x01";
+	char err[128] = "";
+	cr_assert_eq(kvx_msg_notify_decode(half, sizeof(half) - 1, &d, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "kvx_engine"), "%s", err);
+	/* Encoder: a named sender needs a rank in range. */
+	notify_init(&m, KVX_MSG_WRITE_DONE, "x");
+	strcpy(m.sender_id, "p:1");
+	m.sender_rank = -1;
+	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+}
+
+/* kvx_failed (P -> D) and kvx_status_query (D -> P): kvxfer-only types, identity required. */
+Test(control_codec, kvx_failed_and_status_query_exact_bytes)
+{
+	struct kvx_msg_notify m;
+	notify_init(&m, KVX_MSG_FAILED, "tx-f");
+	m.fail_status = 2; /* KVX_CPL_ABORTED */
+	m.fail_error = -125;
+	strcpy(m.reason, "aborted");
+	strcpy(m.sender_id, "p:7");
+	m.sender_rank = 0;
+	uint8_t buf[256];
+	struct exp e = {.n = 0};
+	e_byte(&e, 0x87);
+	e_str(&e, "type");
+	e_str(&e, "kvx_failed");
+	e_str(&e, "transfer_id");
+	e_str(&e, "tx-f");
+	e_str(&e, "kvx_status");
+	e_byte(&e, 0x02);
+	e_str(&e, "kvx_error");
+	e_byte(&e, 0xd0);
+	e_byte(&e, 0x83); /* -125 */
+	e_str(&e, "kvx_reason");
+	e_str(&e, "aborted");
+	e_str(&e, "kvx_engine");
+	e_str(&e, "p:7");
+	e_str(&e, "kvx_rank");
+	e_byte(&e, 0x00);
+	int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n);
+	cr_assert_arr_eq(buf, e.b, e.n);
+	struct kvx_msg_notify d;
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_eq(d.type, KVX_MSG_FAILED);
+	cr_assert_eq(d.fail_status, 2);
+	cr_assert_eq(d.fail_error, -125);
+	cr_assert_str_eq(d.reason, "aborted");
+	cr_assert_str_eq(d.sender_id, "p:7");
+	/* Without identity, or with status 0 (not a failure), it is refused both ways. */
+	m.sender_id[0] = 0;
+	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+	strcpy(m.sender_id, "p:7");
+	m.fail_status = 0;
+	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+	m.fail_status = 2;
+	m.fail_error = 5;
+	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+	const uint8_t zero[] = "\x87\xa4type\xaakvx_failed\xabtransfer_id\xa1x\xaakvx_status\x00\xa9kvx_error\x00"
+			       "\xaakvx_reason\xa0\xaakvx_engine\xa1p\xa8kvx_rank\x00";
+	char err[128] = "";
+	cr_assert_eq(kvx_msg_notify_decode(zero, sizeof(zero) - 1, &d, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "kvx_status"), "%s", err);
+	const uint8_t anon[] = "\x85\xa4type\xaakvx_failed\xabtransfer_id\xa1x\xaakvx_status\x01\xa9kvx_error\x00"
+			       "\xaakvx_reason\xa0";
+	cr_assert_eq(kvx_msg_notify_decode(anon, sizeof(anon) - 1, &d, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "kvx_engine"), "%s", err);
+
+	notify_init(&m, KVX_MSG_STATUS_QUERY, "tx-q");
+	strcpy(m.sender_id, "d:9");
+	m.sender_rank = 3;
+	m.sender_epoch = 5;
+	e.n = 0;
+	e_byte(&e, 0x85);
+	e_str(&e, "type");
+	e_str(&e, "kvx_status_query");
+	e_str(&e, "transfer_id");
+	e_str(&e, "tx-q");
+	e_str(&e, "kvx_engine");
+	e_str(&e, "d:9");
+	e_str(&e, "kvx_rank");
+	e_byte(&e, 0x03);
+	e_str(&e, "kvx_epoch");
+	e_byte(&e, 0x05);
+	n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n);
+	cr_assert_arr_eq(buf, e.b, e.n);
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_eq(d.type, KVX_MSG_STATUS_QUERY);
+	cr_assert_eq(d.sender_rank, 3);
+	cr_assert_eq(d.sender_epoch, 5);
+	m.sender_id[0] = 0;
+	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+}

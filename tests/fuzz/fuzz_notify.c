@@ -33,6 +33,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	if (m.type == KVX_MSG_RELEASE && d.consumer_tp_size != m.consumer_tp_size)
 		abort();
+	/* Sender keys and failure notes (issue 14) survive the round trip. */
+	if (strcmp(d.sender_id, m.sender_id) || d.sender_rank != m.sender_rank ||
+	    d.sender_epoch != m.sender_epoch || d.fail_status != m.fail_status ||
+	    d.fail_error != m.fail_error || strcmp(d.reason, m.reason))
+		abort();
 	if (m.type == KVX_MSG_REMOTE_BLOCKS &&
 	    (strcmp(d.req_id, m.req_id) || d.decode_rank != m.decode_rank))
 		abort();

@@ -2,7 +2,8 @@
 /*
  * The engine's Prometheus endpoint (kvx_engine_params.metrics_addr), scraped with the real curl
  * while two real engines move blocks over tcp on loopback: counters start at zero and move
- * with transfers (done, bytes, histogram, notifications, handshakes), failures are counted by
+ * with transfers (done, bytes, transfer / first-layer / handshake latency histograms, notifications,
+ * control messages by type, handshakes), failures are counted by
  * outcome and reason, other paths are 404, the endpoint is gone after stop, and bad addresses or
  * taken ports are refused.
  */
@@ -132,6 +133,25 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	cr_assert_eq(value(g_body, "kvxfer_transfers_in_flight"), 0);
 	cr_assert_geq(value(g_body, "kvxfer_notifications_total{direction=\"sent\"}"), 1, "release sent");
 	cr_assert_eq(value(g_body, "kvxfer_handshakes_total{result=\"ok\"}"), 1, "%s", g_body);
+	/* Latency histograms: the handshake this READ needed and its first layer landing here. */
+	cr_assert(strstr(g_body, "# TYPE kvxfer_handshake_duration_seconds histogram"), "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_handshake_duration_seconds_count{result=\"ok\"}"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_handshake_duration_seconds_bucket{result=\"ok\",le=\"+Inf\"}"), 1);
+	cr_assert_eq(value(g_body, "kvxfer_handshake_duration_seconds_count{result=\"failed\"}"), 0);
+	cr_assert_gt(value(g_body, "kvxfer_handshake_duration_seconds_sum{result=\"ok\"}"), 0, "%s", g_body);
+	cr_assert(strstr(g_body, "# TYPE kvxfer_first_layer_seconds histogram"), "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_first_layer_seconds_count"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_first_layer_seconds_bucket{le=\"+Inf\"}"), 1, "%s", g_body);
+	double fl = value(g_body, "kvxfer_first_layer_seconds_sum");
+	cr_assert(fl > 0 && fl <= value(g_body, "kvxfer_transfer_duration_seconds_sum{outcome=\"done\"}"),
+		  "the first layer lands within its transfer:\n%s", g_body);
+	/* Control messages by type: the consumer of a READ sends release, nothing else. */
+	cr_assert_geq(value(g_body, "kvxfer_control_messages_total{direction=\"sent\",type=\"release\"}"), 1, "%s",
+		      g_body);
+	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"sent\",type=\"remote_blocks\"}"), 0);
+	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"sent\",type=\"write_done\"}"), 0);
+	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"received\",type=\"get_meta_msg\"}"), 0);
+	cr_assert_eq(value(g_body, "kvxfer_auth_connections_total{result=\"refused\"}"), 0, "%s", g_body);
 	cr_assert(strstr(g_body, "kvxfer_lcore_bytes_total{lcore=\""), "%s", g_body);
 	char peer[96];
 	snprintf(peer, sizeof(peer), "kvxfer_peer_transfers_total{peer=\"127.0.0.1:%u\",dp_rank=\"0\"}", P.nt);
@@ -140,6 +160,13 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	wait_value(&P, &tp, pa, "kvxfer_transfers_total{outcome=\"done\"}", 1);
 	cr_assert_eq(value(g_body, "kvxfer_blocks_released_total"), 1, "%s", g_body);
 	cr_assert_geq(value(g_body, "kvxfer_notifications_total{direction=\"received\"}"), 1);
+	cr_assert_geq(value(g_body, "kvxfer_control_messages_total{direction=\"received\",type=\"release\"}"), 1,
+		      "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"received\",type=\"get_meta_msg\"}"), 1,
+		      "the consumer's one handshake:\n%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"received\",type=\"write_done\"}"), 0);
+	/* A producer serving a READ moves no layer itself: no first-layer sample. */
+	cr_assert_eq(value(g_body, "kvxfer_first_layer_seconds_count"), 0, "%s", g_body);
 	/* The consumer's release arrived from 127.0.0.1 (per-source control counters). */
 	cr_assert_geq(value(g_body, "kvxfer_control_peer_frames_total{source=\"127.0.0.1\",kind=\"received\"}"), 1,
 		      "%s", g_body);
@@ -170,6 +197,9 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	snprintf(series, sizeof(series), "kvxfer_transfers_total{outcome=\"%s\"}", outcome[td.status[j]]);
 	cr_assert_eq(value(g_body, series), 1, "%s\n%s", series, g_body);
 	cr_assert_eq(value(g_body, "kvxfer_transfers_total{outcome=\"done\"}"), 1);
+	/* Its handshake failed (nothing listens there) and it moved no layer. */
+	cr_assert_geq(value(g_body, "kvxfer_handshake_duration_seconds_count{result=\"failed\"}"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_first_layer_seconds_count"), 1, "%s", g_body);
 
 	/* Stopped: the endpoint is gone (curl cannot connect: exit 7). */
 	kvx_engine_stop(D.e);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The README's two-host section, replayed across two network namespaces joined by a veth pair
+# The README's two-host sections (plain, then with authentication), replayed across two network
+# namespaces joined by a veth pair
 # that this script creates (10.231.<n>.1 = producer host, .2 = consumer host). Nothing outside
 # those namespaces is touched. Exit 77 (ctest SKIP) with the reason when not root or without
 # `ip netns`.
@@ -79,4 +80,33 @@ inB "$perf" trace --client "10.231.$n.9" --port 7500 --connect-timeout-ms 1000 -
 	>"$tmp/c4.out" 2>"$tmp/c4.err" && fail "client to a missing host succeeded"
 grep -q "cannot reach the --server's driver channel (--port) at 10.231.$n.9:7500" "$tmp/c4.err" ||
 	fail "unreachable server not named"
+# 4. README, Authentication: a key directory per host, public keys swapped under the peers'
+#    addresses, then the trace and bw two-host runs with --auth-dir on both sides.
+inA "$perf" keygen "$tmp/authA" >/dev/null || fail "keygen A"
+inB "$perf" keygen "$tmp/authB" >/dev/null || fail "keygen B"
+cp "$tmp/authA/engine.key" "$tmp/authB/allowed/$PA.key"
+cp "$tmp/authB/engine.key" "$tmp/authA/allowed/$PB.key"
+( : >"$tmp/srv.out"; : >"$tmp/srv.err" ); inA "$perf" trace --server --port 7500 --port-range 7600-7602 \
+	--auth-dir "$tmp/authA" >>"$tmp/srv.out" 2>>"$tmp/srv.err" &
+srv_pid=$!
+wait_listening "(run 1 of 1)"
+inB "$perf" trace --client "$PA" --port 7500 --port-range 7600-7602 -t tcp --requests 1 --quiet \
+	>"$tmp/c5.out" 2>"$tmp/c5.err" && fail "a client without --auth-dir ran against an authenticated server"
+wait_listening "(1 refused so far; still listening)"
+inB "$perf" trace --client "$PA" --port 7500 --port-range 7600-7602 -t tcp -m read --requests 2 --speed 0 \
+	--verify --quiet --auth-dir "$tmp/authB" >"$tmp/c6.out" 2>"$tmp/c6.err" || fail "authenticated client run"
+grep -q "verification           OK" "$tmp/c6.out" || fail "authenticated run not verified"
+wait "$srv_pid"; rc=$?; srv_pid=
+[[ $rc == 0 ]] || fail "authenticated server exit $rc"
+grep -q -- "--client authenticated (key $PB.key)" "$tmp/srv.err" || fail "server did not name the client key"
+( : >"$tmp/srv.out"; : >"$tmp/srv.err" ); inA "$perf" bw -t tcp -p 7700 --auth-dir "$tmp/authA" \
+	>>"$tmp/srv.out" 2>>"$tmp/srv.err" &
+srv_pid=$!
+timeout 120 grep -q -m1 -F "listening on TCP port 7700" <(tail --pid="$srv_pid" -n +1 -f "$tmp/srv.out") ||
+	fail "bw server never listened"
+inB "$perf" bw -t tcp -s 64K -n 50 -p 7700 --auth-dir "$tmp/authB" "$PA" >"$tmp/c7.out" 2>"$tmp/c7.err" ||
+	fail "authenticated bw client"
+grep -q "authenticated (--auth-dir keys) and sealed" "$tmp/c7.out" || fail "bw header does not say authenticated"
+wait "$srv_pid"; rc=$?; srv_pid=
+[[ $rc == 0 ]] || fail "bw server exit $rc"
 echo "two hosts (network namespaces) OK"

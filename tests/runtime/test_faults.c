@@ -172,11 +172,16 @@ Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 	/* Without it, the quarantine ends after the defer timeout. */
 	tick.now_ns = 71;
 	cr_assert_eq(step(NULL, NULL, &lf, tick).act, KVX_XFER_DO_RELEASE);
-	/* P WRITE aborted with writes in flight: stop posting, report, hold; once the writes are
-	 * terminal, write_done tells D, then the blocks are free. */
+	/* P WRITE aborted by its application with writes in flight: stop posting, report, hold;
+	 * once the writes are terminal the blocks are free. Never a write_done (D would take it for
+	 * DONE, issue 14 item 6): a kvxfer D (its remote_blocks named an epoch) gets kvx_failed,
+	 * once; a MoRIIO D nothing. */
 	struct kvx_xfer_table *t = table();
 	struct kvx_xfer *x;
 	cr_assert_eq(kvx_xfer_open(t, "tx-e", &x), 0);
+	uint32_t *ids = malloc(sizeof(*ids));
+	ids[0] = 3;
+	cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids, 1, 0, 77), 1);
 	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .ops_out = 2};
 	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
 	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT);
@@ -187,9 +192,16 @@ Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 	cr_assert_eq(step(t, x, &lf, wsettle).act, 0);
 	lf.ops_out = 0;
 	o = step(t, x, &lf, wsettle);
-	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_FAILED | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	cr_assert_eq(o.status, KVX_CPL_ABORTED);
-	cr_assert_eq(step(t, x, &lf, wsettle).act & KVX_XFER_DO_SEND_WRITE_DONE, 0, "write_done once");
+	cr_assert_eq(step(t, x, &lf, wsettle).act & (KVX_XFER_DO_SEND_FAILED | KVX_XFER_DO_SEND_WRITE_DONE), 0,
+		     "one note");
+	/* The same with a MoRIIO consumer (no epoch): nothing is sent. */
+	struct kvx_xfer *xm;
+	cr_assert_eq(kvx_xfer_open(t, "tx-em", &xm), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	o = step(t, xm, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	/* D aborting a P WRITE (its release): the same, decided on P. */
 	struct kvx_xfer *y;
 	cr_assert_eq(kvx_xfer_open(t, "tx-e2", &y), 0);
@@ -198,6 +210,10 @@ Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_PROGRESS);
 	cr_assert_eq(o.status, KVX_CPL_ABORTED);
 	cr_assert_eq(y->state, KVX_XFER_S_TERMINAL);
+	performed(&lf, o);
+	lf.ops_out = 0;
+	o = step(t, y, &lf, wsettle); /* D stopped us: write_done frees its quarantine */
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
 	/* D READ abort: reported now; P released once the ops are terminal (always, on abort). */
 	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .ops_out = 1};
 	o = step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
@@ -339,5 +355,162 @@ Test(runtime_faults, j_duplicate_transfer_id_rejected_first_intact)
 	kvx_xfer_make_terminal(t, x);
 	cr_assert_eq(kvx_xfer_open(t, "tx-j", &y), -EEXIST);
 	cr_assert_eq(kvx_xfer_open(t, "", &y), -EINVAL);
+	kvx_xfer_table_destroy(t);
+}
+
+/* Issue 14 (control plane), decided in kvx_xfer_step(): ACKs that name their sender count once
+ * per sender; a producer's kvx_failed ends a D WRITE with the producer's status; a D WRITE asks a
+ * kvxfer producer before it times out; a producer answers queries and late allocations from the
+ * outcome it keeps with the id. */
+Test(runtime_faults, k_named_acks_failure_notes_status_queries)
+{
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	uint64_t p0 = kvx_xfer_sender_key("10.0.0.1:6301", 0, 9), p1 = kvx_xfer_sender_key("10.0.0.1:6301", 1, 9);
+	cr_assert_neq(p0, p1);
+	cr_assert_neq(p0, kvx_xfer_sender_key("10.0.0.1:6301", 0, 10), "another incarnation is another sender");
+	/* D WRITE expecting two write_done (P TP 2, D TP 1): rank 0's, twice, is not DONE. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-k1", &x), 0);
+	struct kvx_life lf = {.kind = KVX_XFER_K_ANNOUNCE};
+	struct kvx_xfer_ev wd = {.type = KVX_XFER_EV_WRITE_DONE, .consumer_tp = 2, .producer_tp = 1, .sender_key = p0};
+	struct kvx_xfer_out o = step(t, x, &lf, wd);
+	cr_assert_eq(o.act, 0);
+	cr_assert_not(o.late);
+	o = step(t, x, &lf, wd);
+	cr_assert_eq(o.act, 0, "a duplicate from one sender completes nothing");
+	cr_assert(o.late);
+	cr_assert_eq(x->state, KVX_XFER_S_LIVE);
+	wd.sender_key = p1;
+	o = step(t, x, &lf, wd);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	/* MoRIIO senders (no name) keep count semantics: the same message twice completes. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-k2", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	wd.sender_key = 0;
+	cr_assert_eq(step(t, x, &lf, wd).act, 0);
+	o = step(t, x, &lf, wd);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+
+	/* P READ serving a consumer of TP 2: the same consumer rank's release twice completes
+	 * nothing; the other rank's does. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-k2r", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_SERVE};
+	uint64_t d0 = kvx_xfer_sender_key("10.0.0.2:6301", 0, 3), d1 = kvx_xfer_sender_key("10.0.0.2:6301", 1, 3);
+	struct kvx_xfer_ev rel = {.type = KVX_XFER_EV_RELEASE, .consumer_tp = 2, .producer_tp = 1, .sender_key = d0};
+	cr_assert_eq(step(t, x, &lf, rel).act, 0);
+	o = step(t, x, &lf, rel);
+	cr_assert_eq(o.act, 0);
+	cr_assert(o.late);
+	rel.sender_key = d1;
+	cr_assert_eq(step(t, x, &lf, rel).act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+
+	/* kvx_failed from P rank 0 of two: FAILED with P's status now, the other rank is told to
+	 * stop, the blocks wait for it (quarantine); its write_done (or note) frees them. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-k3", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	struct kvx_xfer_ev fn = {.type = KVX_XFER_EV_PEER_FAILED_NOTE, .consumer_tp = 2, .producer_tp = 1,
+				 .sender_key = p0, .fail_status = KVX_CPL_ABORTED, .error = -ECANCELED,
+				 .now_ns = 100, .defer_timeout_ns = 50};
+	o = step(t, x, &lf, fn);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
+	cr_assert_eq(lf.quarantine_ns, 150);
+	performed(&lf, o);
+	cr_assert(step(t, x, &lf, fn).late, "the same note twice");
+	wd.sender_key = p1;
+	cr_assert_eq(step(t, x, &lf, wd).act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	/* With P TP 1 the note alone ends it and frees the blocks. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-k4", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	fn.consumer_tp = 1;
+	fn.fail_status = KVX_CPL_FAILED;
+	fn.error = -ECONNRESET;
+	o = step(t, x, &lf, fn);
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ECONNRESET);
+	/* Before the announce: parked, applied at submission. */
+	kvx_xfer_table_destroy(t);
+	t = table();
+	cr_assert_eq(kvx_xfer_open(t, "tx-k5", &x), 0);
+	fn.fail_status = KVX_CPL_TIMED_OUT;
+	fn.error = -ETIMEDOUT;
+	o = step(t, x, NULL, fn);
+	cr_assert_eq(o.act, 0);
+	cr_assert_not(o.late);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE};
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = 2});
+	cr_assert_eq(o.act, KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(o.error, -ETIMEDOUT);
+
+	/* D WRITE near its deadline with a kvxfer producer: the query goes out once the grace
+	 * before the deadline starts (strict), the deadline itself does not move; a MoRIIO
+	 * producer is not asked. */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE, .start_ns = 0};
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 20, .transfer_timeout_ns = 30,
+				   .defer_timeout_ns = 100, .query_peer = true, .query_grace_ns = 10};
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0);
+	tick.now_ns = 21;
+	cr_assert_eq(step(t, NULL, &lf, tick).act, KVX_XFER_DO_SEND_QUERY);
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0, "asked once");
+	tick.now_ns = 30;
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0, "exactly at the deadline: still pending");
+	tick.now_ns = 31;
+	o = step(t, NULL, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE_ALL | KVX_XFER_DO_QUARANTINE | KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE, .start_ns = 0};
+	tick.query_peer = false;
+	tick.now_ns = 21;
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0);
+	tick.now_ns = 31;
+	cr_assert_eq(step(t, NULL, &lf, tick).status, KVX_CPL_TIMED_OUT);
+
+	/* P WRITE: DONE, then a status query is answered with write_done; an aborted one with
+	 * kvx_failed; a running one or an unknown id with nothing. */
+	struct kvx_xfer *w;
+	cr_assert_eq(kvx_xfer_open(t, "tx-k6", &w), 0);
+	struct kvx_xfer_ev q = {.type = KVX_XFER_EV_STATUS_QUERY, .sender_key = p0};
+	cr_assert(step(t, w, NULL, q).late, "running: no answer");
+	uint32_t *ids = malloc(sizeof(*ids));
+	ids[0] = 1;
+	cr_assert_eq(kvx_xfer_remote_blocks_take(w, ids, 1, 0, 5), 1);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	cr_assert_eq(step(t, w, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 0}).act,
+		     KVX_XFER_DO_SEND_WRITE_DONE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	o = step(t, w, NULL, q);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_WRITE_DONE);
+	cr_assert_eq(o.status, KVX_CPL_DONE);
+	cr_assert_eq(kvx_xfer_open(t, "tx-k7", &w), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE};
+	o = step(t, w, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
+	cr_assert_eq(o.act, KVX_XFER_DO_STOP_WRITES | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE,
+		     "no allocation yet: nobody to tell");
+	o = step(t, w, NULL, q);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_FAILED);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
+	cr_assert(step(t, NULL, NULL, q).late, "unknown id");
+	/* The allocation of a kvxfer consumer arrives after that: answered with kvx_failed at
+	 * once; a MoRIIO consumer's (no epoch) is only late. */
+	ids = malloc(2 * sizeof(*ids));
+	ids[0] = 4;
+	ids[1] = 5;
+	o = step(t, w, NULL,
+		 (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = ids, .n_blocks = 2,
+				      .decode_dp_rank = 1, .alloc_epoch = 33});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_FAILED);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert(o.late);
+	cr_assert_eq(w->decode_dp_rank, 1, "answered to the rank that allocated");
+	ids = malloc(sizeof(*ids));
+	ids[0] = 4;
+	o = step(t, w, NULL,
+		 (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = ids, .n_blocks = 1});
+	cr_assert_eq(o.act, 0);
+	cr_assert(o.late);
 	kvx_xfer_table_destroy(t);
 }

@@ -52,7 +52,16 @@ enum kvx_msg_type {
 	KVX_MSG_WRITE_DONE = 2,    /**< P -> D: all writes of a transfer landed (WRITE). */
 	KVX_MSG_RELEASE = 3,       /**< D -> P: P may free the blocks (READ done, or abort). */
 	KVX_MSG_COMPLETION = 4,    /**< Legacy plain UTF-8 transfer/request id (no map). */
+	KVX_MSG_FAILED = 5,        /**< kvxfer only, P -> D: the producer's side of a transfer ended
+				    *   without success (abort, failure, timeout, late allocation,
+				    *   handshake rejection), sent after its ops for it are terminal. */
+	KVX_MSG_STATUS_QUERY = 6,  /**< kvxfer only, D -> P: "what became of this transfer?" (a
+				    *   consumer about to time out); answered with write_done (DONE)
+				    *   or kvx_failed, nothing while the transfer is still running. */
 };
+
+/** Longest failure reason carried by kvx_failed, bytes (without the NUL). */
+#define KVX_MSG_REASON_MAX 255
 
 /* ------------------------------------------------------------------------------------------ */
 /* Codec: notify messages (docs/protocol.md §3.2)                                                  */
@@ -64,9 +73,15 @@ enum kvx_msg_type {
  * Encoded forms (keys in this order; all strings are msgpack `str`):
  *  - REMOTE_BLOCKS: `{req_id, transfer_id, block_notify_list, decode_rank, type:"remote_blocks"}`;
  *    block_notify_list is a flat array of uint, or (num_groups > 0) an array of arrays.
- *  - WRITE_DONE: `{type:"write_done", transfer_id}`.
- *  - RELEASE: `{type:"release", transfer_id[, consumer_tp_size]}`.
+ *  - WRITE_DONE: `{type:"write_done", transfer_id[, kvx_engine, kvx_rank[, kvx_epoch]]}`.
+ *  - RELEASE: `{type:"release", transfer_id[, consumer_tp_size][, kvx_engine, kvx_rank[, kvx_epoch]]}`.
+ *  - FAILED: `{type:"kvx_failed", transfer_id, kvx_status, kvx_error, kvx_reason, kvx_engine,
+ *    kvx_rank[, kvx_epoch]}` (kvxfer peers only; identity required).
+ *  - STATUS_QUERY: `{type:"kvx_status_query", transfer_id, kvx_engine, kvx_rank[, kvx_epoch]}`
+ *    (kvxfer peers only; identity required).
  *  - COMPLETION: the raw UTF-8 bytes of transfer_id (legacy; no msgpack).
+ * The `kvx_` keys name the sending worker (sender_id + sender_rank, optionally its epoch); a
+ * MoRIIO receiver ignores them, and a message from a MoRIIO sender has none (sender_id "").
  */
 struct kvx_msg_notify {
 	enum kvx_msg_type type;                 /**< Message kind. */
@@ -80,7 +95,12 @@ struct kvx_msg_notify {
 	uint32_t num_blocks;                    /**< REMOTE_BLOCKS: total block ids in block_ids, elements. */
 	uint32_t *block_ids;                    /**< REMOTE_BLOCKS: Array[num_blocks] (encode: read; decode: written, caller-owned, capacity blocks_cap). Each id 0..INT32_MAX. */
 	uint32_t blocks_cap;                    /**< Decode: capacity of block_ids, elements (0 with block_ids NULL rejects any remote_blocks with -EMSGSIZE). */
-	uint64_t sender_epoch;                  /**< REMOTE_BLOCKS: kvxfer extension key `kvx_epoch`, the epoch of the consumer incarnation that allocated the blocks (sent after `type`; a MoRIIO peer ignores it). 0 = absent (encode: key left out; decode: a MoRIIO sender). */
+	uint64_t sender_epoch;                  /**< kvxfer extension key `kvx_epoch`: the epoch of the sending incarnation (REMOTE_BLOCKS: the consumer that allocated the blocks; others: with sender_id). 0 = absent (encode: key left out; decode: a MoRIIO sender). */
+	char sender_id[KVX_MSG_NAME_MAX + 1];   /**< WRITE_DONE, RELEASE, FAILED, STATUS_QUERY: `kvx_engine`, the sender's engine id ("ip:hs_base"); "" = absent (a MoRIIO sender). Required for FAILED and STATUS_QUERY. */
+	int64_t sender_rank;                    /**< With sender_id: `kvx_rank`, the sender's TP rank, 0..65535; -1 when absent on decode. */
+	uint32_t fail_status;                   /**< FAILED: `kvx_status`, the producer's terminal status (enum kvx_cpl_status: 1 FAILED, 2 ABORTED, 3 TIMED_OUT). */
+	int32_t fail_error;                     /**< FAILED: `kvx_error`, the producer's negative errno, -4095..0. */
+	char reason[KVX_MSG_REASON_MAX + 1];    /**< FAILED: `kvx_reason`, a human-readable cause (may be ""). */
 };
 
 /**
@@ -103,7 +123,8 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
  * Decode a notify frame with strict validation (the L2 dispatcher of docs/protocol.md §3.2, with
  * the robustness fixes of §6 item 3).
  *
- * A msgpack map with `type` in {remote_blocks, write_done, release}, or with no `type` but a
+ * A msgpack map with `type` in {remote_blocks, write_done, release, kvx_failed,
+ * kvx_status_query}, or with no `type` but a
  * `req_id` (= remote_blocks), is structured. Anything that is not a complete, valid msgpack
  * object but is valid UTF-8 without NUL bytes is a legacy COMPLETION id. Before msgpack-c sees
  * the bytes, every container header is checked against the bytes left (so a 5-byte header

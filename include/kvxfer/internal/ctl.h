@@ -45,9 +45,10 @@ struct kvx_ctl_inbox; /**< One producer thread's lock-free channel into the cont
 
 /**
  * Inbound notification handler (runs on the control thread). Called once per accepted message,
- * after validation and after the terminal-LRU filter: a message of ANY type whose transfer id
- * was marked terminal (kvx_ctl_mark_terminal()) is counted in `dropped_terminal` and not
- * delivered. Mark a READ transfer terminal only after its last expected `release` (fan-in,
+ * after validation and after the terminal-LRU filter: a message whose transfer id was marked
+ * terminal (kvx_ctl_mark_terminal()) is counted in `dropped_terminal` and not delivered, except
+ * a kvxfer peer's `kvx_status_query` and its `remote_blocks` naming an epoch (`kvx_epoch`),
+ * which the engine answers from its record of the finished transfer. Mark a READ transfer terminal only after its last expected `release` (fan-in,
  * kvx_ctl_expected_acks()), or later ACKs are dropped. @p msg and its block_ids are valid only
  * during the call: copy what you keep. Must not block (forward into your own ring).
  */
@@ -117,7 +118,7 @@ struct kvx_ctl_hs_params {
 	const uint32_t *ranks;             /**< Array[num_ranks] of DP ranks to dial (each < dp_size), or NULL = all, in order. */
 	uint32_t num_ranks;                /**< Entries in ranks (ignored when ranks is NULL), <= 4096. */
 	uint32_t timeout_ms;               /**< Whole-job deadline from when the job STARTS running, ms; 0 = KVX_CTL_DEFAULT_HANDSHAKE_MS. */
-	kvx_ctl_blob_fn make_blob;         /**< Blob A producer; NULL = no connection setup (MoRIIO-only peer). */
+	kvx_ctl_blob_fn make_blob;         /**< Blob A producer; NULL = no connection setup (MoRIIO-only peer). Called only for a listener whose metadata has the kvx_ keys: a stock MoRIIO/MoRI listener is never sent kvx_connect, its rank completes with blob_b NULL. */
 	kvx_ctl_hs_done_fn on_done;        /**< Completion; not NULL. Called exactly once per accepted job. */
 	void *arg;                         /**< Passed to make_blob and on_done. */
 	uint64_t cookie;                   /**< Copied to the result. */
@@ -153,7 +154,7 @@ struct kvx_ctl_params {
 	void *notify_arg;                   /**< Passed to on_notify. */
 	kvx_ctl_connect_fn on_connect;      /**< Connection setup; NULL = reply -ENOTSUP. */
 	void *connect_arg;                  /**< Passed to on_connect. */
-	const char *auth_dir;               /**< CURVE authentication (issue 17): directory holding this engine's key pair (exactly one *.key_secret, mode 0600) and allowed/ with the public keys (*.key, ZeroMQ certificate format) of the peers allowed to connect; see kvx_ctl_auth_keygen(). Both ROUTERs then require CURVE with an allowlisted client key; every DEALER dials with CURVE, taking the server key from allowed/HOST.key or the only key in allowed/. NULL/"" = unauthenticated (MoRIIO-compatible default). */
+	const char *auth_dir;               /**< CURVE authentication (issue 17): directory holding this engine's key pair (exactly one *.key_secret, mode 0600) and allowed/ with the public keys (*.key, ZeroMQ certificate format) of the peers allowed to connect; see kvx_ctl_auth_keygen(). Both ROUTERs then require CURVE with an allowlisted client key; every DEALER dials with CURVE, taking the server key from allowed/HOST.key or the only key in allowed/. allowed/ is read at create (errors fail it); each inbound connection (ZAP request) and each new DEALER stats it and reads it again when files were added, removed or renamed, so keys count without a restart; a re-read that fails keeps the previous list (logged) and is retried at the next connection. NULL/"" = unauthenticated (MoRIIO-compatible default). */
 };
 
 /**
@@ -172,6 +173,46 @@ struct kvx_ctl_params {
  * @par Thread safety  Any thread. @par Source  issue 17; ZeroMQ zcert file format.
  */
 int kvx_ctl_auth_keygen(const char *dir);
+
+/**
+ * Read this engine's CURVE key pair from an auth directory (the layout of
+ * kvx_ctl_params.auth_dir), for a channel that authenticates with it outside ZMQ (kvxfer-perf
+ * bw/lat's out-of-band socket). The keys are X25519 keys (libsodium crypto_box / crypto_kx).
+ *
+ * @param dir       Auth directory, not NULL/empty, at most 4000 bytes.
+ * @param[out] pub  Public key, 32 bytes.
+ * @param[out] sec  Secret key, 32 bytes (wipe it after use).
+ * @return          0 on success (outputs written only then).
+ * @retval -ENOKEY  Not exactly one *.key_secret in @p dir, or no valid key in it (logged).
+ * @retval -EPERM   The secret file is readable by group or others (logged).
+ * @retval -EINVAL  Bad argument or malformed key.
+ * @retval <0       Other -errno from opendir/open.
+ * @par Thread safety  Any thread. @par Source  issue 17.
+ */
+int kvx_ctl_auth_keypair(const char *dir, uint8_t pub[32], uint8_t sec[32]);
+
+/**
+ * Is @p key one of the public keys in DIR/allowed/? The directory is read at each call, so a
+ * key added or removed there counts from the next call on.
+ *
+ * @param dir   Auth directory, not NULL/empty, at most 4000 bytes.
+ * @param key   Peer public key, 32 bytes.
+ * @param name  Out (may be NULL): the key file's name without ".key", NUL-terminated.
+ * @param len   Size of @p name, bytes.
+ * @return      0 when the key is listed.
+ * @retval -EACCES  Not listed.
+ * @retval -EINVAL  Bad argument; a malformed key file (logged).
+ * @retval <0       Other -errno reading the directory (logged).
+ * @par Thread safety  Any thread. @par Source  issue 17.
+ */
+int kvx_ctl_auth_allowed(const char *dir, const uint8_t key[32], char *name, size_t len);
+
+/** Entries of the per-type notify counters: index = enum kvx_msg_type, 0 = raw bytes (kvx_ctl_send_raw()). */
+#define KVX_CTL_MSG_TYPES 7
+/** Buckets of the handshake latency histogram (a last +Inf bucket follows). */
+#define KVX_CTL_HS_NB 16
+/** Upper bounds of those buckets, seconds (also the engine's transfer-duration buckets). */
+#define KVX_CTL_HS_BOUNDS_S 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 
 /** Global counters (monotonic, read with kvx_ctl_counters_get() from any thread). */
 struct kvx_ctl_counters {
@@ -193,6 +234,10 @@ struct kvx_ctl_counters {
 	uint64_t watch_errors;       /**< Watched fds that reported an error or hang-up without data and were taken out of the poll set. */
 	uint64_t auth_refused;       /**< With auth_dir: inbound connections refused (no CURVE, bad handshake, or a key not in allowed/). */
 	uint64_t auth_accepted;      /**< With auth_dir: inbound CURVE connections admitted by the ZAP handler. */
+	uint64_t notify_rx_type[KVX_CTL_MSG_TYPES]; /**< notify_rx by enum kvx_msg_type ([0] unused). */
+	uint64_t notify_tx_type[KVX_CTL_MSG_TYPES]; /**< notify_tx by enum kvx_msg_type; [0] = raw sends. */
+	uint64_t hs_lat[2][KVX_CTL_HS_NB + 1]; /**< Handshake jobs (start to completion) by result ([0] ok, [1] failed) and latency bucket (KVX_CTL_HS_BOUNDS_S, last = +Inf); not cumulative. */
+	uint64_t hs_lat_sum_ns[2];   /**< Sum of those latencies by result, ns. */
 };
 
 /** Counters of one remote peer, keyed by its source IP (ZMQ "Peer-Address"). */
@@ -383,7 +428,7 @@ int kvx_ctl_mark_live(struct kvx_ctl_inbox *ib, const char *transfer_id,
 /**
  * Start an asynchronous handshake with a remote engine: for each requested remote DP rank, in
  * order, dial `host(rank):base + port_offset(fold(rank), tp_rank, tp_size)`, send
- * `get_meta_msg`, receive and decode (a) and (b), then (if make_blob) exchange blob A/B. The
+ * `get_meta_msg`, receive and decode (a) and (b), then (if make_blob and the listener is a kvxfer engine) exchange blob A/B. The
  * job's deadline starts when the control lcore STARTS it (jobs beyond max_active_handshakes
  * queue without consuming their deadline). on_done is called exactly once, with status 0 only
  * if every rank completed.
