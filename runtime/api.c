@@ -57,6 +57,18 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 	rc = kvx_xfer_open(e->reg, tid, &r);
 	if (rc)
 		return rc;
+	uint32_t lease_idx = 0;
+	if (kind == KVX_XFER_K_SERVE || (kind == KVX_XFER_K_ANNOUNCE && n)) {
+		/* The lease its readers (READ) or writers (WRITE) check (runtime/lease.c): held from
+		 * here until the transfer ends. */
+		rc = eng_lease_stamp(e, eng_lease_key(tid, kvx_ctl_epoch(e->ctl)), &lease_idx);
+		if (rc) {
+			kvx_log(KVX_LOG_WARN, "engine: '%s': no free lease word in its window: -ENOBUFS", tid);
+			kvx_xfer_make_terminal(e->reg, r);
+			return rc;
+		}
+		lease_idx++;
+	}
 	/* A preallocated transfer object; its storage is reset here, on the app thread, which
 	 * got it back from the last completion (ring acquire) and hands it over by the ring. */
 	uint32_t slot = e->xfree - 1;
@@ -90,8 +102,11 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 		memcpy(x->rblocks, rids, n * sizeof(uint32_t));
 	x->po = e->po[eng_tid_poller(e, tid)];
 	x->reg = r;
+	x->lease_idx = lease_idx;
 	struct smsg m = {.type = M_SUBMIT, .ptr = x};
 	if (!kvx_ring_enqueue_elem_burst_sp(x->po->sub, &m, 1, NULL)) {
+		if (lease_idx)
+			eng_lease_clear(e, lease_idx - 1);
 		x->next_free = next_free;
 		kvx_xfer_make_terminal(e->reg, r);
 		return -ENOBUFS;

@@ -335,6 +335,10 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		}
 	}
 	atomic_store(&e->last_xport, kvx_xport_name(e->xctx[0]));
+	if ((rc = eng_lease_init(e))) {
+		kvx_log(KVX_LOG_ERROR, "engine: lease directory: %s", kvx_strerror(rc));
+		return rc;
+	}
 	/* Transfer objects, block ids and per-layer arrays: all sized here, from the params, so
 	 * that no submission allocates (the hot-path rule). The block-id arena is mmap'ed: pages
 	 * are only backed once a transfer of that size used them. */
@@ -607,6 +611,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	for (uint32_t i = 0; i < e->n_accepted; i++)
 		kvx_xport_ep_destroy(e->accepted[i]);
 	free(e->accepted);
+	eng_lease_fini(e);
 	for (uint32_t k = 0; k < 2; k++) {
 		for (uint32_t i = 0; i < e->n_layers; i++)
 			if (e->layers[i].mr[k])
@@ -636,6 +641,8 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 	free(e->lb_pool);
 	free(e->gate_pool);
 	free(e->stage);
+	free((void *)e->lease);
+	free(e->lease_buf);
 	free(e);
 }
 

@@ -169,6 +169,7 @@ struct peer {
 struct clink {
 	struct kvx_xport_ep *ep;
 	struct kvx_xport_rmr **rmr; /* Array[n_layers] */
+	struct kvx_xport_rmr *lease_rmr; /* the peer's lease directory (runtime/lease.c) */
 	/* Owned by poller k. */
 	uint32_t outstanding;
 	bool listed;
@@ -188,6 +189,7 @@ struct conn {
 	uint32_t xi; /* index of the endpoints' context in the engine's xctx[] */
 	uint32_t n_links;
 	uint64_t remote_num_blocks;
+	uint32_t lease_n;             /* words in the peer's lease directory window range */
 	struct kvx_layout_geom *geom; /* Array[n_layers] */
 	_Atomic uint32_t refs;        /* 1 for the table + transfers + poll lists */
 	atomic_bool stale;            /* an endpoint entered error state: no new transfer binds */
@@ -237,7 +239,28 @@ struct xf {
 	uint64_t first_layer_ns; /* when the first layer's ops completed; stale (< lf.start_ns) until then */
 	uint64_t bytes;
 	uint32_t next_free; /* app thread free list */
+	/* Leases (runtime/lease.c). P SERVE: lease_idx is the directory word it holds, + 1 (0:
+	 * none), set by the app thread at submission; cleared by the poller when the serve ends.
+	 * D READ (poller): lease_phase, the word read before the first op (lease_word at window
+	 * position lease_pos) and the key it was looked up with. */
+	uint32_t lease_idx;
+	uint8_t lease_phase; /* enum lease_phase */
+	uint32_t lease_pos;
+	uint64_t lease_key, lease_word;
 };
+
+/* D READ lease check of one transfer (runtime/lease.c, poller.c read_progress()). */
+enum lease_phase {
+	LP_NONE = 0,     /* not looked up yet */
+	LP_BEFORE = 1,   /* the window read is outstanding */
+	LP_HELD = 2,     /* the lease was found: data ops may go */
+	LP_AFTER = 3,    /* the re-read of the word is outstanding */
+	LP_VERIFIED = 4, /* the word held across every data op: DONE allowed */
+	LP_WAIT = 5,     /* READ: not granted yet; looked up again by the next scan (1 ms) */
+};
+
+/* Cookie layer value of a lease read (data batches carry their layer, < KVX_ENGINE_MAX_LAYERS). */
+#define LEASE_COOKIE 0xffffu
 
 /* One polling lcore. Set up by the app thread at start (before the lcore runs); afterwards
  * every field is the poller's own, except the rings (their producer/consumer sides are
@@ -341,7 +364,35 @@ struct kvx_engine {
 		st_peer_resets;
 	uint64_t st_dup, st_nobufs; /* app thread */
 	struct kvx_ratelimit rl_nobufs;
+	/* Lease directory (runtime/lease.c): lease_n + LEASE_WIN words, registered REMOTE_READ in
+	 * every context (lease_mr[]); words written as lease.c says. lease_buf: Array[max_transfers
+	 * * LEASE_WIN], where a consumer READ's lease reads land (slot-indexed: one poller each).
+	 * lease_gen: the app thread. */
+	_Atomic uint64_t *lease;
+	uint32_t lease_n;
+	uint16_t lease_gen;
+	uint64_t *lease_buf;
+	struct kvx_xport_mr *lease_mr[2], *lease_buf_mr[2];
 };
+
+/* runtime/lease.c: block leases of READ-served transfers. */
+#define LEASE_WIN 16u
+#define LEASE_GEN_MASK 0xffffu
+/* The lease key of a transfer id under a producer epoch (never 0 in its upper 48 bits). */
+uint64_t eng_lease_key(const char *tid, uint64_t epoch);
+/* First word of the key's window in a directory of lease_n (a power of 2) words. */
+uint32_t eng_lease_base(uint64_t key, uint32_t lease_n);
+/* App thread: take a free word of the key's window; its index in *idx. -ENOBUFS: window full. */
+int eng_lease_stamp(struct kvx_engine *e, uint64_t key, uint32_t *idx);
+/* Owning poller: revoke the word (before the blocks are handed back). */
+void eng_lease_clear(struct kvx_engine *e, uint32_t idx);
+/* Position in a read window (LEASE_WIN words) of the key's live grant; -ESTALE when only its
+ * tombstone is there (revoked), -EAGAIN when neither (not granted yet, or never). */
+int eng_lease_find(const uint64_t *win, uint64_t key, uint32_t *pos);
+/* kvx_engine_start(), after the contexts opened: directory + read buffer, registered. */
+int eng_lease_init(struct kvx_engine *e);
+/* Destroy, before the contexts close: unregister (the memory is freed after the close). */
+void eng_lease_fini(struct kvx_engine *e);
 
 /* Polling lcore that owns a transfer id (kvx_xfer_tid_hash(), the same on every thread). */
 static inline uint32_t eng_tid_poller(const struct kvx_engine *e, const char *tid)

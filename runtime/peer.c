@@ -111,7 +111,8 @@ static int xctx_index(const struct kvx_engine *e, uint8_t code)
  * The responder takes the first candidate it has a context for and whose accepts all succeed
  * (shm checks same host and CMA there), so a wrong same-host guess degrades to the next
  * candidate (tcp) instead of failing the handshake:
- *   B = [u8 code][u8 n_links] n_links x ([u32 len][xport blob B]) [u32 n_regions][n x RDESC][u64 num_blocks]. */
+ *   B = [u8 code][u8 n_links] n_links x ([u32 len][xport blob B]) [u32 n_regions][n x RDESC][u64 num_blocks]
+ *       [RDESC lease directory][u32 lease_n] (runtime/lease.c). */
 static int connect_accept(struct kvx_engine *e, const uint8_t *blob_a, size_t len_a, uint8_t *blob_b,
 			  size_t *len_b)
 {
@@ -122,7 +123,8 @@ static int connect_accept(struct kvx_engine *e, const uint8_t *blob_a, size_t le
 		return -EPROTO;
 	}
 	uint32_t nc = blob_a[0], nl = blob_a[1];
-	size_t need = 2 + (size_t)nl * (4 + KVX_XPORT_BLOB_MAX) + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8;
+	size_t need = 2 + (size_t)nl * (4 + KVX_XPORT_BLOB_MAX) + 4 + (size_t)e->n_layers * KVX_XPORT_RDESC_BYTES + 8 +
+		      KVX_XPORT_RDESC_BYTES + 4;
 	if (cap < need)
 		return -EMSGSIZE;
 	if (e->n_accepted + nl > e->cap_accepted) {
@@ -207,7 +209,13 @@ static int connect_accept(struct kvx_engine *e, const uint8_t *blob_a, size_t le
 	}
 	uint64_t nb = e->layers[0].geom.num_blocks;
 	memcpy(blob_b + out, &nb, 8);
-	*len_b = out + 8;
+	out += 8;
+	rc = kvx_xport_mr_export(e->lease_mr[xi], blob_b + out, KVX_XPORT_RDESC_BYTES, NULL);
+	if (rc)
+		return rc;
+	out += KVX_XPORT_RDESC_BYTES;
+	memcpy(blob_b + out, &e->lease_n, 4);
+	*len_b = out + 4;
 	return 0;
 }
 
@@ -431,7 +439,11 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 			e->n_layers);
 		return -EPROTO;
 	}
-	if (len != off + (size_t)nreg * KVX_XPORT_RDESC_BYTES + 8)
+	if (len != off + (size_t)nreg * KVX_XPORT_RDESC_BYTES + 8 + KVX_XPORT_RDESC_BYTES + 4)
+		return -EPROTO; /* the lease directory is part of a kvxfer blob B (runtime/lease.c) */
+	uint32_t lease_n;
+	memcpy(&lease_n, b + off + (size_t)nreg * KVX_XPORT_RDESC_BYTES + 8 + KVX_XPORT_RDESC_BYTES, 4);
+	if (lease_n == 0 || (lease_n & (lease_n - 1)))
 		return -EPROTO;
 	memcpy(&nb, b + off + (size_t)nreg * KVX_XPORT_RDESC_BYTES, 8);
 	if (nb == 0)
@@ -449,6 +461,7 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 	c->xi = (uint32_t)xi;
 	c->n_links = e->n_po;
 	c->remote_num_blocks = nb;
+	c->lease_n = lease_n;
 	atomic_init(&c->refs, 1);
 	c->geom = calloc(e->n_layers, sizeof(*c->geom));
 	int rc = c->geom ? 0 : -ENOMEM;
@@ -464,6 +477,9 @@ static int conn_build(struct peer *pr, const struct kvx_ctl_hs_rank *r, uint64_t
 		for (uint32_t i = 0; !rc && i < nreg; i++)
 			rc = kvx_xport_rmr_import(c->link[l].ep, b + off + (size_t)i * KVX_XPORT_RDESC_BYTES,
 						  KVX_XPORT_RDESC_BYTES, &c->link[l].rmr[i]);
+		if (!rc)
+			rc = kvx_xport_rmr_import(c->link[l].ep, b + off + (size_t)nreg * KVX_XPORT_RDESC_BYTES + 8,
+						  KVX_XPORT_RDESC_BYTES, &c->link[l].lease_rmr);
 	}
 	if (rc) {
 		eng_conn_destroy(c);

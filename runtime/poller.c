@@ -193,6 +193,12 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 	struct cmsg c[2];
 	unsigned n = 0;
 	bool wake = false;
+	if (x->lease_idx) {
+		/* The serve ended (release, abort, timeout): its readers' lease is revoked before
+		 * anything hands the blocks back (runtime/lease.c). */
+		eng_lease_clear(e, x->lease_idx - 1);
+		x->lease_idx = 0;
+	}
 	if (!x->lf.reported) {
 		x->lf.reported = true;
 		wake = true;
@@ -408,8 +414,10 @@ static int xf_conn(struct poller *po, struct xf *x)
 	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
 	if (o.act & KVX_XFER_DO_BIND) {
 		conn_rebind(x, n);
-		if (o.act & KVX_XFER_DO_REPOST)
+		if (o.act & KVX_XFER_DO_REPOST) {
 			memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
+			x->lease_phase = LP_NONE; /* a new peer epoch: its lease is looked up again */
+		}
 		return 1;
 	}
 	if (!o.act)
@@ -511,6 +519,67 @@ static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_
 	return 0;
 }
 
+/* D READ lease check (runtime/lease.c): read the producer's lease window of this transfer
+ * (before: LP_BEFORE) or the one word found there (after: LP_AFTER) into the transfer's slot
+ * of lease_buf, as one batch on the bound connection. 0 posted, else the post's error. */
+static int lease_post(struct poller *po, struct xf *x, bool after)
+{
+	struct kvx_engine *e = po->e;
+	struct conn *c = x->conn;
+	struct clink *l = &c->link[po->k];
+	if (!after)
+		x->lease_key = eng_lease_key(x->tid, c->epoch);
+	uint64_t base = eng_lease_base(x->lease_key, c->lease_n);
+	struct kvx_xport_op op = {.lmr = e->lease_buf_mr[c->xi], .rmr = l->lease_rmr,
+				  .loff = (uint64_t)x->slot * LEASE_WIN * 8,
+				  .roff = (base + (after ? x->lease_pos : 0)) * 8, .len = after ? 8 : LEASE_WIN * 8};
+	e->lease_buf[(size_t)x->slot * LEASE_WIN] = 0;
+	int rc = kvx_xport_post_bulk(l->ep, KVX_XPORT_OP_READ, &op, 1, ((uint64_t)x->slot << 16) | LEASE_COOKIE);
+	if (rc)
+		return rc;
+	x->lease_phase = after ? LP_AFTER : LP_BEFORE;
+	x->lf.ops_out++;
+	l->outstanding++;
+	list_link(po, c);
+	return 0;
+}
+
+/* Whether the transfer's lease was found (data ops may go). */
+static bool lease_held(const struct xf *x)
+{
+	return x->lease_phase == LP_HELD || x->lease_phase == LP_AFTER || x->lease_phase == LP_VERIFIED;
+}
+
+/* Completion of a lease read: the lease is found / still held, or the transfer fails with
+ * -ESTALE (never granted in this producer incarnation, or revoked: released, aborted, timed out). */
+static void lease_cpl(struct poller *po, struct xf *x)
+{
+	const uint64_t *w = po->e->lease_buf + (size_t)x->slot * LEASE_WIN;
+	bool ok;
+	if (x->lease_phase == LP_BEFORE) {
+		int rc = eng_lease_find(w, x->lease_key, &x->lease_pos);
+		if (rc == -EAGAIN && x->lf.kind == KVX_XFER_K_READ) {
+			/* Not served yet: vLLM's producer hands the block ids on at request_finished and
+			 * serves them a scheduler step later. Wait for the grant (until the transfer's
+			 * deadline; a restarted producer never grants its predecessor's transfers). */
+			x->lease_phase = LP_WAIT;
+			return;
+		}
+		ok = rc == 0;
+		if (ok)
+			x->lease_word = w[x->lease_pos];
+	} else {
+		ok = w[0] == x->lease_word;
+	}
+	if (!ok) {
+		x->lf.failed = true;
+		x->lf.error = -ESTALE;
+		x->lf.done_posting = true;
+		return;
+	}
+	x->lease_phase = x->lease_phase == LP_BEFORE ? LP_HELD : LP_VERIFIED;
+}
+
 static void read_progress(struct poller *po, struct xf *x)
 {
 	struct kvx_engine *e = po->e;
@@ -526,6 +595,17 @@ static void read_progress(struct poller *po, struct xf *x)
 		if (cr <= 0)
 			return;
 	}
+	if (!x->lf.failed && x->n && !lease_held(x)) {
+		/* No data op before the lease was found (runtime/lease.c). */
+		int lr = x->lease_phase == LP_NONE ? lease_post(po, x, false) : 0;
+		if (lr) {
+			x->lf.failed = true; /* the endpoint's queue is full (-ENOBUFS) */
+			x->lf.error = lr;
+			x->lf.done_posting = true;
+		}
+		if (!x->lf.failed)
+			return;
+	}
 	if (!x->lf.failed)
 		kvx_plan_cache_reset(po->pc);
 	while (!x->lf.failed && x->lf.next_layer < e->n_layers) {
@@ -535,6 +615,15 @@ static void read_progress(struct poller *po, struct xf *x)
 	}
 	if (x->lf.next_layer == e->n_layers || x->lf.failed)
 		x->lf.done_posting = true;
+	if (x->lf.done_posting && !x->lf.ops_out && !x->lf.failed && x->n && x->lease_phase == LP_HELD) {
+		/* Every data op completed: DONE only if the lease word is still the one found
+		 * before the first op (the seqlock's second read). */
+		int lr = lease_post(po, x, true);
+		if (lr == 0)
+			return;
+		x->lf.failed = true;
+		x->lf.error = lr;
+	}
 	if (x->lf.done_posting && !x->lf.ops_out) /* else the step has nothing to decide */
 		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
 }
@@ -567,6 +656,16 @@ static void write_progress(struct poller *po, struct xf *x)
 		return;
 	if (xf_conn(po, x) <= 0)
 		return;
+	if (t->alloc_epoch && !lease_held(x)) {
+		/* An allocation a kvxfer consumer announced (`kvx_epoch`): nothing is written before
+		 * its lease was found on this connection; a restarted consumer holds no lease of its
+		 * predecessor (runtime/lease.c). remote_blocks without `kvx_epoch` (a MoRIIO decode
+		 * scheduler or worker) carry no lease: the epoch rules of alloc_epoch_settle() only. */
+		int lr = x->lease_phase == LP_NONE ? lease_post(po, x, false) : 0;
+		if (lr)
+			write_fail(po, x, lr);
+		return;
+	}
 	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
 	 * block (first generated token) stays unpaired (docs/protocol.md §6 item 8). */
 	size_t nl = x->n, nr = t->n_remote_blocks, n = nl < nr ? nl : nr;
@@ -740,9 +839,34 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
 	cn->link[po->k].outstanding--;
 	/* The cookie's slot names a transfer of this poller only while it is live here. */
-	if (slot >= e->p.max_transfers || !po->owned[slot] || layer >= e->n_layers)
+	if (slot >= e->p.max_transfers || !po->owned[slot] || (layer >= e->n_layers && layer != LEASE_COOKIE))
 		return;
 	struct xf *x = &e->xpool[slot];
+	if (layer == LEASE_COOKIE) {
+		x->lf.ops_out--;
+		if (c->status == 0) {
+			cn->link[po->k].last_ok_ns = kvx_now_ns();
+			if (!x->lf.failed && !x->lf.reported)
+				lease_cpl(po, x);
+		} else {
+			/* As a data op's failure (below): a READ that read nothing yet (its lease lookup
+			 * failed on a dead endpoint) awaits the peer's next connection; the lease is
+			 * looked up again there (xf_conn(), REPOST). */
+			struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_OP_FAILED, .error = c->status,
+						 .moved = x->bytes != 0 || x->lease_phase != LP_BEFORE,
+						 .ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0};
+			struct kvx_xfer_out o;
+			kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+			if (o.act & KVX_XFER_DO_RESET_PEER)
+				conn_stale(po, cn);
+			if (x->lf.await_peer)
+				x->lease_phase = LP_NONE;
+		}
+		if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported)
+			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = x->lf.error});
+		progress(po, x);
+		return;
+	}
 	x->lf.ops_out--;
 	x->layer_batches[layer]--;
 	x->bytes += c->bytes;
@@ -883,6 +1007,10 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 					  .query_peer = x->lf.kind == KVX_XFER_K_ANNOUNCE && x->peer &&
 							atomic_load_explicit(&x->peer->is_kvx, memory_order_relaxed),
 					  .query_grace_ns = grace < 1000000000ull ? grace : 1000000000ull});
+		if (po->n_live == before && x->lease_phase == LP_WAIT && !x->lf.reported) {
+			x->lease_phase = LP_NONE; /* look the lease up again */
+			progress(po, x);
+		}
 		if (po->n_live == before)
 			i++;
 	}

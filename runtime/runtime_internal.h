@@ -72,6 +72,9 @@ struct kvx_xfer {
 	uint32_t n_ack_from;
 	uint8_t out_status;        /* poller tables: the transfer's reported status (with has_out) */
 	bool has_out;
+	bool ops_lost;             /* P WRITE: an op ended in error, so its bytes may still reach
+				    * D's memory later (kernel buffers): no kvx_failed, no answer to
+				    * a status query; D keeps its blocks quarantined instead */
 	bool peer_failed;          /* D: a kvx_failed was received (status/error below) */
 	int32_t out_error;         /* poller tables: the reported error */
 	uint8_t peer_status;       /* D: the producer's status from kvx_failed */

@@ -312,10 +312,12 @@ static void terminate_entry(struct kvx_xfer_table *tab, struct kvx_xfer *t)
 /* P WRITE with nothing of ours in flight any more: a kvxfer consumer (it named its incarnation
  * in remote_blocks) is told, once, that this side failed, so it ends the transfer at once and
  * frees its blocks (no write can land after this). A consumer that stopped us itself, or a
- * MoRIIO consumer, gets nothing here. */
+ * MoRIIO consumer, gets nothing here; nor does one when any of our writes ended in error: a
+ * failed or cut tcp write can still be delivered from kernel buffers after we saw it fail, so
+ * the consumer keeps its blocks quarantined (defer timeout) rather than freeing them now. */
 static uint32_t fail_note(const struct kvx_xfer *t, struct kvx_life *lf)
 {
-	if (lf->release_sent || lf->peer_stopped || !t || !t->alloc_epoch)
+	if (lf->release_sent || lf->peer_stopped || !t || !t->alloc_epoch || t->ops_lost)
 		return 0;
 	lf->release_sent = true;
 	return KVX_XFER_DO_SEND_FAILED;
@@ -598,7 +600,7 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		return;
 	case KVX_XFER_EV_STATUS_QUERY:
 		/* Answer from the stored outcome; a running transfer or an unknown id: nothing. */
-		if (t && t->state == KVX_XFER_S_TERMINAL && t->has_out)
+		if (t && t->state == KVX_XFER_S_TERMINAL && t->has_out && !t->ops_lost)
 			out_set(o, t->out_status == KVX_CPL_DONE ? KVX_XFER_DO_SEND_WRITE_DONE : KVX_XFER_DO_SEND_FAILED,
 				(enum kvx_cpl_status)t->out_status, t->out_error);
 		else
@@ -627,6 +629,8 @@ void kvx_xfer_step(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_li
 	}
 	if (!lf)
 		return;
+	if (ev->type == KVX_XFER_EV_OP_FAILED && lf->kind == KVX_XFER_K_WRITE && t)
+		t->ops_lost = true; /* a failed or cut write may still land: see fail_note() */
 	step_life(tab, t, lf, ev, o);
 	record_out(t, o);
 }

@@ -26,6 +26,7 @@
  * | ERANGE     | offset/length outside a registered region           |
  * | EBUSY      | object in use (lcore running, region referenced)    |
  * | ECANCELED  | aborted by the user                                 |
+ * | ESTALE     | lease on the peer's blocks not held (never granted, revoked, peer restarted) |
  *
  * Thread safety: everything here is safe from any thread.
  */

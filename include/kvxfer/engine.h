@@ -44,14 +44,25 @@
  * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
  * transfer_timeout_ms.
  *
+ * Block leases (docs/protocol.md §5.11, docs/architecture.md §3.1): the owner of the memory grants
+ * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
+ * transfer ends, before its blocks are handed back. A READ consumer checks the producer's lease
+ * before its first op and again after its last: a transfer whose lease was revoked (release,
+ * abort, timeout) ends FAILED with -ESTALE, never DONE; one whose lease is not granted (yet)
+ * moves nothing and waits for the grant until its deadline (TIMED_OUT; the producer may serve
+ * after the consumer got the ids; a restarted producer never serves its predecessor's ids). A
+ * layer reported by kvx_xfer_layer_poll() is final only once the transfer is DONE. A WRITE producer checks a kvxfer consumer's lease before its first
+ * write: a restarted consumer holds none of its predecessor's, so nothing is written into it.
+ *
  * Endpoint errors and peer restarts (docs/protocol.md §6 item 18): when an op completes with the
  * peer's endpoint in error state (peer lost, restarted, fenced, op timeout), the poller stops
  * using the cached peer, drains its endpoint and re-handshakes (new endpoint, new remote
  * regions, the peer's current epoch); transfers submitted meanwhile wait for it.
  * stats.peer_resets counts these. A READ transfer that already moved bytes fails; one that
- * moved nothing is re-posted on the new endpoint only if the peer's epoch changed (it
- * restarted, so nothing of the old incarnation was read), and fails with -ECONNRESET if the
- * epoch is the same (the producer fenced it: its blocks may be reused). WRITE transfers whose
+ * moved nothing is retried on the new endpoint only if the peer's epoch changed, where its
+ * lease check decides (a restarted producer serves none of its predecessor's transfers: -ESTALE),
+ * and fails with -ECONNRESET if the epoch is the same (the producer fenced it: its blocks may be
+ * reused). WRITE transfers whose
  * ops failed end FAILED; later ones use the new endpoint.
  *
  * Consumer restart in WRITE mode (docs/protocol.md §6 item 18): a kvxfer consumer names the

@@ -49,6 +49,9 @@ def transfer(mode: str, p: InstanceProc, d: InstanceProc, seed: int, cached: int
         # P runs the prefill first; the proxy copies its returned params into D's request.
         p.call("add", dict(request_id=rid, prompt_len=PROMPT, params=p_params(tid, d.tp), seed=seed))
         p.call("step_until", ("finished", rid))
+        # P's next step serves the blocks (the worker's start_load_kv): the consumer reads only
+        # what the producer serves (block leases, issue 14); vLLM keeps stepping P meanwhile.
+        p.call("step")
         fp = p.call("state", rid)["finish_params"]
         params = d_params(fp["transfer_id"], p.tp)
         params.update(remote_engine_id=fp["remote_engine_id"], remote_block_ids=fp["remote_block_ids"],
