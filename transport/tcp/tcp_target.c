@@ -279,21 +279,19 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 			struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
 			if (!r->ready)
 				break; /* staged: its copy has not finished; responses go in order */
-			if (r->cword && (i != t->tq_sent || !t->tq_off)) {
-				/* Conditional READ, nothing of it sent yet: its payload goes out only
-				 * while the word holds; else an -ESTALE response without payload. */
-				if (!cond_holds(r->cword, r->cexp)) {
-					xport_put_u32(r->hdr, (uint32_t)-ESTALE);
-					xport_put_u32(r->hdr + 8, 0);
-					r->payload = NULL;
-					r->len = 0;
-					slot_put(c, r->slot);
-					r->slot = -1;
-					xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
-				}
+			if (r->cword && (i != t->tq_sent || !t->tq_off) && !cond_holds(r->cword, r->cexp)) {
+				/* Conditional READ, nothing of it sent yet (checked again at every
+				 * send attempt until its first byte went): its word changed, so an
+				 * -ESTALE response without payload goes instead. */
+				xport_put_u32(r->hdr, (uint32_t)-ESTALE);
+				xport_put_u32(r->hdr + 8, 0);
+				r->payload = NULL;
+				r->len = 0;
+				slot_put(c, r->slot);
 				slot_put(c, r->cslot);
-				r->cslot = -1;
+				r->slot = r->cslot = -1;
 				r->cword = NULL;
+				xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
 			}
 			x[n++] = (struct txent){r->hdr, r->hlen, r->payload, r->len};
 		}
@@ -306,7 +304,9 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 		for (; full > 0; full--, t->tq_sent++) {
 			struct tresp *r = &t->tq[t->tq_sent & (TCP_TQ - 1)];
 			slot_put(c, r->slot);
-			r->slot = -1;
+			slot_put(c, r->cslot);
+			r->slot = r->cslot = -1;
+			r->cword = NULL;
 			if (r->held)
 				resp_unhold(ctx_tdev(c), r);
 		}
