@@ -173,6 +173,7 @@ struct kvx_life {
 	bool peer_stopped;  /* P WRITE: D's release stopped it (D has reported already) */
 	bool queried;       /* D WRITE: the status query went out; D READ: the producer was asked
 			     * to send kvx_failed if its serve ends without success */
+	uint64_t query_ns;  /* D WRITE: when the status query went out (0: not yet) */
 	bool await_note;    /* D READ: its lease was revoked (-ESTALE) after it asked: the producer's
 			     * kvx_failed is awaited (until the deadline) for its status and reason */
 	uint8_t peer_status; /* D READ: the producer's status from its kvx_failed (0: none) */

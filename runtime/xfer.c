@@ -381,9 +381,18 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 		uint64_t grace = ev->query_grace_ns < limit ? ev->query_grace_ns : limit;
 		if (age > limit - grace) {
 			lf->queried = true;
+			lf->query_ns = now;
 			o->act = KVX_XFER_DO_SEND_QUERY;
 			return;
 		}
+	}
+	if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->query_ns && now > lf->query_ns && age > limit &&
+	    now - lf->query_ns < (ev->query_grace_ns < limit ? ev->query_grace_ns : limit)) {
+		/* The query went out late (this process or its poller was held up past the time to
+		 * ask, e.g. SIGSTOP: the producer's write_done may be waiting unread): its answer
+		 * gets the same time as an answer to a query sent on time. On time, this changes
+		 * nothing. */
+		return;
 	}
 	if (age > limit && lf->await_note) {
 		/* Its lease was revoked and the producer's note never came: the lease's -ESTALE. */
