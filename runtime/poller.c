@@ -661,12 +661,13 @@ static void lease_cpl(struct poller *po, struct xf *x)
 	if (x->lf.kind == KVX_XFER_K_READ && (ok || !x->lf.queried))
 		read_ask(po, x, !ok); /* the producer then says why, if its serve ends early */
 	if (!ok) {
+		x->lf.done_posting = true;
+		if (x->lf.peer_status)
+			return; /* the producer's kvx_failed came first: its status and error stand */
 		x->lf.failed = true;
 		x->lf.error = -ESTALE;
-		x->lf.done_posting = true;
-		/* Its producer's kvx_failed says why (until the deadline; else -ESTALE), unless
-		 * it came already. */
-		x->lf.await_note = x->lf.kind == KVX_XFER_K_READ && x->lf.queried && !x->lf.peer_status;
+		/* Its producer's kvx_failed says why (until the deadline; else -ESTALE). */
+		x->lf.await_note = x->lf.kind == KVX_XFER_K_READ && x->lf.queried;
 		return;
 	}
 	x->lease_phase = x->lease_phase == LP_BEFORE ? LP_HELD : LP_VERIFIED;
