@@ -241,6 +241,7 @@ void *ctl_loop(void *arg)
 	int hs_due = 1, nt_due = 1; /* read once at start */
 	const uint64_t spin_ns = (uint64_t)ctl->p.busy_poll_us * 1000u;
 	uint64_t last_work = kvx_now_ns();
+	uint64_t linger_end = 0; /* REPLY_LINGER_NS after notifications were delivered */
 	unsigned busy_rounds = 0;
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
@@ -248,6 +249,8 @@ void *ctl_loop(void *arg)
 		uint64_t now = kvx_now_ns();
 		kvx_timer_heap_run(ctl->timers, now);
 		unsigned work = ctl_inboxes_drain(ctl);
+		if (work)
+			linger_end = 0; /* the answer came (or other inbox work): no need to wait */
 		ctl_jobs_start_queued(ctl);
 		for (struct hs_job *j = ctl->hs_active, *nx; j; j = nx) {
 			nx = j->next; /* ctl_job_on_readable() may finish and free j */
@@ -265,6 +268,8 @@ void *ctl_loop(void *arg)
 			int k = ctl_notify_recv(ctl);
 			nt_due = k == RX_BATCH;
 			work += (unsigned)k;
+			if (k > 0)
+				linger_end = now + REPLY_LINGER_NS;
 		}
 		int timeout = 0, prepared = 0, spinning = 0;
 		if (!work)
@@ -277,6 +282,15 @@ void *ctl_loop(void *arg)
 			if (++busy_rounds < WORK_ROUNDS)
 				continue;
 			busy_rounds = 0;
+		} else if (linger_end && now < linger_end) {
+			/* A notification was just delivered: its answer is likely to come through an
+			 * inbox within microseconds. Look only at the inboxes (no syscall but the
+			 * yield, which lets an engine thread sharing this CPU run first). */
+			while (!ctl_inboxes_pending(ctl) && kvx_now_ns() < linger_end &&
+			       !atomic_load_explicit(&ctl->stop_req, memory_order_relaxed))
+				sched_yield();
+			linger_end = 0;
+			continue;
 		} else if (spin_ns && now - last_work < spin_ns) {
 			/* Busy-poll window: look again without sleeping (no wake-up to pay). */
 			spinning = 1;
@@ -310,8 +324,12 @@ void *ctl_loop(void *arg)
 			pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
 		int rc = poll(pfd, n, timeout);
-		if (prepared || (rc > 0 && pfd[0].revents))
+		if (rc > 0 && pfd[0].revents)
 			kvx_waiter_finish(&ctl->waiter);
+		else if (prepared)
+			/* Woken by a socket or the timeout: nothing to read from the eventfd (a wake
+			 * that raced with this leaves it readable; the next poll returns at once). */
+			kvx_waiter_cancel(&ctl->waiter);
 		if (rc <= 0) {
 			if (spinning)
 				sched_yield(); /* a thread sharing this CPU runs first */
@@ -322,8 +340,11 @@ void *ctl_loop(void *arg)
 			last_work = kvx_now_ns();
 		}
 		if (pfd[2].revents) {
-			nt_due = ctl_notify_recv(ctl) == RX_BATCH;
+			int k = ctl_notify_recv(ctl);
+			nt_due = k == RX_BATCH;
 			last_work = kvx_now_ns();
+			if (k > 0)
+				linger_end = last_work + REPLY_LINGER_NS;
 		}
 		for (uint32_t k = 0; k < ws.n; k++) {
 			short re = pfd[3 + k].revents;
