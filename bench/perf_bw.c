@@ -1204,8 +1204,8 @@ static int peer_main(const struct px_cfg *c)
 	if (c->json && !json)
 		fprintf(stderr, "kvxfer-perf: --json %s: %s\n", c->json, strerror(errno));
 	if (json)
-		fprintf(json, "{\"command\": \"bw\", \"test\": \"bw\", \"peer\": \"%s\", \"results\": [\n",
-			c->peer);
+		fprintf(json, "{\"command\": \"bw\", \"test\": \"bw\", \"peer\": \"%s\", "
+			"\"iovecs_per_call\": %u, \"results\": [\n", c->peer, nb);
 	bw_row(c, size, n, avg, avg, (double)n / secs / 1e6, json, true);
 	int jrc = 0;
 	if (json) {
