@@ -27,6 +27,7 @@
  * engine's answer (e.g. release after write_done) then goes out without a wake-up of this
  * thread (eventfd write, poll return, context switch). */
 #define REPLY_LINGER_NS 20000u
+#define LINGER_SKIP 64u /* deliveries without a linger after one that found no answer */
 #define LIVE_MAX 65536u
 #define WATCH_MAX KVX_CTL_WATCH_MAX
 

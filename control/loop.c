@@ -213,6 +213,17 @@ static int sock_fd(void *s)
 	return zmq_getsockopt(s, ZMQ_FD, &fd, &l) ? -1 : fd;
 }
 
+/* End of the linger after a delivery at @p now, or 0 while lingers are skipped (the last one
+ * found nothing: a receiver that does not answer at once costs no spinning). */
+static uint64_t linger_due(unsigned *skip, uint64_t now)
+{
+	if (*skip) {
+		(*skip)--;
+		return 0;
+	}
+	return now + REPLY_LINGER_NS;
+}
+
 /*
  * One poll(2) per iteration over the waiter eventfd, the ROUTERs' ZMQ_FDs, the watched fds and
  * the running handshake jobs' DEALERs. zmq_poll() would cost a zero-timeout poll pass, then a
@@ -242,6 +253,7 @@ void *ctl_loop(void *arg)
 	const uint64_t spin_ns = (uint64_t)ctl->p.busy_poll_us * 1000u;
 	uint64_t last_work = kvx_now_ns();
 	uint64_t linger_end = 0; /* REPLY_LINGER_NS after notifications were delivered */
+	unsigned linger_skip = 0; /* deliveries left without a linger after one found nothing */
 	unsigned busy_rounds = 0;
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
@@ -269,7 +281,7 @@ void *ctl_loop(void *arg)
 			nt_due = k == RX_BATCH;
 			work += (unsigned)k;
 			if (k > 0)
-				linger_end = now + REPLY_LINGER_NS;
+				linger_end = linger_due(&linger_skip, now);
 		}
 		int timeout = 0, prepared = 0, spinning = 0;
 		if (!work)
@@ -289,6 +301,8 @@ void *ctl_loop(void *arg)
 			while (!ctl_inboxes_pending(ctl) && kvx_now_ns() < linger_end &&
 			       !atomic_load_explicit(&ctl->stop_req, memory_order_relaxed))
 				sched_yield();
+			if (!ctl_inboxes_pending(ctl))
+				linger_skip = LINGER_SKIP; /* no answer came: this engine does not reply */
 			linger_end = 0;
 			continue;
 		} else if (spin_ns && now - last_work < spin_ns) {
@@ -344,7 +358,7 @@ void *ctl_loop(void *arg)
 			nt_due = k == RX_BATCH;
 			last_work = kvx_now_ns();
 			if (k > 0)
-				linger_end = last_work + REPLY_LINGER_NS;
+				linger_end = linger_due(&linger_skip, last_work);
 		}
 		for (uint32_t k = 0; k < ws.n; k++) {
 			short re = pfd[3 + k].revents;
