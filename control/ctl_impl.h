@@ -23,11 +23,6 @@
 #define INBOX_BATCH 32
 #define MAX_POLL_MS 100
 #define WORK_ROUNDS 8 /* busy loop rounds between two looks at the fds */
-/* After delivering received notifications, watch the inboxes this long before sleeping: the
- * engine's answer (e.g. release after write_done) then goes out without a wake-up of this
- * thread (eventfd write, poll return, context switch). */
-#define REPLY_LINGER_NS 20000u
-#define LINGER_SKIP 64u /* deliveries without a linger after one that found no answer */
 #define LIVE_MAX 65536u
 #define WATCH_MAX KVX_CTL_WATCH_MAX
 

@@ -213,17 +213,6 @@ static int sock_fd(void *s)
 	return zmq_getsockopt(s, ZMQ_FD, &fd, &l) ? -1 : fd;
 }
 
-/* End of the linger after a delivery at @p now, or 0 while lingers are skipped (the last one
- * found nothing: a receiver that does not answer at once costs no spinning). */
-static uint64_t linger_due(unsigned *skip, uint64_t now)
-{
-	if (*skip) {
-		(*skip)--;
-		return 0;
-	}
-	return now + REPLY_LINGER_NS;
-}
-
 /*
  * One poll(2) per iteration over the waiter eventfd, the ROUTERs' ZMQ_FDs, the watched fds and
  * the running handshake jobs' DEALERs. zmq_poll() would cost a zero-timeout poll pass, then a
@@ -252,8 +241,6 @@ void *ctl_loop(void *arg)
 	int hs_due = 1, nt_due = 1; /* read once at start */
 	const uint64_t spin_ns = (uint64_t)ctl->p.busy_poll_us * 1000u;
 	uint64_t last_work = kvx_now_ns();
-	uint64_t linger_end = 0; /* REPLY_LINGER_NS after notifications were delivered */
-	unsigned linger_skip = 0; /* deliveries left without a linger after one found nothing */
 	unsigned busy_rounds = 0;
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
@@ -261,8 +248,6 @@ void *ctl_loop(void *arg)
 		uint64_t now = kvx_now_ns();
 		kvx_timer_heap_run(ctl->timers, now);
 		unsigned work = ctl_inboxes_drain(ctl);
-		if (work)
-			linger_end = 0; /* the answer came (or other inbox work): no need to wait */
 		ctl_jobs_start_queued(ctl);
 		for (struct hs_job *j = ctl->hs_active, *nx; j; j = nx) {
 			nx = j->next; /* ctl_job_on_readable() may finish and free j */
@@ -280,8 +265,6 @@ void *ctl_loop(void *arg)
 			int k = ctl_notify_recv(ctl);
 			nt_due = k == RX_BATCH;
 			work += (unsigned)k;
-			if (k > 0)
-				linger_end = linger_due(&linger_skip, now);
 		}
 		int timeout = 0, prepared = 0, spinning = 0;
 		if (!work)
@@ -294,17 +277,6 @@ void *ctl_loop(void *arg)
 			if (++busy_rounds < WORK_ROUNDS)
 				continue;
 			busy_rounds = 0;
-		} else if (linger_end && now < linger_end) {
-			/* A notification was just delivered: its answer is likely to come through an
-			 * inbox within microseconds. Look only at the inboxes (no syscall but the
-			 * yield, which lets an engine thread sharing this CPU run first). */
-			while (!ctl_inboxes_pending(ctl) && kvx_now_ns() < linger_end &&
-			       !atomic_load_explicit(&ctl->stop_req, memory_order_relaxed))
-				sched_yield();
-			if (!ctl_inboxes_pending(ctl))
-				linger_skip = LINGER_SKIP; /* no answer came: this engine does not reply */
-			linger_end = 0;
-			continue;
 		} else if (spin_ns && now - last_work < spin_ns) {
 			/* Busy-poll window: look again without sleeping (no wake-up to pay). */
 			spinning = 1;
@@ -354,11 +326,8 @@ void *ctl_loop(void *arg)
 			last_work = kvx_now_ns();
 		}
 		if (pfd[2].revents) {
-			int k = ctl_notify_recv(ctl);
-			nt_due = k == RX_BATCH;
+			nt_due = ctl_notify_recv(ctl) == RX_BATCH;
 			last_work = kvx_now_ns();
-			if (k > 0)
-				linger_end = linger_due(&linger_skip, last_work);
 		}
 		for (uint32_t k = 0; k < ws.n; k++) {
 			short re = pfd[3 + k].revents;
