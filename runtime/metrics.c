@@ -335,12 +335,6 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 				(unsigned long long)c->notify_tx_type[t]);
 		fprintf(f, "kvxfer_control_messages_total{direction=\"sent\",type=\"heartbeat\"} %llu\n",
 			(unsigned long long)c->heartbeats);
-		head(f, "kvxfer_auth_connections_total", "counter",
-		     "With auth_dir: inbound CURVE connections to the handshake and notify listeners, by result "
-		     "(refused: no CURVE, a failed handshake, or a key not in allowed/).");
-		fprintf(f, "kvxfer_auth_connections_total{result=\"accepted\"} %llu\n",
-			(unsigned long long)c->auth_accepted);
-		fprintf(f, "kvxfer_auth_connections_total{result=\"refused\"} %llu\n", (unsigned long long)c->auth_refused);
 		head(f, "kvxfer_handshake_requests_served_total", "counter",
 		     "Handshake requests answered, by kind (get_meta_msg, kvx_connect).");
 		fprintf(f, "kvxfer_handshake_requests_served_total{kind=\"metadata\"} %llu\n", (unsigned long long)c->hs_served);
@@ -364,6 +358,19 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 		head(f, "kvxfer_control_peers_open", "gauge", "Cached DEALER sockets to peers.");
 		fprintf(f, "kvxfer_control_peers_open %llu\n", (unsigned long long)c->peers_open);
 	}
+	head(f, "kvxfer_auth_connections_total", "counter",
+	     "Inbound connections by plane and result. control (with auth_dir): CURVE connections to the "
+	     "handshake and notify listeners (refused: no CURVE, a failed handshake, or a key not in "
+	     "allowed/). data: tcp data connections whose hello named no endpoint or did not prove its "
+	     "secret (refused only).");
+	if (s->have_cc) {
+		fprintf(f, "kvxfer_auth_connections_total{plane=\"control\",result=\"accepted\"} %llu\n",
+			(unsigned long long)s->cc.auth_accepted);
+		fprintf(f, "kvxfer_auth_connections_total{plane=\"control\",result=\"refused\"} %llu\n",
+			(unsigned long long)s->cc.auth_refused);
+	}
+	fprintf(f, "kvxfer_auth_connections_total{plane=\"data\",result=\"refused\"} %llu\n",
+		(unsigned long long)st->data_auth_refused);
 }
 
 /* libmicrohttpd's polling thread: the newest snapshot becomes current, older ones go back. */

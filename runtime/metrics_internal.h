@@ -10,7 +10,10 @@
  * - the engine's application thread owns the accumulators (completion counts, latency
  *   histogram) and fills snapshots: in kvx_metrics_on_poll(), at most every
  *   KVX_METRICS_PUBLISH_NS, it takes a free snapshot buffer from the `free` ring, fills it and
- *   enqueues it on the `full` ring (release: the contents happen-before the dequeue);
+ *   enqueues it on the `full` ring (release: the contents happen-before the dequeue); what it
+ *   copies from other threads are relaxed atomic loads of their single-writer counters (e.g.
+ *   the tcp data plane's refusals, written by the target's progress poller and loaded through
+ *   kvx_engine_get_stats() -> kvx_xport_ctx_service_counters());
  * - libmicrohttpd's one internal polling thread serves GET /metrics: it drains `full`, keeps the
  *   newest snapshot, returns the older ones on `free`, and renders the text from the snapshot
  *   it holds. It never touches the engine.
