@@ -521,7 +521,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			return rc;
 	e->started = true;
 	if (e->metrics)
-		kvx_metrics_on_poll(e->metrics, e, e->ctl, NULL, 0, 0, true); /* first snapshot */
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, NULL, 0, &(struct kvx_metrics_app){0}, true); /* first */
 	return 0;
 }
 

@@ -42,14 +42,22 @@ int kvx_metrics_create(const char *addr, struct kvx_metrics **out, char *err, si
  * snapshot the endpoint answers 503. */
 int kvx_metrics_start(struct kvx_metrics *m, const struct kvx_engine_params *p);
 
+/* The engine's transfer-object pool as its application thread sees it (runtime/api.c). */
+struct kvx_metrics_app {
+	size_t objects;     /* transfer objects taken: submitted, last completion not yet polled */
+	size_t held;        /* of those, terminal (KVX_CPL_TRANSFER polled) with blocks in quarantine
+	                       (KVX_CPL_BLOCKS_RELEASED still due) */
+	uint64_t pool_full; /* submissions refused with -ENOBUFS: max_transfers objects taken */
+};
+
 /*
  * Account @p n completions the application just polled and publish a snapshot when the last one
- * is older than KVX_METRICS_PUBLISH_NS (always when @p force). @p live = transfers in flight;
+ * is older than KVX_METRICS_PUBLISH_NS (always when @p force). @p app: the pool's figures;
  * @p ctl = the engine's control lcore (its counters are read too), or NULL.
  * Application thread only; no allocation, no lock.
  */
 void kvx_metrics_on_poll(struct kvx_metrics *m, const struct kvx_engine *e, const struct kvx_ctl *ctl,
-			 const struct kvx_completion *c, size_t n, size_t live, bool force);
+			 const struct kvx_completion *c, size_t n, const struct kvx_metrics_app *app, bool force);
 
 /* Bound "IP:PORT" (after start) into @p buf; -EAGAIN before start. */
 int kvx_metrics_addr(const struct kvx_metrics *m, char *buf, size_t len);

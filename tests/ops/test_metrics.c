@@ -4,7 +4,8 @@
  * while two real engines move blocks over tcp on loopback: counters start at zero and move
  * with transfers (done, bytes, transfer / first-layer / handshake latency histograms, notifications,
  * control messages by type, handshakes), failures are counted by
- * outcome and reason, refused tcp data connections are counted, other paths are 404, the endpoint is gone after stop, and bad addresses or
+ * outcome and reason, refused tcp data connections are counted, the transfer-object pool and
+ * quarantine gauges follow a transfer held after its abort, other paths are 404, the endpoint is gone after stop, and bad addresses or
  * taken ports are refused.
  */
 #include <errno.h>
@@ -308,6 +309,76 @@ Test(ops_metrics, refused_data_connections_are_counted)
 	et_expect_blocks(&D, db, pb, 2, true);
 	wait_value(&P, &tp, pa, "kvxfer_transfers_total{outcome=\"done\"}", 1);
 	cr_assert_eq(value(g_body, data), 2, "%s", g_body);
+	et_free(&D);
+	et_free(&P);
+}
+
+Test(ops_metrics, pool_and_quarantine_gauges)
+{
+	/* WRITE, one transfer object: D announces and aborts before P begins. P holds the
+	 * allocation and may still write, so D's blocks stay quarantined (defer timeout 60 s) and
+	 * the transfer keeps the only object until P answers. */
+	if (!have_curl())
+		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
+	struct kvx_engine_params pp, dp;
+	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	dp.metrics_addr = "127.0.0.1:0";
+	dp.defer_timeout_ms = 60000;
+	dp.max_transfers = 1;
+	struct et_eng P, D;
+	et_start(&P, &pp, true);
+	et_start(&D, &dp, false);
+	char da[64];
+	cr_assert_eq(kvx_engine_metrics_addr(D.e, da, sizeof(da)), 0);
+	cr_assert_eq(scrape(da, "/metrics", g_body, sizeof(g_body)), 200, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_size"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_full_total"), 0, "%s", g_body);
+
+	const uint32_t dst[2] = {4, 5}, src[2] = {1, 2};
+	struct kvx_engine_announce an = {.transfer_id = "tx-q",
+					 .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+					 .local_blocks = dst, .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	cr_assert_eq(kvx_xfer_abort(D.e, "tx-q"), 0);
+	struct et_track td = {0}, tp = {0};
+	size_t kd = et_follow(&td, "tx-q");
+	cr_assert(et_wait(D.e, &td, "tx-q", false));
+	cr_assert_eq(td.status[kd], KVX_CPL_ABORTED, "status %d error %d", td.status[kd], td.error[kd]);
+	cr_assert_eq(td.released[kd], 0);
+	wait_value(&D, &td, da, "kvxfer_transfers_quarantined", 1);
+	cr_assert_eq(td.released[kd], 0, "the gauge counts a transfer whose blocks are held");
+	cr_assert_eq(value(g_body, "kvxfer_transfers_in_flight"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_total{outcome=\"aborted\"}"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_quarantined_total"), 1, "%s", g_body);
+
+	/* The quarantined transfer holds the pool's only object: the next submission is refused. */
+	an.transfer_id = "tx-q2";
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), -ENOBUFS);
+	wait_value(&D, &td, da, "kvxfer_transfer_pool_full_total", 1);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 1, "%s", g_body);
+
+	/* P begins late: it sees the release, writes nothing and answers; D's blocks come out. */
+	struct kvx_engine_write w = {.transfer_id = "tx-q",
+				     .peer = {.host = "127.0.0.1", .handshake_port = D.hs, .notify_port = D.nt},
+				     .local_blocks = src, .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	et_follow(&tp, "tx-q");
+	cr_assert(et_wait(P.e, &tp, "tx-q", true));
+	cr_assert(et_wait(D.e, &td, "tx-q", true));
+	cr_assert_eq(td.released[kd], 1);
+	wait_value(&D, &td, da, "kvxfer_transfers_quarantined", 0);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_in_flight"), 0, "%s", g_body);
+	et_expect_blocks(&D, NULL, NULL, 0, true); /* nothing written after the abort */
+
+	/* The object is free again: a new announce is in flight (P never answers it here). */
+	an.transfer_id = "tx-q3";
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	et_follow(&td, "tx-q3");
+	wait_value(&D, &td, da, "kvxfer_transfers_in_flight", 1);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_full_total"), 1, "%s", g_body);
 	et_free(&D);
 	et_free(&P);
 }
