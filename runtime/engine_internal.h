@@ -365,6 +365,8 @@ struct kvx_engine {
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;
 	uint64_t st_dup, st_nobufs; /* app thread */
+	uint32_t n_held; /* app thread: transfers whose KVX_CPL_TRANSFER was polled, their
+	                    KVX_CPL_BLOCKS_RELEASED not yet (blocks held in quarantine) */
 	struct kvx_ratelimit rl_nobufs;
 	/* Lease directory (runtime/lease.c): lease_n + LEASE_WIN words, registered REMOTE_READ in
 	 * every context (lease_mr[]); words written as lease.c says. lease_buf: Array[max_transfers

@@ -353,6 +353,10 @@ struct kvx_engine_stats {
 	uint64_t notifications_received; /**< Valid notifications received. */
 	uint64_t fences;                /**< P READ: reader fences (target endpoints torn down at a defer timeout). */
 	uint64_t peer_resets;           /**< Peers whose endpoint entered error state (re-handshaken). */
+	uint64_t data_auth_refused;     /**< tcp data plane: connections to this engine's data listener
+	                                     closed because their hello did not name an endpoint of it
+	                                     or did not prove the endpoint's secret (the transport's
+	                                     kvx_xport_counters.auth_refused; 0 for shm and verbs). */
 };
 
 struct kvx_engine;
