@@ -283,6 +283,7 @@ struct poller {
 	 * initiator endpoints (kvx_xport_ep_arm()) and, on poller 0, the contexts' progress fds. */
 	int wfd;
 	bool ctx_wait; /* poller 0: a context's progress fd is in wfd */
+	bool gated;    /* this poll found a layer gate closed (polled, no fd wakes it) */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
 	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */

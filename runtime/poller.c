@@ -678,8 +678,10 @@ static void write_progress(struct poller *po, struct xf *x)
 			uint32_t layer = w * 64 + (uint32_t)__builtin_ctzll(bits);
 			bits &= bits - 1;
 			int g = layer_gate_open(x, layer);
-			if (g == 0)
+			if (g == 0) {
+				po->gated = true;
 				continue;
+			}
 			if (g < 0) {
 				/* The producer's event failed: nothing of this layer is known to be
 				 * computed, so nothing more is written; the transfer fails. */
@@ -1088,6 +1090,7 @@ int eng_poll_fn(void *arg)
 		eng_conn_put(cn);
 	}
 	/* Transfers waiting on the send queue, a connection or a layer's readiness event. */
+	po->gated = false;
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
@@ -1112,8 +1115,9 @@ int eng_poll_fn(void *arg)
 	}
 	/* Idle sleeps are capped at 1 ms (kvx_engine_start), which bounds how late a deadline is
 	 * noticed. Sockets wake the sleep through po->wfd: with ops waiting on them, or live
-	 * transfers the tcp target serves, sleep at once instead of spinning. */
+	 * transfers the tcp target serves, sleep at once instead of spinning; not while a layer
+	 * gate (a flag or a device event, polled) holds a write back. */
 	if (busy)
 		return KVX_POLL_BUSY;
-	return wait || (po->ctx_wait && po->n_live) ? KVX_POLL_WAIT : KVX_POLL_IDLE;
+	return (wait || (po->ctx_wait && po->n_live)) && !po->gated ? KVX_POLL_WAIT : KVX_POLL_IDLE;
 }

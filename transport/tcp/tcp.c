@@ -644,6 +644,31 @@ int tcp_recv(int fd, void *buf, size_t len, bool *rd, struct kvx_xport_cnt *cnt)
 	}
 }
 
+/*
+ * The refill step of both sides' parsers: rx (Array[TCP_RXBUF]) holds unparsed bytes
+ * [*start, *end); move them to the front, then, with *rd up, tcp_recv() at most @p max bytes
+ * behind them. Returns the bytes received (> 0), 0 when nothing was (the flag is down, or
+ * @p max is 0), or -ECONNRESET.
+ */
+int tcp_rx_fill(int fd, uint8_t *rx, uint32_t *start, uint32_t *end, uint32_t max, bool *rd,
+		struct kvx_xport_cnt *cnt)
+{
+	if (*start == *end) {
+		*start = *end = 0;
+	} else if (*start) {
+		memmove(rx, rx + *start, *end - *start);
+		*end -= *start;
+		*start = 0;
+	}
+	uint32_t room = TCP_RXBUF - *end < max ? TCP_RXBUF - *end : max;
+	if (!*rd || !room)
+		return 0;
+	int n = tcp_recv(fd, rx + *end, room, rd, cnt);
+	if (n > 0)
+		*end += (uint32_t)n;
+	return n;
+}
+
 const struct kvx_xport_ops kvx_xport_tcp_ops = {
 	.name = "tcp",
 	.id = KVX_XPORT_PROV_TCP,

@@ -277,20 +277,10 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 			continue;
 		}
 		/* Need more bytes in the rx buffer. */
-		if (c->rx_start == c->rx_end) {
-			c->rx_start = c->rx_end = 0;
-		} else if (c->rx_start) {
-			memmove(c->rx, c->rx + c->rx_start, c->rx_end - c->rx_start);
-			c->rx_end -= c->rx_start;
-			c->rx_start = 0;
-		}
-		int n = c->rd_ok
-				? tcp_recv(c->fd, c->rx + c->rx_end, TCP_RXBUF - c->rx_end, &c->rd_ok,
-					   &e->base.cnt)
-				: 0;
+		int n = tcp_rx_fill(c->fd, c->rx, &c->rx_start, &c->rx_end, TCP_RXBUF, &c->rd_ok,
+				    &e->base.cnt);
 		if (n <= 0)
 			return n < 0 ? n : work;
-		c->rx_end += (uint32_t)n;
 	}
 }
 

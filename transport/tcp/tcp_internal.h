@@ -304,6 +304,8 @@ void tcp_bounce_put(struct tdev *d, uint8_t *buf, uint32_t slot, bool *held);
 int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off, bool *wr,
 		 struct kvx_xport_cnt *cnt);
 int tcp_recv(int fd, void *buf, size_t len, bool *rd, struct kvx_xport_cnt *cnt);
+int tcp_rx_fill(int fd, uint8_t *rx, uint32_t *start, uint32_t *end, uint32_t max, bool *rd,
+		struct kvx_xport_cnt *cnt);
 
 /* tcp_init.c (the endpoint's poller) */
 int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,

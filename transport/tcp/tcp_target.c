@@ -348,20 +348,10 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 				continue;
 			}
 		}
-		if (t->rx_start == t->rx_end) {
-			t->rx_start = t->rx_end = 0;
-		} else if (t->rx_start) {
-			memmove(t->rx, t->rx + t->rx_start, t->rx_end - t->rx_start);
-			t->rx_end -= t->rx_start;
-			t->rx_start = 0;
-		}
-		int n = budget && t->rd_ok
-				? tcp_recv(t->fd, t->rx + t->rx_end, TCP_RXBUF - t->rx_end, &t->rd_ok,
-					   &c->base.cnt)
-				: 0;
+		int n = tcp_rx_fill(t->fd, t->rx, &t->rx_start, &t->rx_end, budget ? TCP_RXBUF : 0,
+				    &t->rd_ok, &c->base.cnt);
 		if (n <= 0)
 			return n < 0 ? n : work;
-		t->rx_end += (uint32_t)n;
 		budget = (uint32_t)n < budget ? budget - (uint32_t)n : 0;
 	}
 }
