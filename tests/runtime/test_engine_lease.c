@@ -276,12 +276,14 @@ static void reap(struct child *c, const char *who)
  * stopped may be DONE, and then with the bytes served before the abort; that attempt proves
  * nothing, so the case repeats with a new transfer id until one was caught in flight. Without
  * the second lease read D would end DONE every time. */
-/* Attempts to stop D between its copies: a readiness-driven tcp consumer often finishes a
- * 2-block READ before its own SIGSTOP lands (then DONE under its lease, and the next attempt). */
-#define RB_TRIES 40
+/* Attempts to stop D between its copies: a readiness-driven tcp consumer mostly finishes a
+ * 2-block READ before its own SIGSTOP lands (then DONE under its lease, and the next attempt;
+ * about 1 in 20 is caught). One byte per attempt number on the pipe, RB_END ends the child. */
+#define RB_TRIES 250
+#define RB_END 255
 
 /* Transfer id of attempt i (stable storage: the trackers keep the pointer). */
-static const char *rb_tid(char i)
+static const char *rb_tid(unsigned char i)
 {
 	static char ids[RB_TRIES][16];
 	snprintf(ids[(int)i], sizeof(ids[0]), "tx-h%d", (int)i);
@@ -325,8 +327,8 @@ static int child_reader(const char *prov, int gen, int to_parent, int from_paren
 		return 12;
 	if (wr(to_parent, "a", 1))
 		return 13;
-	char i;
-	while (rd(from_parent, &i, 1) == 0 && i >= 0 && i < RB_TRIES) {
+	unsigned char i;
+	while (rd(from_parent, &i, 1) == 0 && i < RB_TRIES) {
 		fill(&D, 0);
 		r.transfer_id = rb_tid(i);
 		size_t k = et_follow(&td, r.transfer_id);
@@ -366,7 +368,7 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 	cr_assert_eq(rd(d.from, &c, 1), 0, "the consumer child failed to read tx-0");
 	et_expect_done(P.e, &tp, "tx-0", true);
 	int caught = 0;
-	for (char i = 0; i < RB_TRIES && !caught; i++) {
+	for (unsigned char i = 0; i < RB_TRIES && !caught; i++) {
 		fill(&P, 0x5a);
 		size_t k = serve(&P, &tp, rb_tid(i), pb, 2);
 		cr_assert_eq(wr(d.to, &i, 1), 0);
@@ -393,7 +395,7 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 		caught++;
 	}
 	cr_assert_eq(caught, 1, "no attempt of %d was caught in flight", RB_TRIES);
-	char q = -1;
+	unsigned char q = RB_END;
 	cr_assert_eq(wr(d.to, &q, 1), 0);
 	int wst = 0;
 	cr_assert_eq(waitpid(d.pid, &wst, 0), d.pid);
