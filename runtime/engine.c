@@ -504,7 +504,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	/* This worker's name in the acks and failure notes it sends kvxfer peers: its engine id
 	 * (the handshake base port, or the bound one with ephemeral ports), TP rank and epoch. */
 	uint16_t hs_bound = 0;
-	kvx_ctl_bound_ports(e->ctl, &hs_bound, NULL);
+	kvx_ctl_bound_ports(e->ctl, &hs_bound, &e->self_nt);
 	snprintf(e->self_id, sizeof(e->self_id), "%s:%u", e->host,
 		 e->p.handshake_port ? e->p.handshake_port : hs_bound);
 	e->self_epoch = kvx_ctl_epoch(e->ctl);

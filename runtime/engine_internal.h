@@ -309,6 +309,8 @@ struct kvx_engine {
 	char lcores[128];
 	char self_id[KVX_ENGINE_HOST_MAX + 8]; /* app thread at start: "host:hs_port", our engine id in acks */
 	uint64_t self_epoch;                   /* app thread at start: this incarnation's epoch */
+	uint16_t self_nt;                      /* app thread at start: this worker's bound notify port
+						* (a READ consumer names it to its producer) */
 	char proxy[128], http[128];
 	bool started, stopped;
 	uint32_t n_layers;

@@ -48,7 +48,9 @@
  * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
  * transfer ends, before its blocks are handed back. A READ consumer checks the producer's lease
  * before its first op and again after its last: a transfer whose lease was revoked (release,
- * abort, timeout) ends FAILED with -ESTALE, never DONE; one whose lease is not granted (yet)
+ * abort, timeout) never ends DONE: it ends with the producer's status and error, which the
+ * producer's kvx_failed brings (docs/protocol.md §5.10), or FAILED -ESTALE if none came by its
+ * deadline; one whose lease is not granted (yet)
  * moves nothing and waits for the grant until its deadline (TIMED_OUT; the producer may serve
  * after the consumer got the ids; a restarted producer never serves its predecessor's ids). A
  * layer reported by kvx_xfer_layer_poll() is final only once the transfer is DONE. A WRITE producer checks a kvxfer consumer's lease before its first
