@@ -12,10 +12,14 @@
 #      -s 4K --batch 1 (one op per post, 128 in flight: small ops, issue 16)
 #   5. plain ZMQ DEALER/ROUTER echo                vs  kvxfer-perf notify's round trip (p50; the
 #      median of its alternating rounds' ratios, both measured by that one command)
+#   6. iperf3 single stream, 1 MiB writes          vs  kvxfer-perf trace --local -t tcp, WRITE and
+#      READ (the main job: default trace, Llama-3.1-8B, 6 requests, --no-verify); throughput and
+#      CPU per GB (iperf3: client + server CPU from its JSON; kvxfer: both engines' threads,
+#      trace JSON summary.engine_cpu_s_per_gb)
 # Each pair runs back to back with the same pinning (client CPU A, server CPU B) and the
 # same duration. Targets (2-core machine): tcp >= 0.9x iperf3 and >= 1.5x ucx_perftest;
 # shm >= 0.9x the process_vm_readv loop; shm 4 KiB ops >= 0.8x the batched loop; notify round
-# trip <= 1.2x the ZMQ echo.
+# trip <= 1.2x the ZMQ echo; trace over tcp >= 0.8x iperf3 at <= 1.5x its CPU/GB.
 #
 # Usage: bash bench/compare.sh [BUILD_DIR]       (default: build; builds kvxfer-perf there)
 # Env:   KVX_CMP_SECONDS (default 5) per measurement, KVX_CMP_CPUS (default "0,1"),
@@ -55,7 +59,7 @@ listening() {
   return 1
 }
 
-iperf3_gbs() { # size
+iperf3_gbs() { # size -> "GB/s CPU-seconds-per-GB" (client + server CPU)
   local p; p=$(port)
   iperf3 -s -1 -p "$p" -A "$CB" >/dev/null 2>&1 &
   local srv=$!
@@ -63,8 +67,20 @@ iperf3_gbs() { # size
   listening "$p" && out=$(iperf3 -c 127.0.0.1 -p "$p" -l "$1" -t "$SECS" -A "$CA" -J 2>/dev/null) || out=""
   kill "$srv" 2>/dev/null || true
   wait "$srv" 2>/dev/null || true
-  [ -n "$out" ] || { echo "iperf3 run failed" >&2; echo 0; return; }
-  python3 -c 'import json,sys; print("%.4f" % (json.loads(sys.argv[1])["end"]["sum_received"]["bits_per_second"]/8e9))' "$out"
+  [ -n "$out" ] || { echo "iperf3 run failed" >&2; echo 0 0; return; }
+  python3 -c 'import json,sys
+e = json.loads(sys.argv[1])["end"]; r = e["sum_received"]; u = e["cpu_utilization_percent"]
+cpu = (u["host_total"] + u["remote_total"]) / 100 * r["seconds"]
+print("%.4f %.4f" % (r["bits_per_second"] / 8e9, cpu / (r["bytes"] / 1e9)))' "$out"
+}
+
+TRACE_JSON=$(mktemp)
+trap 'rm -f "$TRACE_JSON"' EXIT
+kvx_trace() { # write|read -> "GB/s CPU-seconds-per-GB" of the main job over tcp
+  "$PERF" trace --local -t tcp -m "$1" --speed 0 --requests 6 --pool-blocks 1100 --no-verify \
+    --json "$TRACE_JSON" >/dev/null 2>&1 || { echo "trace $1 failed" >&2; echo 0 0; return; }
+  python3 -c 'import json,sys; s = json.load(open(sys.argv[1]))["summary"]
+print("%.4f %.4f" % (s["throughput_gbps"] or 0, s["engine_cpu_s_per_gb"] or 0))' "$TRACE_JSON"
 }
 
 ucx_gbs() { # size
@@ -98,9 +114,9 @@ notify_ratio() {
 }
 
 declare -A RAT
-row() { # label kvx peer key
-  local r; r=$(python3 -c 'import sys; p = float(sys.argv[2]); print("%.2f" % (float(sys.argv[1]) / p) if p > 0 else "nan")' "$2" "$3")
-  printf '  %-58s kvxfer %8.3f GB/s   peer %8.3f GB/s   ratio %sx\n' "$1" "$2" "$3" "$r"
+row() { # label kvx peer key [unit]
+  local r u=${5:-GB/s}; r=$(python3 -c 'import sys; p = float(sys.argv[2]); print("%.2f" % (float(sys.argv[1]) / p) if p > 0 else "nan")' "$2" "$3")
+  printf '  %-58s kvxfer %8.3f %s   peer %8.3f %s   ratio %sx\n' "$1" "$2" "$u" "$3" "$u" "$r"
   RAT[$4]+="$r "
 }
 
@@ -108,7 +124,14 @@ echo "kvxfer compare: $(nproc) CPUs, client CPU $CA, server CPU $CB, ${SECS}s pe
 echo "  kernel $(uname -r); iperf3 $(iperf3 --version | head -1 | awk '{print $2}'); ucx $(ucx_info -v 2>/dev/null | awk '/Version/ {print $3; exit}')"
 for r in $(seq "$ROUNDS"); do
   echo "round $r"
-  a=$(iperf3_gbs 1M);             b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB: kvxfer-perf bw -t tcp vs iperf3 (1 stream)" "$b" "$a" iperf3
+  read -r a acpu <<<"$(iperf3_gbs 1M)"
+  b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB: kvxfer-perf bw -t tcp vs iperf3 (1 stream)" "$b" "$a" iperf3
+  for m in write read; do
+    read -r b bcpu <<<"$(kvx_trace $m)"
+    row "trace tcp $m (main job) vs iperf3 (1 stream)" "$b" "$a" "trace_$m"
+    # CPU rows: the ratio is kvxfer's CPU per GB over iperf3's (lower is better).
+    row "trace tcp $m CPU per GB vs iperf3's" "$bcpu" "$acpu" "cpu_$m" "s/GB"
+  done
   a=$(ucx_gbs 65536);             b=$(kvx_gbs tcp write 64K); row "tcp 64 KiB WRITE vs ucx_perftest ucp_put_bw UCX_TLS=tcp" "$b" "$a" ucx64k
   a=$(ucx_gbs 1048576);           b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB WRITE vs ucx_perftest ucp_put_bw UCX_TLS=tcp" "$b" "$a" ucx1m
   a=$(peer_gbs cma 1M);           b=$(kvx_gbs shm read 1M);   row "shm 1 MiB READ vs plain process_vm_readv loop" "$b" "$a" cma
@@ -121,6 +144,8 @@ done
 med() { python3 -c 'import sys,statistics; print("%.2f" % statistics.median(map(float, sys.argv[1:])))' $1; }
 echo "summary (median ratio over rounds; target in brackets):"
 printf '  tcp vs iperf3        %sx  [>= 0.9]\n' "$(med "${RAT[iperf3]}")"
+printf '  trace tcp write      %sx  [>= 0.8], CPU/GB %sx [<= 1.5]\n' "$(med "${RAT[trace_write]}")" "$(med "${RAT[cpu_write]}")"
+printf '  trace tcp read       %sx  [>= 0.8], CPU/GB %sx [<= 1.5]\n' "$(med "${RAT[trace_read]}")" "$(med "${RAT[cpu_read]}")"
 printf '  tcp vs ucx 64 KiB    %sx  [>= 1.5]\n' "$(med "${RAT[ucx64k]}")"
 printf '  tcp vs ucx 1 MiB     %sx  [>= 1.5]\n' "$(med "${RAT[ucx1m]}")"
 printf '  shm vs cma loop      %sx  [>= 0.9]\n' "$(med "${RAT[cma]}")"

@@ -1295,13 +1295,14 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	struct perf_trace_summary sum;
 	perf_trace_summarize(D.rec, D.n, &sum);
 	struct perf_trace_counters c = {.lcore_util = {-1, -1}, .verify_enabled = o->verify != 0,
-				       .verify_bytes = o->verify == 2};
+				       .verify_bytes = o->verify == 2, .engine_cpu_s = {-1, -1}};
 	for (int s = 0; s < 2; s++) {
 		const struct trace_msg_stats *st = &D.s[s].stats;
 		if (!D.s[s].have_stats)
 			continue; /* that role died or was killed: its side is n/a, the other still counts */
 		c.reported[s] = true;
 		c.lcore_util[s] = st->lcore_util;
+		c.engine_cpu_s[s] = st->engine_cpu_s;
 		c.verify_bad += st->verify_bad;
 		if (st->ctl_sent == UINT64_MAX || st->ctl_recv == UINT64_MAX || st->ctl_dropped == UINT64_MAX)
 			continue;

@@ -211,6 +211,8 @@ struct trace_msg_stats {
 	uint64_t pool_exhausted; /**< Times a request waited for free blocks. */
 	uint64_t transfers_failed; /**< Engine: failed + aborted + timed out. */
 	char transport[24];      /**< kvx_engine_transport_name() at the end: provider in use. */
+	double engine_cpu_s;     /**< CPU seconds of the engine's threads (the role process minus
+	                              its main thread, which fills and checks) since the role began. */
 };
 
 /** Send one message (blocking, handles short writes). @return 0 or -errno. */

@@ -93,6 +93,14 @@ static void print_lat(FILE *f, const char *name, const struct perf_lat_stats *st
 		st->p50, st->p90, st->p99, st->max, st->mean, st->n);
 }
 
+/* Both engines' CPU seconds per GB moved, or -1 when a side is unknown or nothing moved. */
+static double cpu_per_gb(const struct perf_trace_summary *s, const struct perf_trace_counters *c)
+{
+	if (c->engine_cpu_s[0] < 0 || c->engine_cpu_s[1] < 0 || !s->bytes)
+		return -1;
+	return (c->engine_cpu_s[0] + c->engine_cpu_s[1]) / ((double)s->bytes / 1e9);
+}
+
 void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 			      const struct perf_trace_summary *s, const struct perf_trace_counters *c,
 			      const struct perf_trace_rec *recs, size_t n)
@@ -141,6 +149,17 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 		else
 			fprintf(f, " %s %.1f%%", side[i], 100.0 * c->lcore_util[i]);
 	}
+	fputc('\n', f);
+	fprintf(f, "  %-22s", "engine CPU s");
+	for (int i = 0; i < 2; i++) {
+		if (c->engine_cpu_s[i] < 0)
+			fprintf(f, " %s n/a", side[i]);
+		else
+			fprintf(f, " %s %.3f", side[i], c->engine_cpu_s[i]);
+	}
+	double cpg = cpu_per_gb(s, c);
+	if (cpg >= 0)
+		fprintf(f, "  (%.3f s/GB)", cpg);
 	fputc('\n', f);
 	if (!c->ctl_reported[0] && !c->ctl_reported[1]) {
 		fprintf(f, "  %-22s n/a (%s)\n", "control messages",
@@ -291,6 +310,12 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		"requests", reqs);
 	if (!root)
 		return -ENOMEM;
+	/* Engine CPU ([producer, consumer] seconds, and both per GB: issue 16's CPU/GB figure). */
+	json_t *sum = json_object_get(root, "summary");
+	double cpg = cpu_per_gb(s, c);
+	json_object_set_new(sum, "engine_cpu_s",
+			    json_pack("[o,o]", frac_json(c->engine_cpu_s[0]), frac_json(c->engine_cpu_s[1])));
+	json_object_set_new(sum, "engine_cpu_s_per_gb", frac_json(cpg));
 	FILE *f = perf_out_open(path);
 	int rc = f ? json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : -1;
 	if (f && !rc)

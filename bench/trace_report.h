@@ -46,6 +46,7 @@ struct perf_trace_counters {
 	uint64_t verify_bad;     /**< Block planes that failed byte verification. */
 	bool verify_enabled;     /**< --verify or --verify-bytes was on. */
 	bool verify_bytes;       /**< --verify-bytes: every byte was checked, not only per-page stamps. */
+	double engine_cpu_s[2];  /**< CPU seconds of each side's engine threads; < 0 = unknown (JSON null). */
 };
 
 /** Run description printed in the summary header. */

@@ -69,7 +69,15 @@ struct role {
 	bool first_layer_unsupported;
 	bool quit;
 	int result_rc;            /* --server: the run's exit code, from the driver's RESULT */
+	uint64_t cpu0_proc, cpu0_main; /* process and main-thread CPU ns when the role began */
 };
+
+static uint64_t cpu_ns(clockid_t id)
+{
+	struct timespec ts;
+	clock_gettime(id, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static void fatal(struct role *R, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fatal(struct role *R, const char *fmt, ...)
@@ -528,6 +536,9 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 			s.lcore_util = u / st.n_lcores;
 		}
 		s.transfers_failed = st.transfers_failed + st.transfers_aborted + st.transfers_timed_out;
+		uint64_t proc = cpu_ns(CLOCK_PROCESS_CPUTIME_ID) - R->cpu0_proc;
+		uint64_t main_t = cpu_ns(CLOCK_THREAD_CPUTIME_ID) - R->cpu0_main;
+		s.engine_cpu_s = proc > main_t ? (double)(proc - main_t) / 1e9 : 0.0;
 		snprintf(s.transport, sizeof(s.transport), "%s", kvx_engine_transport_name(R->e));
 		if (trace_msg_send(R->fd, TRACE_MSG_STATS, &s, sizeof(s), NULL, 0))
 			R->quit = true;
@@ -620,7 +631,9 @@ static int setup_engine(struct role *R)
 
 int trace_role_main(const struct trace_opts *o, int fd)
 {
-	struct role R = {.o = o, .fd = fd, .r = o->role, .nb = o->pool_blocks};
+	struct role R = {.o = o, .fd = fd, .r = o->role, .nb = o->pool_blocks,
+			 .cpu0_proc = cpu_ns(CLOCK_PROCESS_CPUTIME_ID),
+			 .cpu0_main = cpu_ns(CLOCK_THREAD_CPUTIME_ID)};
 	char err[512] = "";
 	int rc = perf_model_find(o->models_csv, o->model, &R.m, err, sizeof(err));
 	if (rc) {

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Pinned lcore threads, launch/wait/stop (docs/runtime-notes.md §1.3, §2), poll loop and idle policy. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "lcore_internal.h"
@@ -364,13 +366,17 @@ static void compact_pollers(struct kvx_lcore *lc)
 	lc->need_compact = false;
 }
 
+/* BUSY if any poller was; else WAIT if any waits on the wait set; else IDLE. */
 static inline int run_pollers(struct kvx_lcore *lc)
 {
 	int busy = KVX_POLL_IDLE;
 	for (uint32_t i = 0; i < lc->n_order; i++) {
 		struct kvx_poller *p = &lc->pollers[lc->order[i]];
-		if (KVX_LIKELY(p->active) && p->fn(p->arg) == KVX_POLL_BUSY)
-			busy = KVX_POLL_BUSY;
+		if (KVX_LIKELY(p->active)) {
+			int r = p->fn(p->arg);
+			if (r == KVX_POLL_BUSY || (r == KVX_POLL_WAIT && busy == KVX_POLL_IDLE))
+				busy = r;
+		}
 	}
 	if (KVX_UNLIKELY(lc->need_compact))
 		compact_pollers(lc);
@@ -397,6 +403,18 @@ int kvx_lcore_attach_timers(struct kvx_lcore *lc, struct kvx_timer_heap *heap)
 	if (!may_modify(lc))
 		return -EBUSY;
 	lc->timers = heap;
+	return 0;
+}
+
+int kvx_lcore_add_wait_fd(struct kvx_lcore *lc, int fd)
+{
+	if (fd < 0)
+		return -EINVAL;
+	if (!may_modify(lc))
+		return -EBUSY;
+	if (lc->n_wait_fd >= KVX_LCORE_MAX_WAIT_FDS)
+		return -ENOBUFS;
+	lc->wait_fd[lc->n_wait_fd++] = fd;
 	return 0;
 }
 
@@ -449,6 +467,27 @@ static uint64_t sleep_timeout(const struct kvx_lcore *lc, uint64_t max_sleep_ns)
 	return t;
 }
 
+/* Prepared sleep on the waiter and the wait fds: 1 woken (waiter or a readable fd), 0 timed
+ * out (or interrupted). */
+static int lcore_sleep(struct kvx_lcore *lc, uint64_t timeout_ns)
+{
+	if (!lc->n_wait_fd)
+		return kvx_waiter_sleep(&lc->waiter, timeout_ns);
+	struct pollfd pf[1 + KVX_LCORE_MAX_WAIT_FDS];
+	pf[0] = (struct pollfd){.fd = kvx_waiter_fd(&lc->waiter), .events = POLLIN};
+	for (uint32_t i = 0; i < lc->n_wait_fd; i++)
+		pf[1 + i] = (struct pollfd){.fd = lc->wait_fd[i], .events = POLLIN};
+	struct timespec ts, *tsp = NULL;
+	if (timeout_ns != UINT64_MAX) {
+		ts.tv_sec = (time_t)(timeout_ns / 1000000000ull);
+		ts.tv_nsec = (long)(timeout_ns % 1000000000ull);
+		tsp = &ts;
+	}
+	int r = ppoll(pf, 1 + lc->n_wait_fd, tsp, NULL);
+	bool woken = kvx_waiter_finish(&lc->waiter);
+	return woken || r > 0 ? 1 : 0;
+}
+
 int kvx_lcore_poll_loop(void *arg)
 {
 	(void)arg;
@@ -482,6 +521,9 @@ int kvx_lcore_poll_loop(void *arg)
 		empty++;
 		uint32_t spin = lc->idle.spin_polls ? lc->idle.spin_polls : KVX_LCORE_SPIN_POLLS;
 		uint32_t backoff = lc->idle.backoff_polls ? lc->idle.backoff_polls : KVX_LCORE_BACKOFF_POLLS;
+		/* WAIT: the pollers' outstanding work waits on the wait set: no spin, no yields. */
+		if (busy == KVX_POLL_WAIT && lc->idle.policy != KVX_LCORE_IDLE_BUSY)
+			empty = spin + backoff + 1;
 		if (lc->idle.policy == KVX_LCORE_IDLE_BUSY || empty <= spin) {
 			kvx_lcore_pause_impl();
 			continue;
@@ -502,7 +544,7 @@ int kvx_lcore_poll_loop(void *arg)
 		uint64_t max_sleep = lc->idle.max_sleep_ns ? lc->idle.max_sleep_ns : KVX_LCORE_MAX_SLEEP_NS;
 		uint64_t timeout = sleep_timeout(lc, max_sleep);
 		kvx_rcu_offline();
-		int r = kvx_waiter_sleep(&lc->waiter, timeout);
+		int r = lcore_sleep(lc, timeout);
 		kvx_rcu_online();
 		st_add(&lc->st_sleeps, 1);
 		if (r == 1)

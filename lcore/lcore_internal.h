@@ -47,6 +47,8 @@ struct kvx_lcore {
 	struct kvx_lcore_idle_params idle;
 	struct kvx_timer_heap *timers;
 	struct kvx_waiter waiter;
+	int wait_fd[KVX_LCORE_MAX_WAIT_FDS]; /* kvx_lcore_add_wait_fd(): also wake the sleep */
+	uint32_t n_wait_fd;
 
 	/* accounting: single writer (the loop), relaxed load+store; any reader */
 	_Atomic uint64_t st_loops;

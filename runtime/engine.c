@@ -290,6 +290,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		po->e = e;
 		po->k = e->n_po;
 		po->lc = lc;
+		po->wfd = -1;
 		e->po[e->n_po++] = po;
 	}
 	struct kvx_rcu_table_params tp = {.key_type = KVX_RCU_KEY_U64, .free_fn = eng_conn_table_free};
@@ -511,6 +512,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		struct poller *po = e->po[k];
 		if ((rc = kvx_poller_register(po->lc, eng_poll_fn, po, "engine", NULL)))
 			return rc;
+		if ((rc = eng_poller_wait_init(e, po)))
+			return rc;
 		if (e->p.idle == KVX_ENGINE_IDLE_ADAPTIVE) {
 			struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = 1000000ull};
 			kvx_lcore_set_idle(po->lc, &ip);
@@ -629,6 +632,8 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 		free(po->ops);
 		free(po->live);
 		free(po->owned);
+		if (po->wfd >= 0)
+			close(po->wfd);
 		free(po);
 	}
 	kvx_xfer_table_destroy(e->reg);

@@ -279,6 +279,11 @@ struct poller {
 	struct kvx_plan_cache *pc;
 	struct kvx_xport_op *ops;
 	struct conn *plist; /* connections with ops outstanding on link k */
+	/* epoll set of the readiness fds this poller waits on (its lcore's wait fd): armed tcp
+	 * initiator endpoints (kvx_xport_ep_arm()) and, on poller 0, the contexts' progress fds. */
+	int wfd;
+	bool ctx_wait; /* poller 0: a context's progress fd is in wfd */
+	bool gated;    /* this poll found a layer gate closed (polled, no fd wakes it) */
 	uint64_t next_scan_ns;
 	uint32_t n_fence_pending;
 	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
@@ -435,6 +440,8 @@ struct peer *eng_peer_get(struct kvx_engine *e, const struct kvx_engine_peer *pp
 
 /* poller.c: the polling lcores' loop and its completion ring. */
 int eng_poll_fn(void *arg);
+/* Engine start, before the launch: the poller's readiness set (po->wfd) as its lcore's wait fd. */
+int eng_poller_wait_init(struct kvx_engine *e, struct poller *po);
 void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c, enum kvx_cpl_kind kind,
 		   enum kvx_cpl_status st, int error, bool last);
 void eng_push_cpl(struct poller *po, const struct cmsg *c, unsigned n);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include "engine_internal.h"
 
@@ -780,8 +781,10 @@ static void write_progress(struct poller *po, struct xf *x)
 			uint32_t layer = w * 64 + (uint32_t)__builtin_ctzll(bits);
 			bits &= bits - 1;
 			int g = layer_gate_open(x, layer);
-			if (g == 0)
+			if (g == 0) {
+				po->gated = true;
 				continue;
+			}
 			if (g < 0) {
 				/* The producer's event failed: nothing of this layer is known to be
 				 * computed, so nothing more is written; the transfer fails. */
@@ -1134,6 +1137,20 @@ static void rehs_scan(struct poller *po)
 			hs_ask(po, c->pr);
 }
 
+int eng_poller_wait_init(struct kvx_engine *e, struct poller *po)
+{
+	po->wfd = epoll_create1(EPOLL_CLOEXEC);
+	if (po->wfd < 0)
+		return -errno;
+	for (uint32_t i = 0; po->k == 0 && i < e->n_xctx; i++) {
+		int fd = e->caps[i].needs_progress ? kvx_xport_ctx_wait_fd(e->xctx[i]) : -1;
+		struct epoll_event ev = {.events = EPOLLIN};
+		if (fd >= 0 && epoll_ctl(po->wfd, EPOLL_CTL_ADD, fd, &ev) == 0)
+			po->ctx_wait = true;
+	}
+	return kvx_lcore_add_wait_fd(po->lc, po->wfd);
+}
+
 int eng_poll_fn(void *arg)
 {
 	struct poller *po = arg;
@@ -1152,6 +1169,7 @@ int eng_poll_fn(void *arg)
 	/* Completions on this poller's link of every connection with ops outstanding. New
 	 * connections are listed at the head, so they are not visited this round. */
 	struct kvx_xport_cpl c[32];
+	bool wait = false; /* ops outstanding that only a readiness fd in po->wfd advances */
 	for (struct conn *cn = po->plist; cn;) {
 		struct clink *l = &cn->link[po->k];
 		struct conn *next = l->next;
@@ -1159,7 +1177,10 @@ int eng_poll_fn(void *arg)
 			int k = kvx_xport_poll_burst(l->ep, c, 32);
 			for (int i = 0; i < k; i++)
 				handle_cpl(po, cn, &c[i]);
-			busy |= k > 0 || l->outstanding != 0;
+			if (k > 0 || (l->outstanding && kvx_xport_ep_arm(l->ep, po->wfd) != 1))
+				busy = 1;
+			else
+				wait |= l->outstanding != 0;
 		}
 		cn = next;
 	}
@@ -1172,9 +1193,11 @@ int eng_poll_fn(void *arg)
 		}
 		*pp = l->next;
 		l->listed = false;
+		(void)kvx_xport_ep_arm(l->ep, -1); /* idle: its edges must not wake this poller */
 		eng_conn_put(cn);
 	}
 	/* Transfers waiting on the send queue, a connection or a layer's readiness event. */
+	po->gated = false;
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
@@ -1197,7 +1220,11 @@ int eng_poll_fn(void *arg)
 		scan_timeouts(po, now);
 		rehs_scan(po);
 	}
-	/* Idle sleeps are capped at 1 ms (kvx_engine_start), which bounds how late a deadline
-	 * or a tcp target request is noticed. */
-	return busy ? KVX_POLL_BUSY : KVX_POLL_IDLE;
+	/* Idle sleeps are capped at 1 ms (kvx_engine_start), which bounds how late a deadline is
+	 * noticed. Sockets wake the sleep through po->wfd: with ops waiting on them, or live
+	 * transfers the tcp target serves, sleep at once instead of spinning; not while a layer
+	 * gate (a flag or a device event, polled) holds a write back. */
+	if (busy)
+		return KVX_POLL_BUSY;
+	return (wait || (po->ctx_wait && po->n_live)) && !po->gated ? KVX_POLL_WAIT : KVX_POLL_IDLE;
 }

@@ -229,6 +229,8 @@ static void cnt_read(const struct kvx_xport_cnt *c, struct kvx_xport_counters *o
 	RD(auth_refused);
 	RD(async_events);
 	RD(async_errors);
+	RD(sock_calls);
+	RD(sock_would_block);
 #undef RD
 }
 
@@ -581,6 +583,13 @@ int kvx_xport_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
 	return ep->ctx->ops->ep_wait(ep, timeout_ms);
 }
 
+int kvx_xport_ep_arm(struct kvx_xport_ep *ep, int epfd)
+{
+	if (!ep->initiator || !ep->connected)
+		return -ENOTSUP;
+	return ep->ctx->ops->ep_arm(ep, epfd);
+}
+
 /* ---- helpers for providers ---- */
 
 int kvx_xport_enotsup_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
@@ -600,6 +609,13 @@ int kvx_xport_enotsup_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
 {
 	(void)ep;
 	(void)timeout_ms;
+	return -ENOTSUP;
+}
+
+int kvx_xport_enotsup_ep_arm(struct kvx_xport_ep *ep, int epfd)
+{
+	(void)ep;
+	(void)epfd;
 	return -ENOTSUP;
 }
 

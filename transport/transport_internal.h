@@ -33,7 +33,7 @@ enum kvx_xport_provider_id {
 struct kvx_xport_cnt {
 	_Atomic uint64_t ops_posted, ops_ok, ops_failed, batches_done, bytes_read, bytes_written,
 		post_nobufs, timeouts, resets, reqs_served, reqs_rejected, bytes_served,
-		proto_errors, async_events, async_errors, auth_refused;
+		proto_errors, async_events, async_errors, auth_refused, sock_calls, sock_would_block;
 };
 
 /** Add to a counter owned by the calling thread (single writer: load + store, no RMW). */
@@ -135,6 +135,8 @@ struct kvx_xport_ops {
 	int (*ctx_wait)(struct kvx_xport_ctx *ctx, int timeout_ms);
 	/** Block up to timeout_ms for endpoint events: 1 event, 0 timeout, or -ENOTSUP. */
 	int (*ep_wait)(struct kvx_xport_ep *ep, int timeout_ms);
+	/** kvx_xport_ep_arm(): 1 sleep-safe (readiness fd in epfd), 0 poll again, or -ENOTSUP. */
+	int (*ep_arm)(struct kvx_xport_ep *ep, int epfd);
 	/** ep_create with the poll group known at creation (providers without per-group
 	 *  resources: kvx_xport_any_group_ep_create, which calls ep_create). */
 	int (*ep_create_group)(struct kvx_xport_ctx *ctx, uint32_t group, struct kvx_xport_ep **out,
@@ -168,6 +170,7 @@ int kvx_xport_enotsup_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_
 int kvx_xport_enotsup_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
 int kvx_xport_enotsup_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
 int kvx_xport_enotsup_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
+int kvx_xport_enotsup_ep_arm(struct kvx_xport_ep *ep, int epfd);
 /* Poll groups and device events for providers without per-group resources or async events
  * (tcp, shm): create ignores the group (transport.c records it), set_group returns 0,
  * event_fd returns -ENOTSUP, handle_events returns 0 (nothing pending, ever). */

@@ -98,6 +98,10 @@ enum kvx_lcore_control {
 enum kvx_poll_result {
 	KVX_POLL_IDLE = 0, /**< The poller found no work. */
 	KVX_POLL_BUSY = 1, /**< The poller did work (dequeued, completed, posted ...). */
+	/** No work now, and what it still has outstanding advances only when a file descriptor
+	 *  in the lcore's wait set (kvx_lcore_add_wait_fd()) becomes readable or its waiter is
+	 *  woken: the adaptive loop sleeps at once instead of spinning first. */
+	KVX_POLL_WAIT = 2,
 };
 
 /* Option bits of kvx_lcore_cfg::given (which options appeared, for conflict checks). */
@@ -606,6 +610,24 @@ struct kvx_lcore_idle_params {
  * @retval -EBUSY   The lcore is running and the caller is not its thread.
  */
 KVX_API int kvx_lcore_set_idle(struct kvx_lcore *lc, const struct kvx_lcore_idle_params *p);
+
+/** Most file descriptors one lcore's adaptive sleep waits on besides its waiter. */
+#define KVX_LCORE_MAX_WAIT_FDS 4u
+
+/**
+ * Add a file descriptor to the set the adaptive idle sleep waits on, next to the lcore's
+ * waiter eventfd (e.g. an epoll fd over a poller's sockets): a sleeping lcore wakes when it
+ * becomes readable (POLLIN, level). The fd must stay open while the lcore runs; the caller
+ * owns it. Pollers then return KVX_POLL_WAIT when their outstanding work waits only on it.
+ *
+ * @param lc         Lcore; not NULL.
+ * @param fd         File descriptor (>= 0).
+ * @return           0 on success.
+ * @retval -EINVAL   fd < 0.
+ * @retval -ENOBUFS  KVX_LCORE_MAX_WAIT_FDS already added.
+ * @retval -EBUSY    The lcore is running and the caller is not its thread.
+ */
+KVX_API int kvx_lcore_add_wait_fd(struct kvx_lcore *lc, int fd);
 
 /** Poll loop accounting of one lcore (kvx_lcore_stats_get()). */
 struct kvx_lcore_stats {

@@ -218,6 +218,9 @@ struct kvx_xport_counters {
 	                               state (QP fatal, CQ error, port down, device fatal). */
 	uint64_t auth_refused;    /**< Target side (tcp): data connections closed because they did not
 	                               prove the endpoint's secret (wrong token or challenge MAC). */
+	uint64_t sock_calls;      /**< tcp: data-path recv()/sendmsg() calls on connected sockets. */
+	uint64_t sock_would_block; /**< tcp: of those, calls that found the socket not ready
+	                                (EAGAIN): readiness tracking keeps them rare. */
 };
 
 struct kvx_xport_ctx;
@@ -846,6 +849,28 @@ KVX_API int kvx_xport_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
  * @par Context  Idle path of a poller.
  */
 KVX_API int kvx_xport_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
+
+/**
+ * Ready a poller to sleep on @p ep's readiness instead of polling it: when everything @p ep has
+ * outstanding can advance only once one of its sockets becomes readable or writable again (or
+ * on the next post), make sure the endpoint's readiness fd (an epoll fd, edge-triggered inside)
+ * is in the caller's epoll set @p epfd, level-triggered EPOLLIN, and return 1. The fd is added
+ * once per endpoint and leaves the set when the endpoint is destroyed. Call it after a
+ * kvx_xport_poll_burst() that returned 0; sleep on @p epfd bounded by the caller's deadlines
+ * (the op timeout is enforced only inside kvx_xport_poll_burst()).
+ *
+ * @param ep    Initiator endpoint; not NULL.
+ * @param epfd  The poller's epoll fd (its lcore sleeps on it: kvx_lcore_add_wait_fd()), or -1
+ *              to take the endpoint's fd out of the set it is in (when nothing is outstanding
+ *              any more, so that an idle endpoint's edges do not wake the poller): returns 0.
+ * @return      1: sleeping on @p epfd is safe; 0: poll again without sleeping (completions
+ *              queued, device copies in flight, a socket still ready).
+ * @retval -ENOTSUP  The provider has no readiness fd (shm, verbs): keep polling.
+ * @retval other negative errno  epoll_ctl() failed (keep polling).
+ * @par Thread safety  The endpoint's owning poller.
+ * @par Context  Idle path of a poller; one epoll_ctl() the first time, no syscall after.
+ */
+KVX_API int kvx_xport_ep_arm(struct kvx_xport_ep *ep, int epfd);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -406,6 +407,65 @@ Test(lcore, adaptive_wake_by_producer_spins_again_before_the_next_sleep)
 	cr_assert_eq(kvx_lcore_wait(lc), 0);
 	kvx_lcore_set_destroy(set);
 	kvx_ring_destroy(cp.rp.r);
+}
+
+/* A poller whose work waits on a file descriptor: WAIT until the fd is readable, then drains
+ * it (one unit of work, BUSY). */
+struct fd_poller {
+	int fd;
+	_Atomic uint64_t calls, got;
+};
+
+static int fd_poll(void *arg)
+{
+	struct fd_poller *fp = arg;
+	atomic_fetch_add(&fp->calls, 1);
+	uint64_t v;
+	if (read(fp->fd, &v, sizeof(v)) != (ssize_t)sizeof(v))
+		return KVX_POLL_WAIT;
+	atomic_fetch_add(&fp->got, 1);
+	return KVX_POLL_BUSY;
+}
+
+Test(lcore, adaptive_wait_sleeps_at_once_and_wakes_on_its_wait_fd)
+{
+	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	struct fd_poller fp = {.fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};
+	cr_assert_geq(fp.fd, 0);
+	/* 60 s sleeps: only the wait fd can end one within the deadlines below. */
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 100, .backoff_polls = 10,
+					   .max_sleep_ns = 60000000000ull};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_lcore_add_wait_fd(lc, -1), -EINVAL);
+	cr_assert_eq(kvx_lcore_add_wait_fd(lc, fp.fd), 0);
+	cr_assert_eq(kvx_poller_register(lc, fd_poll, &fp, "fd", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	cr_assert_eq(kvx_lcore_add_wait_fd(lc, fp.fd), -EBUSY, "running, called from another thread");
+	for (uint64_t round = 1; round <= 3; round++) {
+		cr_assert(WAIT_UNTIL(atomic_load(&kvx_lcore_waiter(lc)->sleeping) == 1, 20000));
+		uint64_t s0 = lcore_sleeps(lc), c0 = atomic_load(&fp.calls), one = 1;
+		cr_assert_eq(write(fp.fd, &one, sizeof(one)), (ssize_t)sizeof(one));
+		cr_assert(WAIT_UNTIL(atomic_load(&fp.got) == round, 10000), "round %lu: not woken by the fd",
+			  (unsigned long)round);
+		cr_assert(WAIT_UNTIL(lcore_sleeps(lc) > s0 && atomic_load(&kvx_lcore_waiter(lc)->sleeping) == 1,
+				     20000));
+		/* The poll that drained the fd, one WAIT poll, the re-check: no 100 spins, no yields
+		 * (+2 for the counters being read a cycle apart). */
+		uint64_t c1 = atomic_load(&fp.calls);
+		cr_assert_leq(c1 - c0, 3 + 2, "round %lu: %lu polls between the wake and the next sleep",
+			      (unsigned long)round, (unsigned long)(c1 - c0));
+	}
+	struct kvx_lcore_stats st;
+	kvx_lcore_stats_get(lc, &st);
+	cr_assert_eq(st.wakeups, 3, "each round's sleep was ended by the wait fd");
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	for (unsigned i = 1; i < KVX_LCORE_MAX_WAIT_FDS; i++)
+		cr_assert_eq(kvx_lcore_add_wait_fd(lc, fp.fd), 0);
+	cr_assert_eq(kvx_lcore_add_wait_fd(lc, fp.fd), -ENOBUFS);
+	kvx_lcore_set_destroy(set);
+	close(fp.fd);
 }
 
 static uint64_t thread_cpu_ns(pthread_t t)

@@ -21,7 +21,7 @@
 /** Generous deadline for anything that crosses the loopback, ns (slow, shared 2-core machine). */
 #define ET_DEADLINE_NS 20000000000ull
 /** Transfers one tracker follows. */
-#define ET_TRACK_MAX 8
+#define ET_TRACK_MAX 256
 
 /** One test engine and its split K/V layers `[2, ET_NB, 4, 2, 8]` (bf16). */
 struct et_eng {

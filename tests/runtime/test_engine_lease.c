@@ -279,7 +279,19 @@ static void reap(struct child *c, const char *who)
  * stopped may be DONE, and then with the bytes served before the abort; that attempt proves
  * nothing, so the case repeats with a new transfer id until one was caught in flight. Without
  * the second lease read D would end DONE every time. */
-#define RB_TRIES 5
+/* Attempts to stop D between its copies: a readiness-driven tcp consumer mostly finishes a
+ * 2-block READ before its own SIGSTOP lands (then DONE under its lease, and the next attempt;
+ * about 1 in 20 is caught). One byte per attempt number on the pipe, RB_END ends the child. */
+#define RB_TRIES 250
+#define RB_END 255
+
+/* Transfer id of attempt i (stable storage: the trackers keep the pointer). */
+static const char *rb_tid(unsigned char i)
+{
+	static char ids[RB_TRIES][16];
+	snprintf(ids[(int)i], sizeof(ids[0]), "tx-h%d", (int)i);
+	return ids[(int)i];
+}
 
 /* What D saw of one attempt. */
 struct rb_seen {
@@ -318,11 +330,10 @@ static int child_reader(const char *prov, int gen, int to_parent, int from_paren
 		return 12;
 	if (wr(to_parent, "a", 1))
 		return 13;
-	static const char *const tids[RB_TRIES] = {"tx-h0", "tx-h1", "tx-h2", "tx-h3", "tx-h4"};
-	char i;
-	while (rd(from_parent, &i, 1) == 0 && i >= 0 && i < RB_TRIES) {
+	unsigned char i;
+	while (rd(from_parent, &i, 1) == 0 && i < RB_TRIES) {
 		fill(&D, 0);
-		r.transfer_id = tids[(int)i];
+		r.transfer_id = rb_tid(i);
 		size_t k = et_follow(&td, r.transfer_id);
 		uint64_t ops0 = ops_posted(D.e);
 		if (kvx_xfer_read(D.e, &r))
@@ -353,7 +364,6 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ, prov, 0, 0, true);
 	struct et_track tp = {.n = 0};
 	const uint32_t pb[2] = {3, 4};
-	static const char *const tids[RB_TRIES] = {"tx-h0", "tx-h1", "tx-h2", "tx-h3", "tx-h4"};
 	serve(&P, &tp, "tx-0", pb, 2);
 	struct ports pp = {P.hs, P.nt};
 	char c;
@@ -361,36 +371,36 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 	cr_assert_eq(rd(d.from, &c, 1), 0, "the consumer child failed to read tx-0");
 	et_expect_done(P.e, &tp, "tx-0", true);
 	int caught = 0;
-	for (char i = 0; i < RB_TRIES && !caught; i++) {
+	for (unsigned char i = 0; i < RB_TRIES && !caught; i++) {
 		fill(&P, 0x5a);
-		size_t k = serve(&P, &tp, tids[(int)i], pb, 2);
+		size_t k = serve(&P, &tp, rb_tid(i), pb, 2);
 		cr_assert_eq(wr(d.to, &i, 1), 0);
 		int wst = 0;
 		cr_assert_eq(waitpid(d.pid, &wst, WUNTRACED), d.pid);
 		cr_assert(WIFSTOPPED(wst), "consumer child not stopped (status 0x%x)", wst);
 		/* D is stopped: P revokes (abort; unless D's release of a read it finished already
 		 * ended the serve) and, once its blocks are back, reuses them. */
-		int rc = kvx_xfer_abort(P.e, tids[(int)i]);
+		int rc = kvx_xfer_abort(P.e, rb_tid(i));
 		cr_assert(rc == 0 || rc == -ENOENT, "abort: %d", rc);
-		cr_assert(et_wait(P.e, &tp, tids[(int)i], true), "%s never ended on P", tids[(int)i]);
+		cr_assert(et_wait(P.e, &tp, rb_tid(i), true), "%s never ended on P", rb_tid(i));
 		fill(&P, 0xee);
 		cr_assert_eq(kill(d.pid, SIGCONT), 0);
 		struct rb_seen s;
 		cr_assert_eq(rd(d.from, &s, sizeof(s)), 0, "the consumer child failed after resuming");
 		if (s.status == KVX_CPL_DONE) {
 			/* Ended under its lease before D stopped: the bytes served before the abort. */
-			cr_assert(s.old, "%s DONE with bytes of the reused blocks", tids[(int)i]);
+			cr_assert(s.old, "%s DONE with bytes of the reused blocks", rb_tid(i));
 			continue;
 		}
-		cr_assert_eq(tp.status[k], KVX_CPL_ABORTED, "P: %s status %d", tids[(int)i], tp.status[k]);
+		cr_assert_eq(tp.status[k], KVX_CPL_ABORTED, "P: %s status %d", rb_tid(i), tp.status[k]);
 		/* D's lease check fails (-ESTALE); P's kvx_failed (D asked for it when it found the
 		 * grant) gives D P's status and error (docs/protocol.md §5.10). */
-		cr_assert_eq(s.status, KVX_CPL_ABORTED, "D: %s status %d error %d", tids[(int)i], s.status, s.error);
-		cr_assert_eq(s.error, -ECANCELED, "D: %s error %d (%s)", tids[(int)i], s.error, kvx_strerror(s.error));
+		cr_assert_eq(s.status, KVX_CPL_ABORTED, "D: %s status %d error %d", rb_tid(i), s.status, s.error);
+		cr_assert_eq(s.error, -ECANCELED, "D: %s error %d (%s)", rb_tid(i), s.error, kvx_strerror(s.error));
 		caught++;
 	}
 	cr_assert_eq(caught, 1, "no attempt of %d was caught in flight", RB_TRIES);
-	char q = -1;
+	unsigned char q = RB_END;
 	cr_assert_eq(wr(d.to, &q, 1), 0);
 	int wst = 0;
 	cr_assert_eq(waitpid(d.pid, &wst, 0), d.pid);

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -137,6 +138,107 @@ Test(transport_tcp, progress_thread_with_control_thread_churn, .timeout = 120)
 	cr_assert_geq(k.reqs_rejected, 12);
 	kvx_xport_close(tgt);
 	kvx_xport_close(ini);
+	free(src);
+	free(dst);
+}
+
+/* ---- readiness, not retries (issue 16) --------------------------------------------------- */
+
+static uint64_t ep_calls(struct kvx_xport_ep *ep, uint64_t *would_block)
+{
+	struct kvx_xport_counters k;
+	kvx_xport_ep_counters(ep, &k);
+	if (would_block)
+		*would_block = k.sock_would_block;
+	return k.sock_calls;
+}
+
+static uint64_t ctx_calls(struct kvx_xport_ctx *ctx)
+{
+	struct kvx_xport_counters k;
+	kvx_xport_ctx_counters(ctx, &k);
+	return k.sock_calls;
+}
+
+Test(transport_tcp, blocked_socket_is_not_retried_and_its_readiness_wakes_an_armed_poller,
+     .timeout = 120)
+{
+	struct kvx_xport_ctx *tgt = NULL, *ini = NULL;
+	struct kvx_xport_ctx_params prm;
+	kvx_xport_ctx_params_init(&prm);
+	prm.num_channels = 1;
+	cr_assert_eq(kvx_xport_open("tcp", &prm, &tgt), 0);
+	cr_assert_eq(kvx_xport_open("tcp", &prm, &ini), 0);
+	enum { LEN = 1 << 20 };
+	uint8_t *src = malloc(LEN), *dst = calloc(1, LEN);
+	for (int i = 0; i < LEN; i++)
+		src[i] = (uint8_t)(i * 13 + 5);
+	struct kvx_xport_mr *tmr = NULL, *lmr = NULL;
+	struct kvx_xport_mr_params rp = {.addr = src, .len_bytes = LEN, .access = KVX_XPORT_ACCESS_ALL};
+	cr_assert_eq(kvx_xport_mr_register(tgt, &rp, &tmr), 0);
+	struct kvx_xport_mr_params lp = {.addr = dst, .len_bytes = LEN, .access = KVX_XPORT_ACCESS_ALL};
+	cr_assert_eq(kvx_xport_mr_register(ini, &lp, &lmr), 0);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
+	size_t al, bl;
+	struct kvx_xport_ep *iep = NULL, *tep = NULL;
+	cr_assert_eq(kvx_xport_ep_create(ini, &iep, a, sizeof(a), &al), 0);
+	cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, &tep, b, sizeof(b), &bl), 0);
+	cr_assert_eq(kvx_xport_ep_connect(iep, b, bl), 0);
+	cr_assert_eq(kvx_xport_mr_export(tmr, d, sizeof(d), NULL), 0);
+	struct kvx_xport_rmr *rr = NULL;
+	cr_assert_eq(kvx_xport_rmr_import(iep, d, sizeof(d), &rr), 0);
+	/* The target's progress has not run: the request goes out, no response can come. */
+	struct kvx_xport_op op = {.lmr = lmr, .rmr = rr, .len = LEN};
+	cr_assert_eq(kvx_xport_post_bulk(iep, KVX_XPORT_OP_READ, &op, 1, 1), 0);
+	struct kvx_xport_cpl c;
+	cr_assert_eq(kvx_xport_poll_burst(iep, &c, 1), 0);
+	uint64_t wb0, wb1, calls0 = ep_calls(iep, &wb0);
+	cr_assert_geq(calls0, 1, "the request was sent");
+	for (int i = 0; i < 1000; i++)
+		cr_assert_eq(kvx_xport_poll_burst(iep, &c, 1), 0);
+	cr_assert_eq(ep_calls(iep, &wb1), calls0, "1000 polls of a blocked endpoint made socket calls");
+	cr_assert_leq(wb1, 1, "%lu calls found the socket not ready", (unsigned long)wb1);
+	/* Armed: the caller's epoll set stays quiet until the response arrives. */
+	int epfd = epoll_create1(EPOLL_CLOEXEC);
+	cr_assert_geq(epfd, 0);
+	cr_assert_eq(kvx_xport_ep_arm(iep, epfd), 1);
+	cr_assert_eq(kvx_xport_ep_arm(iep, epfd), 1, "arming twice is harmless");
+	struct epoll_event ev;
+	cr_assert_eq(epoll_wait(epfd, &ev, 1, 0), 0, "armed set readable with nothing to do");
+	uint64_t deadline = kvx_now_ns() + 30000000000ull;
+	bool woke = false;
+	while (!woke) {
+		kvx_xport_progress(tgt); /* accepts, checks the hello, serves the READ */
+		woke = epoll_wait(epfd, &ev, 1, 0) == 1;
+		cr_assert_lt(kvx_now_ns(), deadline, "the response never made the armed set readable");
+	}
+	int n;
+	while ((n = kvx_xport_poll_burst(iep, &c, 1)) == 0) {
+		kvx_xport_progress(tgt);
+		cr_assert_lt(kvx_now_ns(), deadline, "no completion within 30 s");
+	}
+	cr_assert_eq(c.status, 0);
+	cr_assert_arr_eq(dst, src, LEN);
+	/* Idle: neither side touches a socket (a few passes first drain the last edges). */
+	for (int i = 0; i < 10; i++) {
+		kvx_xport_progress(tgt);
+		kvx_xport_poll_burst(iep, &c, 1);
+	}
+	uint64_t ic = ep_calls(iep, NULL), tc = ctx_calls(tgt);
+	cr_assert_geq(tc, 2, "the target received the request and sent the response");
+	for (int i = 0; i < 1000; i++) {
+		cr_assert_eq(kvx_xport_progress(tgt), 0);
+		cr_assert_eq(kvx_xport_poll_burst(iep, &c, 1), 0);
+	}
+	cr_assert_eq(ep_calls(iep, NULL), ic, "idle initiator made socket calls");
+	cr_assert_eq(ctx_calls(tgt), tc, "idle target made socket calls");
+	cr_assert_eq(kvx_xport_ep_arm(iep, -1), 0);
+	kvx_xport_ep_destroy(iep);
+	kvx_xport_ep_destroy(tep);
+	kvx_xport_progress(tgt);
+	kvx_xport_close(tgt);
+	kvx_xport_close(ini);
+	close(epfd);
 	free(src);
 	free(dst);
 }

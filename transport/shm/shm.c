@@ -754,6 +754,7 @@ const struct kvx_xport_ops kvx_xport_shm_ops = {
 	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
 	.ctx_wait = kvx_xport_enotsup_ctx_wait,
 	.ep_wait = kvx_xport_enotsup_ep_wait,
+	.ep_arm = kvx_xport_enotsup_ep_arm,
 	.ep_create_group = kvx_xport_any_group_ep_create,
 	.ep_set_group = kvx_xport_record_ep_set_group,
 	.ctx_event_fd = kvx_xport_enotsup_ctx_event_fd,

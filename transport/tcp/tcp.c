@@ -54,6 +54,7 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 		return -ENOMEM;
 	c->lfd = -1;
 	c->epfd = -1;
+	c->acc = true;
 	c->rl.interval_ns = 1000000000ull;
 	if (sodium_init() < 0) {
 		free(c);
@@ -83,7 +84,7 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 			kvx_strerror(rc));
 		goto fail;
 	}
-	struct epoll_event ev = {.events = EPOLLIN, .data.fd = c->lfd};
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = TCP_EV_LISTEN};
 	c->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->lfd, &ev)) {
 		rc = -errno;
@@ -305,6 +306,7 @@ static int tcp_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, u
 	e->base.ctx = ctx;
 	e->nch = ctx->params.num_channels;
 	e->timeout_ns = ctx->params.op_timeout_ns;
+	e->armed = -1;
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (e->epfd < 0) {
 		free(e);
@@ -531,6 +533,7 @@ static int tcp_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen
 			return rc;
 		}
 		e->ch[i].fd = fd;
+		e->ch[i].rd_ok = e->ch[i].wr_ok = true;
 	}
 	return 0;
 }
@@ -564,19 +567,25 @@ void tcp_bounce_put(struct tdev *d, uint8_t *buf, uint32_t slot, bool *held)
  * connections: one gathered, non-blocking sendmsg() of the entries x[0..n) in order, the first
  * resumed *off bytes in. Returns how many entries went out completely (the caller retires them
  * in order) with *off the bytes sent of the next one, or -EAGAIN (socket full, nothing sent),
- * or -ECONNRESET.
+ * or -ECONNRESET. Clears *wr (the readiness flag) when the socket took less than offered.
  */
-int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off)
+int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off, bool *wr,
+		 struct kvx_xport_cnt *cnt)
 {
 	struct iovec iov[TCP_IOV];
 	int v = 0;
 	uint32_t o = *off, used = 0;
+	size_t offered = 0;
 	for (; used < n && v < TCP_IOV - 1; used++) {
-		if (o < x[used].hlen)
+		if (o < x[used].hlen) {
 			iov[v++] = (struct iovec){(void *)(x[used].hdr + o), x[used].hlen - o};
+			offered += x[used].hlen - o;
+		}
 		uint32_t po = o > x[used].hlen ? o - x[used].hlen : 0;
-		if (x[used].plen)
+		if (x[used].plen) {
 			iov[v++] = (struct iovec){(void *)(x[used].pay + po), x[used].plen - po};
+			offered += x[used].plen - po;
+		}
 		o = 0;
 	}
 	struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)v};
@@ -584,8 +593,16 @@ int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off)
 	do
 		s = sendmsg(fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
 	while (s < 0 && errno == EINTR);
-	if (s < 0)
-		return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -ECONNRESET;
+	xport_cnt_add(cnt, sock_calls, 1);
+	if (s < 0) {
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -ECONNRESET;
+		xport_cnt_add(cnt, sock_would_block, 1);
+		*wr = false;
+		return -EAGAIN;
+	}
+	if ((size_t)s < offered)
+		*wr = false; /* full: the space ACKs free makes a new EPOLLOUT edge */
 	size_t rem = (size_t)s;
 	int full = 0;
 	while (rem) {
@@ -601,11 +618,57 @@ int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off)
 	return full;
 }
 
-int tcp_epoll_block(int epfd, int timeout_ms)
+/*
+ * The receive step shared by both sides: one non-blocking recv() of at most @p len (> 0)
+ * bytes. Returns the bytes received (> 0), 0 when the socket has none (*rd cleared), or
+ * -ECONNRESET (end of stream or error). A short read clears *rd too: the socket is drained and
+ * the next data to arrive makes a new edge. Counted in @p cnt (sock_calls, sock_would_block).
+ */
+int tcp_recv(int fd, void *buf, size_t len, bool *rd, struct kvx_xport_cnt *cnt)
 {
-	struct epoll_event ev[16];
-	int n = epoll_wait(epfd, ev, 16, timeout_ms);
-	return n > 0 ? 1 : 0;
+	for (;;) {
+		ssize_t n = recv(fd, buf, len, MSG_DONTWAIT);
+		xport_cnt_add(cnt, sock_calls, 1);
+		if (n > 0) {
+			if ((size_t)n < len)
+				*rd = false;
+			return (int)n;
+		}
+		if (n == 0)
+			return -ECONNRESET;
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return -ECONNRESET;
+		xport_cnt_add(cnt, sock_would_block, 1);
+		*rd = false;
+		return 0;
+	}
+}
+
+/*
+ * The refill step of both sides' parsers: rx (Array[TCP_RXBUF]) holds unparsed bytes
+ * [*start, *end); move them to the front, then, with *rd up, tcp_recv() at most @p max bytes
+ * behind them. Returns the bytes received (> 0), 0 when nothing was (the flag is down, or
+ * @p max is 0), or -ECONNRESET.
+ */
+int tcp_rx_fill(int fd, uint8_t *rx, uint32_t *start, uint32_t *end, uint32_t max, bool *rd,
+		struct kvx_xport_cnt *cnt)
+{
+	if (*start == *end) {
+		*start = *end = 0;
+	} else if (*start) {
+		memmove(rx, rx + *start, *end - *start);
+		*end -= *start;
+		*start = 0;
+	}
+	uint32_t room = TCP_RXBUF - *end < max ? TCP_RXBUF - *end : max;
+	if (!*rd || !room)
+		return 0;
+	int n = tcp_recv(fd, rx + *end, room, rd, cnt);
+	if (n > 0)
+		*end += (uint32_t)n;
+	return n;
 }
 
 const struct kvx_xport_ops kvx_xport_tcp_ops = {
@@ -628,6 +691,7 @@ const struct kvx_xport_ops kvx_xport_tcp_ops = {
 	.ctx_wait_fd = tcp_ctx_wait_fd,
 	.ctx_wait = tcp_ctx_wait,
 	.ep_wait = tcp_ep_wait,
+	.ep_arm = tcp_ep_arm,
 	.ep_create_group = kvx_xport_any_group_ep_create,
 	.ep_set_group = kvx_xport_record_ep_set_group,
 	.ctx_event_fd = kvx_xport_enotsup_ctx_event_fd,

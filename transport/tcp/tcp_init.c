@@ -185,7 +185,7 @@ static int ich_tx(struct tcp_ep *e, struct ich *c)
 {
 	struct txent x[TCP_TXENT];
 	int work = 0;
-	for (;;) {
+	while (c->wr_ok) {
 		uint32_t n = 0;
 		for (uint32_t i = c->sent; i != c->head && n < TCP_TXENT; i++) {
 			const struct tcp_chunk *k = &c->q[i & (TCP_CHQ - 1)];
@@ -196,7 +196,7 @@ static int ich_tx(struct tcp_ep *e, struct ich *c)
 		}
 		if (!n)
 			return work;
-		int full = tcp_txv_send(c->fd, x, n, &c->sent_off);
+		int full = tcp_txv_send(c->fd, x, n, &c->sent_off, &c->wr_ok, &e->base.cnt);
 		if (full < 0)
 			return full == -EAGAIN ? work : full;
 		work++;
@@ -206,6 +206,7 @@ static int ich_tx(struct tcp_ep *e, struct ich *c)
 				chunk_unhold(ep_dev(e), k);
 		}
 	}
+	return work;
 }
 
 /* A READ chunk's payload is in its bounce buffer: start the copy to the device destination.
@@ -245,19 +246,14 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 				continue;
 			}
 			if (c->pay_left >= TCP_DIRECT) {
-				ssize_t n = recv(c->fd, c->pay_dst, c->pay_left, MSG_DONTWAIT);
-				if (n > 0) {
-					c->pay_dst += n;
-					c->pay_left -= (uint32_t)n;
-					continue;
-				}
-				if (n == 0)
-					return -ECONNRESET;
-				if (errno == EAGAIN || errno == EWOULDBLOCK)
-					return work;
-				if (errno == EINTR)
-					continue;
-				return -ECONNRESET;
+				int n = c->rd_ok ? tcp_recv(c->fd, c->pay_dst, c->pay_left, &c->rd_ok,
+						    &e->base.cnt)
+						 : 0;
+				if (n <= 0)
+					return n < 0 ? n : work;
+				c->pay_dst += n;
+				c->pay_left -= (uint32_t)n;
+				continue;
 			}
 		} else if (c->rx_end - c->rx_start >= TCP_RESP) {
 			const uint8_t *h = c->rx + c->rx_start;
@@ -288,25 +284,10 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 			continue;
 		}
 		/* Need more bytes in the rx buffer. */
-		if (c->rx_start == c->rx_end) {
-			c->rx_start = c->rx_end = 0;
-		} else if (c->rx_start) {
-			memmove(c->rx, c->rx + c->rx_start, c->rx_end - c->rx_start);
-			c->rx_end -= c->rx_start;
-			c->rx_start = 0;
-		}
-		ssize_t n = recv(c->fd, c->rx + c->rx_end, TCP_RXBUF - c->rx_end, MSG_DONTWAIT);
-		if (n > 0) {
-			c->rx_end += (uint32_t)n;
-			continue;
-		}
-		if (n == 0)
-			return -ECONNRESET;
-		if (errno == EAGAIN || errno == EWOULDBLOCK)
-			return work;
-		if (errno == EINTR)
-			continue;
-		return -ECONNRESET;
+		int n = tcp_rx_fill(c->fd, c->rx, &c->rx_start, &c->rx_end, TCP_RXBUF, &c->rd_ok,
+				    &e->base.cnt);
+		if (n <= 0)
+			return n < 0 ? n : work;
 	}
 }
 
@@ -356,7 +337,30 @@ static int pump(struct tcp_ep *e, struct tdev *d)
 	return work;
 }
 
-static int drive(struct tcp_ep *e)
+/* Readiness edges of the channel sockets into their flags (edge-triggered: each edge once). */
+static int ep_harvest(struct tcp_ep *e, int timeout_ms)
+{
+	struct epoll_event ev[TCP_EVS];
+	int n = epoll_wait(e->epfd, ev, TCP_EVS, timeout_ms);
+	for (int i = 0; i < n; i++) {
+		struct ich *c = &e->ch[ev[i].data.u32];
+		if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+			c->rd_ok = true;
+		if (ev[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+			c->wr_ok = true;
+	}
+	return n > 0 ? 1 : 0;
+}
+
+/* A channel has work it can do now without waiting for an edge. */
+static bool ich_more(const struct ich *c)
+{
+	return (c->wr_ok && c->sent != c->head && c->q[c->sent & (TCP_CHQ - 1)].ready) ||
+	       (c->rd_ok && c->tail != c->sent);
+}
+
+/* @p harvest: collect readiness edges first (poll does, post relies on the flags). */
+static int drive(struct tcp_ep *e, bool harvest)
 {
 	struct tdev *d = ep_dev(e);
 	int work = d && d->copies ? pump(e, d) : 0;
@@ -365,6 +369,8 @@ static int drive(struct tcp_ep *e)
 	work += fill(e);
 	if (d && d->copies)
 		work += pump(e, d);
+	if (harvest && e->op_tail != e->op_head)
+		ep_harvest(e, 0);
 	for (uint32_t i = 0; i < e->nch; i++) {
 		struct ich *c = &e->ch[i];
 		if (c->tail == c->head && c->rx_start == c->rx_end)
@@ -444,7 +450,7 @@ static int post_ops(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const st
 		}
 	}
 	if (!dead)
-		drive(e);
+		drive(e, false);
 	return 0;
 }
 
@@ -463,7 +469,7 @@ int tcp_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const stru
 int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
 {
 	struct tcp_ep *e = (struct tcp_ep *)ep;
-	drive(e);
+	drive(e, true);
 	if (e->b_oldest != e->b_head) {
 		/* Deadlines: the oldest incomplete batch has the earliest deadline. */
 		struct tcp_batch *b = &e->b[e->b_oldest & e->b_mask];
@@ -487,12 +493,43 @@ int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
 	return (int)got;
 }
 
+/* Nothing to do until a socket edge or a post: no completion queued, no device copy running
+ * (those finish without a socket event), no channel with work and its flag set. */
+static bool ep_blocked(struct tcp_ep *e)
+{
+	struct tdev *d = ep_dev(e);
+	if (e->dq_tail != e->dq_head || (d && d->copies))
+		return false;
+	for (uint32_t i = 0; i < e->nch; i++)
+		if (ich_more(&e->ch[i]))
+			return false;
+	return true;
+}
+
 int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms)
 {
 	struct tcp_ep *e = (struct tcp_ep *)ep;
-	struct tdev *d = ep_dev(e);
-	/* Device copies finish without a socket event: poll again instead of sleeping. */
-	if (e->dq_tail != e->dq_head || (d && d->copies))
+	if (!ep_blocked(e))
 		return 1;
-	return tcp_epoll_block(e->epfd, timeout_ms);
+	return ep_harvest(e, timeout_ms);
+}
+
+int tcp_ep_arm(struct kvx_xport_ep *ep, int epfd)
+{
+	struct tcp_ep *e = (struct tcp_ep *)ep;
+	if (epfd < 0) {
+		if (e->armed >= 0)
+			(void)epoll_ctl(e->armed, EPOLL_CTL_DEL, e->epfd, NULL);
+		e->armed = -1;
+		return 0;
+	}
+	if (!ep_blocked(e))
+		return 0;
+	if (e->armed != epfd) {
+		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = e};
+		if (epoll_ctl(epfd, EPOLL_CTL_ADD, e->epfd, &ev) && errno != EEXIST)
+			return -errno;
+		e->armed = epfd;
+	}
+	return 1;
 }

@@ -10,6 +10,15 @@
  * with gathered sendmsg(), and answered in order per connection. All socket I/O happens in
  * post/poll on the owning poller; nothing blocks.
  *
+ * Readiness, both sides: every socket is in an epoll set edge-triggered, and each connection
+ * keeps two flags, rd_ok and wr_ok: "may be readable/writable". An edge sets them; a recv() or
+ * sendmsg() that would block, or that moved fewer bytes than asked (the socket is drained or
+ * full, so its next change makes a new edge), clears them. A socket is called only when its
+ * flag is set and it has something to send or a response/request to receive, so an idle or
+ * blocked socket costs no syscall; one epoll_wait(0) per poll harvests the edges. A poller
+ * whose sockets are all blocked sleeps on the epoll fd (kvx_xport_ep_arm(),
+ * kvx_xport_ctx_wait_fd()).
+ *
  * Target: kvx_xport_progress() on the target's poller accepts data connections, matches
  * each to its endpoint by the token of blob B, and services requests straight from/into the
  * registered regions. Every request carries the whole op's range (not just its chunk), so the
@@ -98,6 +107,9 @@
 #define TCP_CONNECT_MS 5000
 #define TCP_DEV_BUFS 4u           /* bounce buffers per staging direction */
 #define TCP_DEV_JOBS 64u          /* D2H jobs queued per staging ring */
+#define TCP_EV_LISTEN 1u          /* epoll data of the target's listener ... */
+#define TCP_EV_HELLO 2u           /* ... and of a connection before its hello; else a tconn * */
+#define TCP_EVS 64                /* events harvested per epoll_wait() */
 
 enum { REQ_READ = 1, REQ_WRITE = 2 };
 enum { REQF_COND = 1 }; /* request flags (byte 1) */
@@ -134,7 +146,7 @@ struct tcp_ep;
 struct tcp_ctx {
 	struct kvx_xport_ctx base;
 	int lfd;
-	int epfd;                  /* listener (level) + connections (edge): kvx_xport_ctx_wait */
+	int epfd;                  /* listener, hellos and connections, all edge-triggered */
 	struct sockaddr_storage laddr;
 	socklen_t laddr_len;
 	struct tcp_slot *slots;    /* Array[max_regions] */
@@ -145,7 +157,7 @@ struct tcp_ctx {
 	pthread_mutex_t lock;      /* guards pending */
 	struct tcp_ep *pending;    /* accepted, not yet picked up by progress */
 	_Atomic int has_pending;
-	uint32_t tick;             /* progress calls, paces accept4() */
+	bool acc;                  /* the listener may have connections to accept (edge seen) */
 	uint32_t n_hello;          /* hello slots in use */
 	struct kvx_ratelimit rl;   /* refusal logs; progress thread */
 	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
@@ -194,6 +206,7 @@ struct tcp_chunk {
 
 struct ich {
 	int fd;
+	bool rd_ok, wr_ok;   /* readiness flags (file comment) */
 	struct tcp_chunk *q; /* Array[TCP_CHQ]; tail <= sent <= head, free-running */
 	uint32_t head, sent, tail, sent_off;
 	uint64_t out_bytes;
@@ -234,6 +247,7 @@ enum { TC_HDR = 0, TC_WPAY = 1 };
 
 struct tconn {
 	int fd;
+	bool rd_ok, wr_ok; /* readiness flags (file comment) */
 	uint8_t *rx; /* Array[TCP_RXBUF] */
 	uint32_t rx_start, rx_end;
 	int state;
@@ -261,6 +275,7 @@ struct tcp_ep {
 	struct kvx_xport_ep base;
 	uint32_t nch;
 	int epfd;                  /* initiator: channel sockets, edge-triggered */
+	int armed;                 /* initiator: the poller epoll set epfd is in, or -1 */
 	/* initiator */
 	struct ich *ch;
 	uint32_t rr;
@@ -311,9 +326,11 @@ void tcp_ep_free(struct tcp_ep *e);
 void tcp_tdev_destroy(struct tdev *d);
 /* A sent (or dropped) bounce buffer back to the D2H ring; *held is cleared. */
 void tcp_bounce_put(struct tdev *d, uint8_t *buf, uint32_t slot, bool *held);
-int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off);
-/* epoll_wait() on @p epfd: 1 when something is ready, 0 on timeout or error. */
-int tcp_epoll_block(int epfd, int timeout_ms);
+int tcp_txv_send(int fd, const struct txent *x, uint32_t n, uint32_t *off, bool *wr,
+		 struct kvx_xport_cnt *cnt);
+int tcp_recv(int fd, void *buf, size_t len, bool *rd, struct kvx_xport_cnt *cnt);
+int tcp_rx_fill(int fd, uint8_t *rx, uint32_t *start, uint32_t *end, uint32_t max, bool *rd,
+		struct kvx_xport_cnt *cnt);
 
 /* tcp_init.c (the endpoint's poller) */
 int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
@@ -322,6 +339,7 @@ int tcp_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const stru
 		  uint32_t n, uint64_t cookie, const struct kvx_xport_cond *cond);
 int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
+int tcp_ep_arm(struct kvx_xport_ep *ep, int epfd);
 
 /* tcp_target.c (the context's progress thread; close: no progress running) */
 int tcp_progress(struct kvx_xport_ctx *ctx);

@@ -171,16 +171,12 @@ static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
 		memcpy((uint8_t *)t->wb.buf + t->wfill, t->rx + t->rx_start, got);
 		t->rx_start += got;
 	} else {
-		if (!*budget)
+		if (!*budget || !t->rd_ok)
 			return 0;
-		ssize_t n = recv(t->fd, (uint8_t *)t->wb.buf + t->wfill,
-				 want < *budget ? want : *budget, MSG_DONTWAIT);
-		if (n == 0)
-			return -ECONNRESET;
-		if (n < 0)
-			return errno == EAGAIN || errno == EWOULDBLOCK ? 0
-			       : errno == EINTR			      ? 1
-								      : -ECONNRESET;
+		int n = tcp_recv(t->fd, (uint8_t *)t->wb.buf + t->wfill,
+				 want < *budget ? want : *budget, &t->rd_ok, &c->base.cnt);
+		if (n <= 0)
+			return n;
 		got = (uint32_t)n;
 		*budget -= got;
 	}
@@ -273,7 +269,7 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 {
 	struct txent x[TCP_TXENT];
 	int work = 0;
-	for (;;) {
+	while (t->wr_ok) {
 		uint32_t n = 0;
 		for (uint32_t i = t->tq_sent; i != t->tq_head && n < TCP_TXENT; i++) {
 			struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
@@ -297,7 +293,7 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 		}
 		if (!n)
 			return work;
-		int full = tcp_txv_send(t->fd, x, n, &t->tq_off);
+		int full = tcp_txv_send(t->fd, x, n, &t->tq_off, &t->wr_ok, &c->base.cnt);
 		if (full < 0)
 			return full == -EAGAIN ? work : full;
 		work++;
@@ -311,6 +307,7 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 				resp_unhold(ctx_tdev(c), r);
 		}
 	}
+	return work;
 }
 
 static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
@@ -432,23 +429,16 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 				continue;
 			}
 			if (t->dst && t->pay_left >= TCP_DIRECT && wcond_ok(c, t)) {
-				if (!budget)
-					return work;
 				uint32_t want = t->pay_left < budget ? t->pay_left : budget;
-				ssize_t n = recv(t->fd, t->dst, want, MSG_DONTWAIT);
-				if (n > 0) {
-					t->dst += n;
-					t->pay_left -= (uint32_t)n;
-					budget -= (uint32_t)n;
-					continue;
-				}
-				if (n == 0)
-					return -ECONNRESET;
-				if (errno == EAGAIN || errno == EWOULDBLOCK)
-					return work;
-				if (errno == EINTR)
-					continue;
-				return -ECONNRESET;
+				int n = budget && t->rd_ok
+						? tcp_recv(t->fd, t->dst, want, &t->rd_ok, &c->base.cnt)
+						: 0;
+				if (n <= 0)
+					return n < 0 ? n : work;
+				t->dst += n;
+				t->pay_left -= (uint32_t)n;
+				budget -= (uint32_t)n;
+				continue;
 			}
 		} else {
 			if (t->tq_head - t->tq_sent >= TCP_TQ)
@@ -467,28 +457,11 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 				continue;
 			}
 		}
-		if (t->rx_start == t->rx_end) {
-			t->rx_start = t->rx_end = 0;
-		} else if (t->rx_start) {
-			memmove(t->rx, t->rx + t->rx_start, t->rx_end - t->rx_start);
-			t->rx_end -= t->rx_start;
-			t->rx_start = 0;
-		}
-		if (!budget)
-			return work;
-		ssize_t n = recv(t->fd, t->rx + t->rx_end, TCP_RXBUF - t->rx_end, MSG_DONTWAIT);
-		if (n > 0) {
-			t->rx_end += (uint32_t)n;
-			budget = (uint32_t)n < budget ? budget - (uint32_t)n : 0;
-			continue;
-		}
-		if (n == 0)
-			return -ECONNRESET;
-		if (errno == EAGAIN || errno == EWOULDBLOCK)
-			return work;
-		if (errno == EINTR)
-			continue;
-		return -ECONNRESET;
+		int n = tcp_rx_fill(t->fd, t->rx, &t->rx_start, &t->rx_end, budget ? TCP_RXBUF : 0,
+				    &t->rd_ok, &c->base.cnt);
+		if (n <= 0)
+			return n < 0 ? n : work;
+		budget = (uint32_t)n < budget ? budget - (uint32_t)n : 0;
 	}
 }
 
@@ -626,13 +599,34 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 	}
 	uint16_t ch = xport_get_u16(h->buf + 16);
 	/* Same fd, now also waiting for writability (READ responses to a slow reader). */
-	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET};
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.ptr = &e->conns[ch]};
 	(void)epoll_ctl(c->epfd, EPOLL_CTL_MOD, h->fd, &ev);
 	e->conns[ch].fd = h->fd;
+	e->conns[ch].rd_ok = e->conns[ch].wr_ok = true; /* requests may have come with the hello */
 	c->n_hello--;
 	h->fd = -1;
 	h->got = 0;
 	return 1;
+}
+
+/* Readiness edges into the flags: the listener's, and each served connection's. Hello slots
+ * are few and short-lived: every progress call tries them. */
+static int ctx_harvest(struct tcp_ctx *c, int timeout_ms)
+{
+	struct epoll_event ev[TCP_EVS];
+	int n = epoll_wait(c->epfd, ev, TCP_EVS, timeout_ms);
+	for (int i = 0; i < n; i++) {
+		if (ev[i].data.u64 == TCP_EV_LISTEN) {
+			c->acc = true;
+		} else if (ev[i].data.u64 != TCP_EV_HELLO) {
+			struct tconn *t = ev[i].data.ptr;
+			if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+				t->rd_ok = true;
+			if (ev[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))
+				t->wr_ok = true;
+		}
+	}
+	return n > 0 ? 1 : 0;
 }
 
 int tcp_progress(struct kvx_xport_ctx *ctx)
@@ -641,21 +635,24 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 	struct tdev *d = ctx_tdev(c);
 	int work = d && d->copies ? tpump(c, d) : 0;
 	pick_pending(c);
+	ctx_harvest(c, 0);
 	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
 		if (c->hello[i].fd >= 0)
 			work += hello_step(c, &c->hello[i]);
 	}
-	/* Data connections are rare (one per channel per endpoint): look for them on every 16th
-	 * call only, which keeps accept4() off most iterations of the poll loop. */
-	bool look = (c->tick++ & 15) == 0;
-	for (int i = 0; look && i < TCP_HELLO_SLOTS; i++) {
+	/* Accept while the listener's last edge has not been followed by an EAGAIN (and a hello
+	 * slot is free: else the flag stays up and the next call tries again). */
+	for (int i = 0; c->acc && i < TCP_HELLO_SLOTS; i++) {
 		if (c->hello[i].fd >= 0)
 			continue;
 		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0)
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				c->acc = false;
 			break;
+		}
 		tcp_set_nodelay(fd);
-		struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = TCP_EV_HELLO};
 		(void)epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
 		c->hello[i].fd = fd;
 		c->hello[i].got = 0;
@@ -684,7 +681,10 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 		}
 		for (uint32_t i = 0; i < e->nch; i++) {
 			struct tconn *t = &e->conns[i];
-			if (t->fd < 0)
+			/* Touched only with a flag up, or data already buffered to parse. */
+			if (t->fd < 0 ||
+			    (!t->rd_ok && t->rx_start == t->rx_end &&
+			     (!t->wr_ok || t->tq_sent == t->tq_head)))
 				continue;
 			int rc = tconn_rx(c, t);
 			if (rc >= 0) {
@@ -746,8 +746,8 @@ void tcp_close(struct kvx_xport_ctx *ctx)
 	free(c);
 }
 
-/* Edge-triggered readiness is enough: an idle progress/poll pass has driven every socket it
- * needs to EAGAIN, so any later change produces a new edge. */
+/* Edge-triggered readiness is enough: progress harvests the edges into flags and a socket's
+ * flag drops only when it would block, so any later change produces a new edge. */
 int tcp_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
 {
 	return ((const struct tcp_ctx *)ctx)->epfd;
@@ -759,5 +759,5 @@ int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
 	struct tdev *d = ctx_tdev(c);
 	if (d && d->copies)
 		return 1; /* staging copies finish without an fd event */
-	return tcp_epoll_block(c->epfd, timeout_ms);
+	return ctx_harvest(c, timeout_ms);
 }

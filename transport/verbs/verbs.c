@@ -546,6 +546,7 @@ const struct kvx_xport_ops kvx_xport_verbs_ops = {
 	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
 	.ctx_wait = verbs_ctx_wait,
 	.ep_wait = verbs_ep_wait,
+	.ep_arm = kvx_xport_enotsup_ep_arm,
 	.ep_create_group = verbs_ep_create_group,
 	.ep_set_group = verbs_ep_set_group,
 	.ctx_event_fd = verbs_event_fd,
