@@ -363,8 +363,15 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 {
 	uint64_t now = ev->now_ns;
 	if (lf->reported) {
-		if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->quarantine_ns && now > lf->quarantine_ns)
-			o->act = KVX_XFER_DO_RELEASE; /* no write_done within the defer timeout */
+		if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->quarantine_ns && now > lf->quarantine_ns &&
+		    !lf->fence_pending) {
+			/* No write_done or kvx_failed within the defer timeout: a write of the
+			 * producer may still be on its way (its kernel's send queue after a
+			 * partition, a stopped process). The blocks come back only once every
+			 * connection such a write could land through is cut (FENCED). */
+			lf->fence_pending = true;
+			o->act = KVX_XFER_DO_FENCE;
+		}
 		return;
 	}
 	bool holds = lf->kind == KVX_XFER_K_SERVE || (lf->kind == KVX_XFER_K_WRITE && !ev->has_alloc);
@@ -561,8 +568,9 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 			return;
 		}
 		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
-		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE)
-			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
+		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE && !lf->fence_pending)
+			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine (a fence
+					    * under way releases them when it is done) */
 		o->late = rc == 0 && !lf;
 		return;
 	case KVX_XFER_EV_PEER_FAILED_NOTE:
@@ -583,7 +591,7 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 			return; /* parked: applied at submission (on_submit()) */
 		}
 		if (lf->reported) {
-			if (rc == 1)
+			if (rc == 1 && !lf->fence_pending)
 				o->act = DONE_NOW; /* quarantine over: every producer rank answered */
 			return;
 		}

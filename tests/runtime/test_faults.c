@@ -169,9 +169,20 @@ Test(runtime_faults, e_consumer_abort_quarantines_until_writes_terminal)
 	cr_assert(o.act & KVX_XFER_DO_RELEASE);
 	cr_assert_not(o.late);
 	kvx_xfer_table_destroy(t0);
-	/* Without it, the quarantine ends after the defer timeout. */
+	/* Without it, the quarantine ends after the defer timeout: first every connection a late
+	 * write could land through is cut (once), and only the fence's completion frees the
+	 * blocks; a write_done meanwhile leaves that to the fence. */
 	tick.now_ns = 71;
-	cr_assert_eq(step(NULL, NULL, &lf, tick).act, KVX_XFER_DO_RELEASE);
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, KVX_XFER_DO_FENCE);
+	cr_assert(lf.fence_pending);
+	tick.now_ns = 72;
+	cr_assert_eq(step(NULL, NULL, &lf, tick).act, 0);
+	t0 = table();
+	cr_assert_eq(kvx_xfer_open(t0, "tx-e1", &x0), 0);
+	o = step(t0, x0, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_DONE, .consumer_tp = 1, .producer_tp = 1});
+	cr_assert_eq(o.act, 0);
+	kvx_xfer_table_destroy(t0);
+	cr_assert_eq(step(NULL, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED}).act, KVX_XFER_DO_RELEASE);
 	/* P WRITE aborted by its application with writes in flight: stop posting, report, hold;
 	 * once the writes are terminal the blocks are free. Never a write_done (D would take it for
 	 * DONE, issue 14 item 6): a kvxfer D (its remote_blocks named an epoch) gets kvx_failed,
