@@ -416,7 +416,8 @@ static int xf_conn(struct poller *po, struct xf *x)
 		conn_rebind(x, n);
 		if (o.act & KVX_XFER_DO_REPOST) {
 			memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
-			x->lease_phase = LP_NONE; /* a new peer epoch: its lease is looked up again */
+			x->lease_phase = LP_NONE; /* a new connection: the lease is looked up again */
+			x->bytes = 0;             /* the completion counts the bytes of one pass */
 		}
 		return 1;
 	}

@@ -434,8 +434,8 @@ static void op_failed(struct kvx_life *lf, const struct kvx_xfer_ev *ev, struct 
 		o->act = KVX_XFER_DO_RESET_PEER;
 	if (lf->failed)
 		return;
-	if (lf->kind == KVX_XFER_K_READ && ev->ep_dead && !ev->moved) {
-		lf->await_peer = true;
+	if (lf->kind == KVX_XFER_K_READ && ev->ep_dead) {
+		lf->await_peer = true; /* PEER_CONNECTED decides: re-post, or fail */
 		return;
 	}
 	lf->failed = true;
@@ -450,7 +450,14 @@ static void peer_connected(struct kvx_xfer_table *tab, struct kvx_xfer *t, struc
 	if (lf->kind == KVX_XFER_K_READ) {
 		if (!ev->bound && !lf->await_peer) {
 			o->act = KVX_XFER_DO_BIND;
-		} else if (ev->epoch != lf->bound_epoch && !ev->moved) {
+		} else if (ev->epoch == lf->bound_epoch || !ev->moved) {
+			/* Resume: every layer again on the new connection, behind a new lookup of the
+			 * lease. The same producer incarnation (a link failure or a partition; its
+			 * fence) still grants it only while it holds the blocks for this transfer (a
+			 * revoked one is a tombstone: -ESTALE), and the final lease read compares with
+			 * the word found then; a new incarnation never grants its predecessor's ids
+			 * (the read waits for a grant until the deadline). Bytes that landed from a new
+			 * epoch's predecessor rule a retry out (below). */
 			lf->await_peer = false;
 			lf->next_layer = 0;
 			lf->done_posting = false;

@@ -14,7 +14,10 @@
  *  d. WRITE, link down longer than the transfer timeout with the producer's writes in flight:
  *     both sides terminal with their reasons; the consumer keeps the blocks until it has cut
  *     every connection a late write could land through, so after it reuses them and the link
- *     returns they keep the bytes it wrote; a new transfer is DONE.
+ *     returns they keep the bytes it wrote; a new transfer is DONE;
+ *  e. READ resume: a read whose connection died in an outage (another read's op deadline)
+ *     while its own deadline is still ahead re-handshakes, re-posts behind a new lease lookup
+ *     and is DONE with its bytes once the link returns.
  * Each child runs a small command loop over pipes (struct cmd / struct res), so the parent
  * orders every step and waits on the other side's observable state. */
 #include <criterion/criterion.h>
@@ -392,7 +395,7 @@ static void short_partition(enum kvx_sched_mode mode)
 		call(&t, SP, two('B', "tx-1", 0, 0, 3, 4));
 		call(&t, SP, one('L', "tx-1", 0));
 	}
-	hold_ms(PT_TIMEOUT_MS / 4);
+	hold_ms(mode == KVX_SCHED_MODE_READ ? PT_TIMEOUT_MS / 2 : PT_TIMEOUT_MS / 4);
 	link_set(&t, true);
 	struct res d = ends(&t, SD, "tx-1", false, KVX_CPL_DONE, 0);
 	ends(&t, SP, "tx-1", true, KVX_CPL_DONE, 0);
@@ -449,6 +452,34 @@ Test(runtime_partition, c_read_partition_longer_than_timeout_blocks_reused_never
 	ends(&t, SD, "tx-3", false, KVX_CPL_DONE, 0);
 	cr_assert_eq(expect_hold(&t, SD, 5, 6, 0xee).ok, 1, "tx-3: wrong bytes");
 	ends(&t, SP, "tx-3", true, KVX_CPL_DONE, 0);
+	teardown(&t);
+}
+
+/* e: resume. The link goes down; the consumer reads tx-1, and half a timeout later tx-2 on the
+ * same connection. tx-1's deadline passes during the outage and its op deadline kills the
+ * connection, failing tx-2's ops too. The link returns as soon as tx-1 ended: tx-2, whose
+ * deadline is still ahead, re-handshakes, re-posts every layer behind a new lease lookup and
+ * ends DONE with its bytes; the producer holds its blocks for it meanwhile. */
+Test(runtime_partition, e_read_resumes_after_its_connection_died_in_the_outage)
+{
+	struct pt t;
+	setup(&t, KVX_SCHED_MODE_READ);
+	warm_up(&t, KVX_SCHED_MODE_READ);
+	call(&t, SD, one('F', "", 0));
+	link_set(&t, false);
+	call(&t, SP, two('S', "tx-1", 1, 2, 0, 0));
+	call(&t, SP, two('S', "tx-2", 3, 4, 0, 0));
+	call(&t, SD, two('R', "tx-1", 5, 6, 1, 2));
+	hold_ms(PT_TIMEOUT_MS / 2);
+	call(&t, SD, two('R', "tx-2", 7, 8, 3, 4));
+	struct res d1 = ends(&t, SD, "tx-1", false, KVX_CPL_TIMED_OUT, -ETIMEDOUT);
+	cr_assert_lt(d1.age_ns, 2 * PT_TIMEOUT_MS * MS);
+	link_set(&t, true);
+	struct res d2 = ends(&t, SD, "tx-2", false, KVX_CPL_DONE, 0);
+	cr_assert_eq(d2.bytes, 2ull * ET_NL * 2 * ET_BLOCK, "tx-2: %llu bytes", (unsigned long long)d2.bytes);
+	expect_blocks(&t, SD, 7, 8, 3, 4, "tx-2: wrong bytes after resuming");
+	cr_assert_eq(expect_hold(&t, SD, 5, 6, 0).ok, 1, "bytes reached tx-1's blocks");
+	ends(&t, SP, "tx-2", true, KVX_CPL_DONE, 0);
 	teardown(&t);
 }
 
