@@ -93,7 +93,7 @@ struct soak_term {
 	uint32_t verify; /**< enum soak_verify. */
 	uint32_t bad_planes;
 	uint64_t t_ns;   /**< Role's CLOCK_MONOTONIC when it polled the completion, ns. */
-	char detail[160];
+	char detail[320];
 };
 
 struct soak_stats {

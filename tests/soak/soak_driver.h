@@ -112,7 +112,7 @@ struct driver {
 	uint64_t never_started;
 	struct reason reasons[MAX_REASONS];
 	size_t nreasons;
-	char first_corrupt[256];
+	char first_corrupt[448];
 	uint64_t t0;
 };
 

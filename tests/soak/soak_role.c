@@ -87,6 +87,8 @@ static void poison(struct role *R, const uint32_t *ids, uint32_t n)
 			}
 }
 
+static void describe(struct role *R, const unsigned char *buf, uint64_t idx, char *d, size_t dlen);
+
 /* Consumer: blocks just taken from the pool must still hold the poison. */
 static void check_poison(struct role *R, const struct rx *x)
 {
@@ -97,13 +99,51 @@ static void check_poison(struct role *R, const struct rx *x)
 				size_t off = 0;
 				if (perf_pattern_check(blk(R, l, p, x->ids[i]), SOAK_BLOCK_BYTES, &k, &off))
 					continue;
-				char d[200];
-				snprintf(d, sizeof(d), "free block %u (layer %u %s) changed at byte %zu while "
-					 "free; found when soak-%" PRIu64 " took it", x->ids[i], l, p ? "V" : "K",
-					 off, x->idx);
+				char d[400];
+				int n = snprintf(d, sizeof(d), "free block %u (layer %u %s) changed at byte %zu "
+						 "while free; found when soak-%" PRIu64 " took it", x->ids[i], l,
+						 p ? "V" : "K", off, x->idx);
+				if (n > 0 && (size_t)n < sizeof(d))
+					describe(R, blk(R, l, p, x->ids[i]), x->idx, d + n, sizeof(d) - (size_t)n);
 				report(R, SOAK_FOREIGN, d, strlen(d) + 1, NULL, 0);
 				return;
 			}
+}
+
+/* What a plane that failed its check holds instead, for the CORRUPT line: the poison of a free
+ * block (written by no transfer since it was freed), or the pattern of which request, layer,
+ * plane and block position (searched among requests near @p idx), or neither. Costs a few
+ * million hashes, so only the first bad plane of a transfer is described. */
+static void describe(struct role *R, const unsigned char *buf, uint64_t idx, char *d, size_t dlen)
+{
+	uint64_t w0 = 0;
+	memcpy(&w0, buf, sizeof(w0)); /* the pattern's words are little endian, as is this host */
+	const uint64_t seed = w0 ^ 0x9E3779B97F4A7C15ull; /* word 0 = seed ^ 1 * PATTERN_MUL */
+	for (uint32_t l = 0; l < SOAK_LAYERS; l++)
+		for (uint32_t p = 0; p < 2; p++) {
+			for (uint32_t id = 0; id < R->o->pool_blocks; id++) {
+				struct perf_pattern_key k = key_of(SOAK_POISON_REQ, l, p, id);
+				if (perf_pattern_seed(&k) == seed) {
+					snprintf(d, dlen, "; holds the free-block poison of id %u layer %u %s", id, l,
+						 p ? "V" : "K");
+					return;
+				}
+			}
+			uint64_t lo = idx > 20000 ? idx - 20000 : 0;
+			for (uint64_t r = lo; r < idx + 2000; r++)
+				for (uint32_t b = 0; b < R->o->max_blocks; b++) {
+					struct perf_pattern_key k = key_of(r, l, p, b);
+					if (perf_pattern_seed(&k) != seed)
+						continue;
+					size_t off = 0;
+					bool whole = perf_pattern_check(buf, SOAK_BLOCK_BYTES, &k, &off);
+					snprintf(d, dlen, "; holds soak-%" PRIu64 " layer %u %s block %u (%s%zu)", r, l,
+						 p ? "V" : "K", b, whole ? "whole plane, " : "first bytes only, up to ",
+						 whole ? (size_t)SOAK_BLOCK_BYTES : off);
+					return;
+				}
+		}
+	snprintf(d, dlen, "; first word %016" PRIx64 " matches no nearby request nor the poison", w0);
 }
 
 static uint32_t verify(struct role *R, const struct rx *x, char *d, size_t dlen)
@@ -116,9 +156,12 @@ static uint32_t verify(struct role *R, const struct rx *x, char *d, size_t dlen)
 				size_t off = 0;
 				if (perf_pattern_check(blk(R, l, p, x->ids[i]), SOAK_BLOCK_BYTES, &k, &off))
 					continue;
-				if (bad++ == 0)
-					snprintf(d, dlen, "layer %u %s block %u (id %u) differs at byte %zu", l,
-						 p ? "V" : "K", i, x->ids[i], off);
+				if (bad++ == 0) {
+					int n = snprintf(d, dlen, "layer %u %s block %u (id %u) differs at byte %zu", l,
+							 p ? "V" : "K", i, x->ids[i], off);
+					if (n > 0 && (size_t)n < dlen)
+						describe(R, blk(R, l, p, x->ids[i]), x->idx, d + n, dlen - (size_t)n);
+				}
 			}
 	return bad;
 }
@@ -313,7 +356,7 @@ static void handle_cpl(struct role *R, const struct kvx_completion *c)
 		if (x->st == RX_LAYERS)
 			x->st = RX_SUBMITTED;
 		uint32_t verdict = SOAK_V_NONE, bad = 0;
-		char d[160] = "";
+		char d[320] = "";
 		if (!R->o->producer && c->status == KVX_CPL_DONE) {
 			bad = verify(R, x, d, sizeof(d));
 			verdict = bad ? SOAK_V_BAD : SOAK_V_OK;
