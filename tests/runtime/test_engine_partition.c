@@ -1,12 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Partitions (issue 14): a producer and a consumer engine in two real child processes, each in
  * its own network namespace, joined by a veth pair this test creates (tests/common/netns_pair.c;
- * root only, else a ctest SKIP with the reason). A partition takes both veth ends down. tcp,
- * public engine API only. Every case asserts the terminal status and errno on both sides, the
- * bytes, and when each side ended relative to the configured timeouts (never a speed):
- *  a. READ, link down for a quarter of the transfer timeout from before the read: DONE on both
- *     sides, bytes exact;
- *  b. WRITE, the same: DONE on both sides, bytes exact;
+ * root only, else a ctest SKIP with the reason). A partition takes both veth ends down. tcp
+ * (and shm for a, b), public engine API only. Every case asserts the terminal status and errno
+ * on both sides, the bytes, and when each side ended relative to the configured timeouts
+ * (never a speed):
+ *  a. READ, link down for half the transfer timeout from before the read: DONE on both sides,
+ *     bytes exact;
+ *  b. WRITE, link down for a quarter of it (the notifications wait for the kernel's
+ *     retransmission backoff, docs/architecture.md §3.2): DONE on both sides, bytes exact
+ *     (a and b also over shm, whose data
+ *     path the partition does not cut: only the notifications wait for the link);
  *  c. READ, link down longer than the producer's defer timeout (issue item 5), the producer's
  *     blocks reused: the read in flight times out, a read of the reused blocks submitted while
  *     the link is still down fails -ESTALE once it is back (never DONE with the next request's
@@ -32,6 +36,7 @@
 
 #include "engine_test_util.h"
 #include "kvxfer/common.h"
+#include "kvxfer/transport.h"
 #include "netns_pair.h"
 
 TestSuite(runtime_partition, .timeout = 240.0);
@@ -194,8 +199,8 @@ static int do_cmd(struct role *r, const struct cmd *c, struct res *o)
 	}
 }
 
-static int child_main(const struct netns_pair *net, enum side s, enum kvx_sched_mode mode, int to_parent,
-		      int from_parent)
+static int child_main(const struct netns_pair *net, enum side s, enum kvx_sched_mode mode, const char *prov,
+		      int to_parent, int from_parent)
 {
 	if (netns_pair_enter(net->ns[s]))
 		return 10;
@@ -204,6 +209,7 @@ static int child_main(const struct netns_pair *net, enum side s, enum kvx_sched_
 	struct kvx_engine_params p;
 	et_params(&p, s == SP ? KVX_SCHED_PRODUCER : KVX_SCHED_CONSUMER, mode);
 	p.host = net->addr[s];
+	p.transport = prov;
 	p.transfer_timeout_ms = PT_TIMEOUT_MS;
 	p.defer_timeout_ms = PT_DEFER_MS;
 	et_start(&r.g, &p, s == SP);
@@ -231,7 +237,7 @@ struct pt {
 	uint16_t hs[2], nt[2];
 };
 
-static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode)
+static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode, const char *prov)
 {
 	int a[2], b[2];
 	cr_assert_eq(pipe(a), 0);
@@ -242,7 +248,7 @@ static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode)
 	if (pid == 0) {
 		close(a[1]);
 		close(b[0]);
-		_exit(child_main(&t->net, s, mode, b[1], a[0]));
+		_exit(child_main(&t->net, s, mode, prov, b[1], a[0]));
 	}
 	close(a[0]);
 	close(b[1]);
@@ -254,14 +260,19 @@ static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode)
 	t->nt[s] = hello.nt;
 }
 
-static void setup(struct pt *t, enum kvx_sched_mode mode)
+static void setup_prov(struct pt *t, enum kvx_sched_mode mode, const char *prov)
 {
 	char why[128] = "";
 	/* Namespaces kvxpt<pid>p/c, veth kvpt<pid>a/b, 10.78.<pid % 250>.1/.2: never another's. */
 	if (netns_pair_setup(&t->net, "kvxpt", "kvpt", 78, (unsigned)getpid() % 250, why, sizeof(why)))
 		cr_skip_test("partition tests need two network namespaces: %s", why);
-	spawn(t, SP, mode);
-	spawn(t, SD, mode);
+	spawn(t, SP, mode, prov);
+	spawn(t, SD, mode, prov);
+}
+
+static void setup(struct pt *t, enum kvx_sched_mode mode)
+{
+	setup_prov(t, mode, "tcp");
 }
 
 static struct res call(struct pt *t, enum side s, struct cmd c)
@@ -380,10 +391,10 @@ static void warm_up(struct pt *t, enum kvx_sched_mode mode)
 }
 
 /* a / b: the link is down from before the submission for a quarter of the timeout. */
-static void short_partition(enum kvx_sched_mode mode)
+static void short_partition(enum kvx_sched_mode mode, const char *prov)
 {
 	struct pt t;
-	setup(&t, mode);
+	setup_prov(&t, mode, prov);
 	warm_up(&t, mode);
 	call(&t, SD, one('F', "", 0));
 	link_set(&t, false);
@@ -406,12 +417,30 @@ static void short_partition(enum kvx_sched_mode mode)
 
 Test(runtime_partition, a_read_partition_shorter_than_timeout_done)
 {
-	short_partition(KVX_SCHED_MODE_READ);
+	short_partition(KVX_SCHED_MODE_READ, "tcp");
 }
 
 Test(runtime_partition, b_write_partition_shorter_than_timeout_done)
 {
-	short_partition(KVX_SCHED_MODE_WRITE);
+	short_partition(KVX_SCHED_MODE_WRITE, "tcp");
+}
+
+/* shm between the namespaces (one kernel, so cross-memory attach works): the partition cuts only
+ * the control plane (handshake done before it; notifications), the data moves regardless. */
+Test(runtime_partition, a_shm_read_partition_shorter_than_timeout_done)
+{
+	char why[KVX_XPORT_REASON_MAX] = "";
+	if (kvx_xport_provider_probe("shm", why, sizeof(why)))
+		cr_skip_test("shm unavailable: %s", why);
+	short_partition(KVX_SCHED_MODE_READ, "shm");
+}
+
+Test(runtime_partition, b_shm_write_partition_shorter_than_timeout_done)
+{
+	char why[KVX_XPORT_REASON_MAX] = "";
+	if (kvx_xport_provider_probe("shm", why, sizeof(why)))
+		cr_skip_test("shm unavailable: %s", why);
+	short_partition(KVX_SCHED_MODE_WRITE, "shm");
 }
 
 /* c: issue item 5. */
