@@ -967,8 +967,8 @@ static void handle_cin(struct poller *po, struct emsg *m)
  * access impossible (verbs: the QPs are gone; tcp: the context's progress stops serving them at
  * its next call), and only then are the blocks reported reusable. A D WRITE whose quarantine
  * expired without the producer's answer is fenced the same way: a write still queued in the
- * producer's kernel (a partition) or process (stopped) then lands nowhere. shm cannot be revoked by the
- * target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
+ * producer's kernel (a partition) or process (stopped) then lands nowhere. shm cannot be
+ * revoked by the target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
  * endpoints (eng_on_ctl_work(): fence_cut); poller 0, the thread of kvx_xport_progress(),
  * confirms once a progress call that began after the cut has returned (fence_done). */
 static void fence_confirm(struct poller *po, uint64_t cut)
