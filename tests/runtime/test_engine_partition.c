@@ -39,7 +39,8 @@
 #include "kvxfer/transport.h"
 #include "netns_pair.h"
 
-TestSuite(runtime_partition, .timeout = 240.0);
+static void net_fini(void);
+TestSuite(runtime_partition, .timeout = 240.0, .fini = net_fini);
 
 /* Transfer timeout of both engines, and the defer timeout (producer READ: blocks held for a
  * consumer that never released them; consumer WRITE: quarantine after its own end). */
@@ -260,8 +261,26 @@ static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode, const cha
 	t->nt[s] = hello.nt;
 }
 
+/* The case's children and namespaces, for net_fini() after a failed assertion. */
+static struct pt *g_pt;
+
+static void net_fini(void)
+{
+	if (!g_pt)
+		return;
+	for (int s = 0; s < 2; s++)
+		if (g_pt->c[s].pid > 0) {
+			kill(g_pt->c[s].pid, SIGKILL);
+			waitpid(g_pt->c[s].pid, NULL, 0);
+		}
+	netns_pair_teardown(&g_pt->net);
+	g_pt = NULL;
+}
+
 static void setup_prov(struct pt *t, enum kvx_sched_mode mode, const char *prov)
 {
+	memset(t, 0, sizeof(*t));
+	g_pt = t;
 	char why[128] = "";
 	/* Namespaces kvxpt<pid>p/c, veth kvpt<pid>a/b, 10.78.<pid % 250>.1/.2: never another's. */
 	if (netns_pair_setup(&t->net, "kvxpt", "kvpt", 78, (unsigned)getpid() % 250, why, sizeof(why)))
@@ -337,8 +356,10 @@ static void teardown(struct pt *t)
 			  wst);
 		close(t->c[s].to);
 		close(t->c[s].from);
+		t->c[s].pid = 0;
 	}
 	netns_pair_teardown(&t->net);
+	g_pt = NULL;
 }
 
 static void expect_blocks(struct pt *t, enum side s, uint32_t b0, uint32_t b1, uint32_t s0, uint32_t s1,
@@ -393,7 +414,7 @@ static void warm_up(struct pt *t, enum kvx_sched_mode mode)
 /* a / b: the link is down from before the submission for a quarter of the timeout. */
 static void short_partition(enum kvx_sched_mode mode, const char *prov)
 {
-	struct pt t;
+	static struct pt t; /* static: net_fini() reads it after a failed assertion */
 	setup_prov(&t, mode, prov);
 	warm_up(&t, mode);
 	call(&t, SD, one('F', "", 0));
@@ -446,7 +467,7 @@ Test(runtime_partition, b_shm_write_partition_shorter_than_timeout_done)
 /* c: issue item 5. */
 Test(runtime_partition, c_read_partition_longer_than_timeout_blocks_reused_never_done_wrong)
 {
-	struct pt t;
+	static struct pt t; /* static: net_fini() reads it after a failed assertion */
 	setup(&t, KVX_SCHED_MODE_READ);
 	warm_up(&t, KVX_SCHED_MODE_READ);
 	call(&t, SD, one('F', "", 0));
@@ -492,7 +513,7 @@ Test(runtime_partition, c_read_partition_longer_than_timeout_blocks_reused_never
  * ends DONE with its bytes; the producer holds its blocks for it meanwhile. */
 Test(runtime_partition, e_read_resumes_after_its_connection_died_in_the_outage)
 {
-	struct pt t;
+	static struct pt t; /* static: net_fini() reads it after a failed assertion */
 	setup(&t, KVX_SCHED_MODE_READ);
 	warm_up(&t, KVX_SCHED_MODE_READ);
 	call(&t, SD, one('F', "", 0));
@@ -517,7 +538,7 @@ Test(runtime_partition, e_read_resumes_after_its_connection_died_in_the_outage)
  * timeouts. */
 Test(runtime_partition, d_write_partition_longer_than_timeout_no_write_into_reused_blocks)
 {
-	struct pt t;
+	static struct pt t; /* static: net_fini() reads it after a failed assertion */
 	setup(&t, KVX_SCHED_MODE_WRITE);
 	warm_up(&t, KVX_SCHED_MODE_WRITE);
 	call(&t, SD, one('F', "", 0x5c));
