@@ -476,7 +476,7 @@ void kvx_ctl_destroy(struct kvx_ctl *ctl)
 	}
 	ctl_smap_fini(&ctl->dealers, ctl->dealers.b ? dealer_close : NULL);
 	ctl_smap_fini(&ctl->terminal, NULL);
-	ctl_smap_fini(&ctl->live, NULL);
+	ctl_smap_fini(&ctl->live, free); /* values: the strdup()ed DEALER path of a pinned transfer */
 	if (ctl->hb_dealer)
 		zmq_close(ctl->hb_dealer);
 	if (ctl->hs_router)

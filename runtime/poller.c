@@ -498,10 +498,20 @@ static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_
 						   .loff = plan.loc[i], .roff = plan.rem[i], .len = plan.size[i]};
 	}
 	uint64_t cookie = ((uint64_t)x->slot << 16) | layer;
+	/* A leased transfer on a provider whose target checks a condition (tcp): every op is
+	 * applied only while the lease word found before the first op still holds, so an op that
+	 * reaches the target after the owner revoked fails -ESTALE and touches nothing
+	 * (docs/protocol.md §5.11). */
+	struct kvx_xport_cond cond = {0};
+	bool cnd = x->lease_phase == LP_HELD && e->caps[c->xi].cond_ops;
+	if (cnd)
+		cond = (struct kvx_xport_cond){.rmr = l->lease_rmr, .expect = x->lease_word,
+					       .roff = (uint64_t)(eng_lease_base(x->lease_key, c->lease_n) + x->lease_pos) * 8};
 	for (uint32_t b = 0; b < nb; b++) {
 		size_t first = (size_t)b * maxb;
 		uint32_t cnt = (uint32_t)(plan.n - first < maxb ? plan.n - first : maxb);
-		rc = kvx_xport_post_bulk(l->ep, op, po->ops + first, cnt, cookie);
+		rc = cnd ? kvx_xport_post_bulk_cond(l->ep, op, po->ops + first, cnt, cookie, &cond)
+			 : kvx_xport_post_bulk(l->ep, op, po->ops + first, cnt, cookie);
 		if (rc) {
 			if (b == 0)
 				return rc; /* -ENOBUFS: retry the layer later */

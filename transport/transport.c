@@ -506,8 +506,9 @@ void kvx_xport_ep_destroy(struct kvx_xport_ep *ep)
 	ep->ctx->ops->ep_destroy(ep);
 }
 
-int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
-			const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
+/* The argument checks of kvx_xport_post_bulk() (and _cond()): 0 or the documented error. */
+static inline int post_check(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+			     const struct kvx_xport_op *ops, uint32_t n)
 {
 	if (KVX_UNLIKELY(!ep || !ops || n == 0 || n > ep->ctx->caps.max_batch))
 		return -EINVAL;
@@ -522,7 +523,33 @@ int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 		if (KVX_UNLIKELY(!ops[i].lmr || !ops[i].rmr || !ops[i].len || ops[i].len > max ||
 				 ops[i].rmr->ep != ep || ops[i].lmr->ctx != ep->ctx))
 			return -EINVAL;
+	return 0;
+}
+
+int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+			const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
+{
+	int rc = post_check(ep, opcode, ops, n);
+	if (KVX_UNLIKELY(rc))
+		return rc;
 	return ep->ctx->ops->post(ep, opcode, ops, n, cookie);
+}
+
+int kvx_xport_post_bulk_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+			     const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
+			     const struct kvx_xport_cond *cond)
+{
+	if (KVX_UNLIKELY(!ep || !cond || !cond->rmr))
+		return -EINVAL;
+	if (KVX_UNLIKELY(!ep->ctx->ops->post_cond))
+		return -ENOTSUP;
+	const struct kvx_xport_rmr *r = cond->rmr;
+	if (KVX_UNLIKELY(r->ep != ep || (cond->roff & 7) || r->len < 8 || cond->roff > r->len - 8))
+		return -EINVAL;
+	int rc = post_check(ep, opcode, ops, n);
+	if (KVX_UNLIKELY(rc))
+		return rc;
+	return ep->ctx->ops->post_cond(ep, opcode, ops, n, cookie, cond);
 }
 
 int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)

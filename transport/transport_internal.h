@@ -95,7 +95,7 @@ struct kvx_xport_ep {
 };
 
 /**
- * Provider ops table: no NULL slots. Arguments are already checked by transport.c
+ * Provider ops table: no NULL slots (except post_cond). Arguments are already checked by transport.c
  * (non-NULL pointers, ranges of documented fields) unless noted.
  */
 struct kvx_xport_ops {
@@ -120,6 +120,11 @@ struct kvx_xport_ops {
 	void (*ep_destroy)(struct kvx_xport_ep *ep);
 	int (*post)(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
+	/** kvx_xport_post_bulk_cond() (cond checked by transport.c). The one slot that may be
+	 *  NULL: providers without conditional ops (caps.cond_ops false). */
+	int (*post_cond)(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+			 const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
+			 const struct kvx_xport_cond *cond);
 	int (*poll)(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 	int (*progress)(struct kvx_xport_ctx *ctx);
 	/** fd readable when progress may have work, or -ENOTSUP. */

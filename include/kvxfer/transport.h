@@ -165,6 +165,8 @@ struct kvx_xport_caps {
 	bool needs_progress;    /**< true if the target must call kvx_xport_progress() for
 	                             peers' ops to make progress (tcp). */
 	bool same_host_only;    /**< true if both engines must be on one host (shm). */
+	bool cond_ops;          /**< true if the target checks the condition of
+	                             kvx_xport_post_bulk_cond() on every op (tcp). */
 };
 
 /** Registration parameters (kvx_xport_mr_register()). */
@@ -680,6 +682,39 @@ KVX_API void kvx_xport_ep_counters(const struct kvx_xport_ep *ep, struct kvx_xpo
  */
 KVX_API int kvx_xport_post_bulk(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 				const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie);
+
+/** Condition of a conditional batch (kvx_xport_post_bulk_cond()): a 64-bit word of the target's
+ *  memory that must hold @p expect when the target applies each op. */
+struct kvx_xport_cond {
+	struct kvx_xport_rmr *rmr; /**< Region of the word, imported on the same endpoint, with
+	                                REMOTE_READ access, host memory. */
+	uint64_t roff;             /**< Byte offset of the word in @p rmr; a multiple of 8. */
+	uint64_t expect;           /**< The value the word must hold. */
+};
+
+/**
+ * kvx_xport_post_bulk() whose ops the target applies only while a word of its own memory holds
+ * an expected value (the block leases of docs/protocol.md §5.11: the word is the owner's lease
+ * word, revoked by its owner at any time).
+ *
+ * The target loads the word (acquire) before it touches the memory of an op, and again before
+ * each further piece of a WRITE payload it copies (tcp: before every recv()/memcpy() into the
+ * region) and before it sends a READ response's payload. If the word differs, the op completes
+ * with -ESTALE and the target touches no more of its memory: nothing of a WRITE lands after the
+ * check that saw the change, a READ response carries no payload. A copy that already passed its
+ * check when the word changes completes (the residual window: one recv()/memcpy() of at most
+ * chunk_bytes per connection; none at all when the word is changed by the thread that runs the
+ * target's kvx_xport_progress()). The word is read, never written, by the target.
+ *
+ * @param cond  The condition; not NULL; cond->rmr imported on @p ep.
+ * Other parameters, return values and thread safety: kvx_xport_post_bulk(), and:
+ * @retval -ENOTSUP  The provider has no conditional ops (caps.cond_ops false: shm, verbs).
+ * @retval -EINVAL   Also: cond->roff not a multiple of 8 or past the region's end.
+ * @par Source  docs/protocol.md §5.11 (tcp wire format: transport/tcp/tcp_internal.h).
+ */
+KVX_API int kvx_xport_post_bulk_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
+				     const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
+				     const struct kvx_xport_cond *cond);
 
 /**
  * Drive an endpoint and return up to @p max batch completions (best effort).

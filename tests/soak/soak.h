@@ -93,6 +93,8 @@ struct soak_term {
 	uint32_t verify; /**< enum soak_verify. */
 	uint32_t bad_planes;
 	uint64_t t_ns;   /**< Role's CLOCK_MONOTONIC when it polled the completion, ns. */
+	uint64_t eng_ns; /**< The completion's duration_ns: submission to terminal state as the engine
+			  *   saw it (0: rejected at submission). */
 	char detail[320];
 };
 

@@ -392,14 +392,26 @@ static void on_msg(struct driver *D, int which, const struct soak_hdr *h, const 
 		if (!r || (r->s[which].st != S_SUB && r->s[which].st != S_SENT))
 			return;
 		struct side *s = &r->s[which];
-		/* The verdict uses the role's clock at the completion, so a driver that reads its
-		 * sockets late does not turn a transfer that ended in time into a hung one. */
-		if (s->st == S_SUB && side_hung(D, which, s, t->t_ns)) {
+		/* The verdict uses the engine's own submission-to-terminal time (the completion's
+		 * duration_ns) on the role's clock, so neither a driver that reads its sockets late
+		 * nor a role process that polls its completions late (starved on a loaded machine)
+		 * turns a transfer the engine ended in time into a hung one; the latter is counted
+		 * as polled-late. */
+		uint64_t t_end = t->eng_ns ? s->sub_ns + t->eng_ns : t->t_ns;
+		if (t_end > t->t_ns)
+			t_end = t->t_ns;
+		if (s->st == S_SUB && side_hung(D, which, s, t_end)) {
 			D->hung++;
 			D->hung_late++;
 			fprintf(stderr, "kvx-soak: HUNG %s soak-%" PRIu64 " (%u blocks): terminal only %.1f s after "
-					"submission (%s)\n", proc_name[which], r->idx, r->blocks,
-				(double)(t->t_ns - s->sub_ns) / 1e9, status_name(t->status));
+					"submission (%s; polled at %.1f s)\n", proc_name[which], r->idx, r->blocks,
+				(double)(t_end - s->sub_ns) / 1e9, status_name(t->status),
+				(double)(t->t_ns - s->sub_ns) / 1e9);
+		} else if (s->st == S_SUB && side_hung(D, which, s, t->t_ns)) {
+			D->polled_late++;
+			logv(D, "%s soak-%" PRIu64 " terminal %.1f s after submission in the engine, polled by its "
+				"process only at %.1f s", proc_name[which], r->idx, (double)(t_end - s->sub_ns) / 1e9,
+			     (double)(t->t_ns - s->sub_ns) / 1e9);
 		}
 		s->st = S_TERM;
 		s->status = t->status;

@@ -109,6 +109,7 @@ struct driver {
 	bool skipped[F_N];
 	/* results */
 	uint64_t requests, done_verified, corrupt, hung, hung_late, leaked, foreign, crashed, lost[2], disagree;
+	uint64_t polled_late; /* terminal in time in the engine, polled late by the role process */
 	uint64_t never_started;
 	struct reason reasons[MAX_REASONS];
 	size_t nreasons;

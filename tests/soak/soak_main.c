@@ -54,13 +54,13 @@ static void summary(struct driver *D)
 	printf("kvx-soak: seed=%" PRIu64 " mode=%s -t %s timeout=%ums duration=%.0fs | faults=%" PRIu64
 	       " (%s)%s%s%s | requests=%" PRIu64 " done=%" PRIu64 " (all verified) failed/timed-out=C:%" PRIu64 "/P:%" PRIu64
 	       " (%s) lost-to-kill=P:%" PRIu64 "/C:%" PRIu64 " disagree=%" PRIu64 " | corrupt=%" PRIu64
-	       " (foreign-writes=%" PRIu64 ") hung=%" PRIu64 " (terminal-late=%" PRIu64 ") leaked=%" PRIu64 " crashed=%" PRIu64
+	       " (foreign-writes=%" PRIu64 ") hung=%" PRIu64 " (terminal-late=%" PRIu64 ") polled-late=%" PRIu64 " leaked=%" PRIu64 " crashed=%" PRIu64
 	       " never-started=%" PRIu64 " | %s\n",
 	       D->o.seed, D->o.write_mode ? "write" : "read", D->o.transport, D->o.timeout_ms,
 	       (double)(soak_now_ns() - D->t0) / 1e9, total, faults[0] ? faults : "none",
 	       skipped[0] ? " skipped=(" : "", skipped, skipped[0] ? ")" : "", D->requests,
 	       D->done_verified, failed[1], failed[0], reasons[0] ? reasons : "none", D->lost[P], D->lost[C], D->disagree,
-	       D->corrupt, D->foreign, D->hung, D->hung_late, D->leaked, D->crashed, D->never_started,
+	       D->corrupt, D->foreign, D->hung, D->hung_late, D->polled_late, D->leaked, D->crashed, D->never_started,
 	       pass ? "PASS" : "FAIL");
 	if (D->first_corrupt[0])
 		printf("kvx-soak: first corruption: %s\n", D->first_corrupt);

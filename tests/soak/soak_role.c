@@ -193,10 +193,10 @@ static void rx_finish(struct role *R, struct rx *x)
 }
 
 static void send_term(struct role *R, const struct rx *x, int32_t status, int32_t error, uint64_t bytes,
-		      uint32_t verdict, uint32_t bad, const char *detail)
+		      uint64_t eng_ns, uint32_t verdict, uint32_t bad, const char *detail)
 {
 	struct soak_term t = {.idx = x->idx, .status = status, .error = error, .bytes = bytes,
-			      .verify = verdict, .bad_planes = bad, .t_ns = x->t_term};
+			      .verify = verdict, .bad_planes = bad, .t_ns = x->t_term, .eng_ns = eng_ns};
 	snprintf(t.detail, sizeof(t.detail), "%s", detail ? detail : "");
 	report(R, SOAK_TERM, &t, sizeof(t), NULL, 0);
 }
@@ -212,7 +212,7 @@ static void rejected(struct role *R, struct rx *x, int rc, const char *what)
 {
 	char d[120];
 	snprintf(d, sizeof(d), "%s rejected: %s", what, kvx_strerror(rc));
-	send_term(R, x, -1, rc, 0, SOAK_V_NONE, 0, d);
+	send_term(R, x, -1, rc, 0, 0, SOAK_V_NONE, 0, d);
 	rx_finish(R, x);
 }
 
@@ -361,7 +361,7 @@ static void handle_cpl(struct role *R, const struct kvx_completion *c)
 			bad = verify(R, x, d, sizeof(d));
 			verdict = bad ? SOAK_V_BAD : SOAK_V_OK;
 		}
-		send_term(R, x, (int32_t)c->status, c->error, c->bytes, verdict, bad, d);
+		send_term(R, x, (int32_t)c->status, c->error, c->bytes, c->duration_ns, verdict, bad, d);
 	}
 	/* Producer: blocks reusable at BLOCKS_RELEASED. Consumer: at DONE (verified), else at
 	 * BLOCKS_RELEASED (out of quarantine). */

@@ -111,6 +111,7 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	cp->mem_types = kvx_mem_usable_kinds();
 	cp->needs_progress = true;
 	cp->same_host_only = false;
+	cp->cond_ops = true;
 	*out = &c->base;
 	return 0;
 fail:
@@ -384,6 +385,7 @@ static int tcp_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	for (uint32_t i = 0; i < nch; i++) {
 		e->conns[i].fd = -1;
 		e->conns[i].cur_slot = -1;
+		e->conns[i].cslot = -1;
 		e->conns[i].rx = malloc(TCP_RXBUF);
 		e->conns[i].tq = calloc(TCP_TQ, sizeof(*e->conns[i].tq));
 		if (!e->conns[i].rx || !e->conns[i].tq)
@@ -633,6 +635,7 @@ const struct kvx_xport_ops kvx_xport_tcp_ops = {
 	.ep_connect = tcp_ep_connect,
 	.ep_destroy = tcp_ep_destroy,
 	.post = tcp_post,
+	.post_cond = tcp_post_cond,
 	.poll = tcp_poll,
 	.progress = tcp_progress,
 	.ctx_wait_fd = tcp_ctx_wait_fd,

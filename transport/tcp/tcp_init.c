@@ -159,7 +159,7 @@ static int fill(struct tcp_ep *e)
 		k->payload = k->ready ? o->laddr + o->sched : NULL;
 		uint8_t *h = k->hdr;
 		h[0] = o->write ? REQ_WRITE : REQ_READ;
-		h[1] = 0;
+		h[1] = o->cond ? REQF_COND : 0;
 		xport_put_u16(h + 2, 0);
 		xport_put_u32(h + 4, o->key);
 		xport_put_u64(h + 8, o->roff);
@@ -167,6 +167,12 @@ static int fill(struct tcp_ep *e)
 		xport_put_u64(h + 24, o->sched);
 		xport_put_u32(h + 32, len);
 		xport_put_u32(h + 36, k->seq);
+		if (o->cond) {
+			xport_put_u32(h + 40, o->ckey);
+			xport_put_u32(h + 44, 0);
+			xport_put_u64(h + 48, o->coff);
+			xport_put_u64(h + 56, o->cexp);
+		}
 		c->head++;
 		c->out_bytes += len;
 		o->sched += len;
@@ -185,7 +191,8 @@ static int ich_tx(struct tcp_ep *e, struct ich *c)
 			const struct tcp_chunk *k = &c->q[i & (TCP_CHQ - 1)];
 			if (!k->ready)
 				break; /* its bounce buffer is still being filled: in order */
-			x[n++] = (struct txent){k->hdr, TCP_REQ, k->payload, k->write ? k->len : 0};
+			uint32_t hl = k->hdr[1] & REQF_COND ? TCP_REQ + TCP_COND : TCP_REQ;
+			x[n++] = (struct txent){k->hdr, hl, k->payload, k->write ? k->len : 0};
 		}
 		if (!n)
 			return work;
@@ -261,7 +268,7 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 			struct tcp_chunk *k = &c->q[c->tail & (TCP_CHQ - 1)];
 			uint32_t want = (st == 0 && !k->write) ? k->len : 0;
 			if (seq != k->seq || len != want || xport_get_u32(h + 12) ||
-			    (st != 0 && st != -ERANGE && st != -EACCES))
+			    (st != 0 && st != -ERANGE && st != -EACCES && st != -ESTALE))
 				return -EPROTO;
 			if (want && k->dev) {
 				/* Device destination: receive into a bounce buffer, then copy. */
@@ -398,8 +405,8 @@ static int local_check(enum kvx_xport_opcode opc, const struct kvx_xport_op *o)
 	return 0;
 }
 
-int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
-		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
+static int post_ops(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
+		    uint32_t n, uint64_t cookie, const struct kvx_xport_cond *cond)
 {
 	struct tcp_ep *e = (struct tcp_ep *)ep;
 	if (KVX_UNLIKELY(e->op_head - e->op_tail + n > e->op_mask + 1 ||
@@ -420,7 +427,12 @@ int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		*o = (struct tcp_op){.laddr = x->lmr->addr + x->loff, .len = x->len, .roff = x->roff,
 				     .left = x->len, .key = x->rmr->key, .batch = bi, .index = i,
 				     .write = opc == KVX_XPORT_OP_WRITE,
-				     .dev = x->lmr->mem_type != KVX_XPORT_MEM_HOST};
+				     .dev = x->lmr->mem_type != KVX_XPORT_MEM_HOST, .cond = cond != NULL};
+		if (cond) {
+			o->ckey = cond->rmr->key;
+			o->coff = cond->roff;
+			o->cexp = cond->expect;
+		}
 		e->op_head++;
 		o->status = dead ? -ECONNRESET : local_check(opc, x);
 		if (KVX_UNLIKELY(o->dev && !d && !o->status))
@@ -434,6 +446,18 @@ int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 	if (!dead)
 		drive(e);
 	return 0;
+}
+
+int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
+	     uint32_t n, uint64_t cookie)
+{
+	return post_ops(ep, opc, ops, n, cookie, NULL);
+}
+
+int tcp_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
+		  uint32_t n, uint64_t cookie, const struct kvx_xport_cond *cond)
+{
+	return post_ops(ep, opc, ops, n, cookie, cond);
 }
 
 int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)

@@ -26,10 +26,22 @@
  *                  accepted once, so a replayed hello is refused too. Blob B travels in the
  *                  handshake, CURVE-protected with auth_dir. No round trip: ep_connect does
  *                  not wait for the target's progress thread.
- *   request  40 B: op u8 (1 READ, 2 WRITE), 0 u8, 0 u16, key u32, op_roff u64, op_len u64,
- *                  chunk_off u64, chunk_len u32, seq u32   [+ chunk_len payload for WRITE]
- *   response 16 B: status i32 (0, -ERANGE, -EACCES), seq u32, len u32, 0 u32
+ *   request  40 B: op u8 (1 READ, 2 WRITE), flags u8, 0 u16, key u32, op_roff u64, op_len u64,
+ *                  chunk_off u64, chunk_len u32, seq u32
+ *                  [+ 24 B condition when flags has REQF_COND: cond_key u32, 0 u32,
+ *                   cond_off u64, expect u64]   [+ chunk_len payload for WRITE]
+ *   response 16 B: status i32 (0, -ERANGE, -EACCES, -ESTALE), seq u32, len u32, 0 u32
  *                  [+ len payload for a successful READ]
+ * Conditional requests (kvx_xport_post_bulk_cond(), the block leases of docs/protocol.md
+ * §5.11): the target applies the chunk only while the 64-bit word at cond_off of its own
+ * region cond_key (REMOTE_READ, host memory) equals expect. It loads the word (acquire) after
+ * the request's checks and again before every recv()/memcpy() of WRITE payload into the region,
+ * every H2D commit of a staged WRITE, and before a READ response's payload goes out (if no byte
+ * of that entry was sent yet). A changed word: -ESTALE, the rest of the payload is discarded,
+ * the READ response carries none. Only a copy that passed its check before the change still
+ * lands (one recv()/memcpy() per connection, or staged H2D copies already committed); when the
+ * word's owner runs on the progress thread itself (a kvxfer engine with one polling lcore),
+ * nothing at all. A target older than the flag closes the connection (proto_errors).
  * A connection that violates the format is closed and counted in proto_errors.
  *
  * Device memory (HIP, or the hostdev mock: the same code, only the kvx_mem ops differ) is never
@@ -73,6 +85,7 @@
 #define TCP_MAX_CHUNK (16u << 20)
 #define TCP_HELLO 24u
 #define TCP_REQ 40u
+#define TCP_COND 24u              /* condition after a request header with REQF_COND */
 #define TCP_RESP 16u
 #define TCP_CHQ 512u              /* chunks queued or in flight per channel */
 #define TCP_WINDOW (8u << 20)     /* payload bytes in flight per channel */
@@ -87,6 +100,7 @@
 #define TCP_DEV_JOBS 64u          /* D2H jobs queued per staging ring */
 
 enum { REQ_READ = 1, REQ_WRITE = 2 };
+enum { REQF_COND = 1 }; /* request flags (byte 1) */
 
 struct tcp_slot {
 	_Atomic uint32_t key;
@@ -154,6 +168,9 @@ struct tcp_op {
 	uint32_t copies;  /* staging copies still referring to this op (done waits for 0) */
 	int32_t status;
 	bool write, done, dev;
+	bool cond;        /* conditional (REQF_COND): ckey, coff, cexp */
+	uint32_t ckey;
+	uint64_t coff, cexp;
 };
 
 struct tcp_batch {
@@ -172,7 +189,7 @@ struct tcp_chunk {
 	bool ready;       /* WRITE of a device op: false until the bounce buffer is filled */
 	bool held;        /* holds a bounce buffer (released when sent) */
 	bool dev;         /* READ into device memory: payload goes through a bounce buffer */
-	uint8_t hdr[TCP_REQ];
+	uint8_t hdr[TCP_REQ + TCP_COND]; /* TCP_REQ bytes, + TCP_COND with REQF_COND */
 };
 
 struct ich {
@@ -208,6 +225,9 @@ struct tresp {
 	uint32_t pend;    /* staged WRITE: H2D copies not retired */
 	uint32_t idx;     /* free-running tq index of this entry */
 	struct tconn *t;  /* owner (staging cookies point at entries) */
+	_Atomic uint64_t *cword; /* READ of a conditional request: its word (NULL: none) */
+	uint64_t cexp;
+	int32_t cslot;    /* reference on cword's region until sent, or -1 */
 };
 
 enum { TC_HDR = 0, TC_WPAY = 1 };
@@ -230,6 +250,11 @@ struct tconn {
 	uint32_t wfill;          /* bytes in wb */
 	uint32_t copies;         /* staging copies referring to this connection's entries */
 	bool closed;             /* closed once: never attached again (cookies may point here) */
+	/* The WRITE being received, if conditional: its word, the expected value and the
+	 * reference on the word's region (-1: none). */
+	_Atomic uint64_t *cword;
+	uint64_t cexp;
+	int32_t cslot;
 };
 
 struct tcp_ep {
@@ -294,6 +319,8 @@ int tcp_epoll_block(int epfd, int timeout_ms);
 /* tcp_init.c (the endpoint's poller) */
 int tcp_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
 	     uint32_t n, uint64_t cookie);
+int tcp_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
+		  uint32_t n, uint64_t cookie, const struct kvx_xport_cond *cond);
 int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
 

@@ -44,6 +44,57 @@ static int32_t req_check(struct tcp_ctx *c, int op, uint32_t key, uint64_t roff,
 	return 0;
 }
 
+/* The condition of a REQF_COND request (header bytes 40..63): its word in a host region of this
+ * target, with a reference on that region (*cslot) held until the request is done. */
+static int32_t cond_get(struct tcp_ctx *c, const uint8_t *h, _Atomic uint64_t **word, uint64_t *expect,
+			int32_t *cslot)
+{
+	uint64_t off = xport_get_u64(h + 48);
+	uint8_t *addr = NULL;
+	if (off & 7)
+		return -ERANGE;
+	int32_t st = req_check(c, REQ_READ, xport_get_u32(h + 40), off, 8, &addr, cslot);
+	if (st)
+		return st;
+	if (c->slots[*cslot].dev || ((uintptr_t)addr & 7)) {
+		slot_put(c, *cslot);
+		*cslot = -1;
+		return -EACCES;
+	}
+	*word = (_Atomic uint64_t *)(void *)addr;
+	*expect = xport_get_u64(h + 56);
+	return 0;
+}
+
+/* Whether a conditional request's word still holds its expected value. Checked before every copy
+ * into or out of the region; the acquire keeps the copy after the load (the owner revokes with
+ * a release store, runtime/lease.c R2). */
+static bool cond_holds(_Atomic uint64_t *word, uint64_t expect)
+{
+	return atomic_load_explicit(word, memory_order_acquire) == expect;
+}
+
+/* The WRITE being received stops being conditional (done, or the connection closes). */
+static void wcond_put(struct tcp_ctx *c, struct tconn *t)
+{
+	slot_put(c, t->cslot);
+	t->cslot = -1;
+	t->cword = NULL;
+}
+
+/* Check the condition of the WRITE being received before the next copy into the region: a changed
+ * word stops it (-ESTALE, the rest of its payload is discarded). False once it stopped. */
+static bool wcond_ok(struct tcp_ctx *c, struct tconn *t)
+{
+	if (!t->cword || cond_holds(t->cword, t->cexp))
+		return true;
+	wcond_put(c, t);
+	t->cur_status = -ESTALE;
+	t->dst = NULL;
+	xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
+	return false;
+}
+
 static struct tresp *tq_push(struct tconn *t, int32_t st, uint32_t seq, uint8_t *payload,
 			     uint32_t len, int32_t slot)
 {
@@ -63,6 +114,8 @@ static struct tresp *tq_push(struct tconn *t, int32_t st, uint32_t seq, uint8_t 
 	r->pend = 0;
 	r->idx = t->tq_head;
 	r->t = t;
+	r->cword = NULL;
+	r->cslot = -1;
 	t->tq_head++;
 	return r;
 }
@@ -136,20 +189,30 @@ static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
 	if (t->wfill < t->wb.len && t->pay_left)
 		return 1;
 	struct tresp *r = t->wr;
-	if (KVX_UNLIKELY(kvx_mem_stage_h2d_commit(d->rx, &t->wb, t->wdev, t->wfill,
-						  (uint64_t)(uintptr_t)r))) {
+	if (t->cur_status || !wcond_ok(c, t)) {
+		/* Conditional and its word changed: this buffer and the rest are dropped. */
 		(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
-		t->wb_have = false;
-		return -EIO;
+		xport_put_u32(r->hdr, (uint32_t)-ESTALE);
+	} else {
+		if (KVX_UNLIKELY(kvx_mem_stage_h2d_commit(d->rx, &t->wb, t->wdev, t->wfill,
+							  (uint64_t)(uintptr_t)r))) {
+			(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
+			t->wb_have = false;
+			return -EIO;
+		}
+		t->wdev += t->wfill;
+		r->pend++;
+		t->copies++;
+		d->copies++;
 	}
 	t->wb_have = false;
-	t->wdev += t->wfill;
-	r->pend++;
-	t->copies++;
-	d->copies++;
 	if (!t->pay_left) {
-		xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+		if (!t->cur_status)
+			xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+		wcond_put(c, t);
 		r->wdone = true;
+		if (!r->pend)
+			r->ready = true; /* no copy left to retire it (all dropped) */
 		t->wr = NULL;
 		t->state = TC_HDR;
 	}
@@ -213,9 +276,23 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 	for (;;) {
 		uint32_t n = 0;
 		for (uint32_t i = t->tq_sent; i != t->tq_head && n < TCP_TXENT; i++) {
-			const struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
+			struct tresp *r = &t->tq[i & (TCP_TQ - 1)];
 			if (!r->ready)
 				break; /* staged: its copy has not finished; responses go in order */
+			if (r->cword && (i != t->tq_sent || !t->tq_off) && !cond_holds(r->cword, r->cexp)) {
+				/* Conditional READ, nothing of it sent yet (checked again at every
+				 * send attempt until its first byte went): its word changed, so an
+				 * -ESTALE response without payload goes instead. */
+				xport_put_u32(r->hdr, (uint32_t)-ESTALE);
+				xport_put_u32(r->hdr + 8, 0);
+				r->payload = NULL;
+				r->len = 0;
+				slot_put(c, r->slot);
+				slot_put(c, r->cslot);
+				r->slot = r->cslot = -1;
+				r->cword = NULL;
+				xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
+			}
 			x[n++] = (struct txent){r->hdr, r->hlen, r->payload, r->len};
 		}
 		if (!n)
@@ -227,7 +304,9 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 		for (; full > 0; full--, t->tq_sent++) {
 			struct tresp *r = &t->tq[t->tq_sent & (TCP_TQ - 1)];
 			slot_put(c, r->slot);
-			r->slot = -1;
+			slot_put(c, r->cslot);
+			r->slot = r->cslot = -1;
+			r->cword = NULL;
 			if (r->held)
 				resp_unhold(ctx_tdev(c), r);
 		}
@@ -241,15 +320,34 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 	uint64_t op_roff = xport_get_u64(h + 8), op_len = xport_get_u64(h + 16);
 	uint64_t coff = xport_get_u64(h + 24);
 	uint32_t clen = xport_get_u32(h + 32), seq = xport_get_u32(h + 36);
-	if ((op != REQ_READ && op != REQ_WRITE) || h[1] || xport_get_u16(h + 2) || clen == 0 ||
-	    clen > TCP_MAX_CHUNK || coff > op_len || clen > op_len - coff)
+	if ((op != REQ_READ && op != REQ_WRITE) || (h[1] & ~REQF_COND) || xport_get_u16(h + 2) ||
+	    clen == 0 || clen > TCP_MAX_CHUNK || coff > op_len || clen > op_len - coff ||
+	    ((h[1] & REQF_COND) && xport_get_u32(h + 44)))
 		return -EPROTO;
 	uint8_t *addr = NULL;
-	int32_t slot = -1;
+	int32_t slot = -1, cslot = -1;
+	_Atomic uint64_t *cword = NULL;
+	uint64_t cexp = 0;
 	int32_t st = req_check(c, op, key, op_roff, op_len, &addr, &slot);
+	if (!st && (h[1] & REQF_COND)) {
+		/* Conditional: refused (-ESTALE) unless the word holds now; checked again before
+		 * each later copy (cond_holds()). */
+		st = cond_get(c, h, &cword, &cexp, &cslot);
+		if (!st && !cond_holds(cword, cexp))
+			st = -ESTALE;
+		if (st) {
+			slot_put(c, slot);
+			slot_put(c, cslot);
+			slot = cslot = -1;
+			cword = NULL;
+		}
+	}
 	bool dev = !st && c->slots[slot].dev;
 	if (dev && op == REQ_READ) {
+		/* A staged READ: the condition held at the request (checked only there). */
 		int rc = read_stage(c, t, seq, addr + coff, clen, slot);
+		slot_put(c, cslot);
+		cword = NULL;
 		if (rc) {
 			slot_put(c, slot);
 			return rc; /* -EAGAIN: the header stays in rx, retried later */
@@ -260,14 +358,21 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 	else
 		xport_cnt_add(&c->base.cnt, reqs_served, 1);
 	if (op == REQ_READ) {
-		if (st)
+		if (st) {
 			tq_push(t, st, seq, NULL, 0, -1);
-		else if (!dev)
-			tq_push(t, 0, seq, addr + coff, clen, slot);
+		} else if (!dev) {
+			struct tresp *r = tq_push(t, 0, seq, addr + coff, clen, slot);
+			r->cword = cword;
+			r->cexp = cexp;
+			r->cslot = cword ? cslot : -1;
+		}
 		if (!st)
 			xport_cnt_add(&c->base.cnt, bytes_served, clen);
 		return 0;
 	}
+	t->cword = cword;
+	t->cexp = cexp;
+	t->cslot = cword ? cslot : -1;
 	t->state = TC_WPAY;
 	t->pay_left = clen;
 	t->cur_len = clen;
@@ -291,6 +396,7 @@ static void wpay_done(struct tcp_ctx *c, struct tconn *t)
 {
 	if (!t->cur_status)
 		xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+	wcond_put(c, t);
 	slot_put(c, t->cur_slot);
 	t->cur_slot = -1;
 	tq_push(t, t->cur_status, t->cur_seq, NULL, 0, -1);
@@ -313,7 +419,7 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 			uint32_t avail = t->rx_end - t->rx_start;
 			if (avail) {
 				uint32_t n = avail < t->pay_left ? avail : t->pay_left;
-				if (t->dst) {
+				if (t->dst && wcond_ok(c, t)) {
 					memcpy(t->dst, t->rx + t->rx_start, n);
 					t->dst += n;
 				}
@@ -325,7 +431,7 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 				work++;
 				continue;
 			}
-			if (t->dst && t->pay_left >= TCP_DIRECT) {
+			if (t->dst && t->pay_left >= TCP_DIRECT && wcond_ok(c, t)) {
 				if (!budget)
 					return work;
 				uint32_t want = t->pay_left < budget ? t->pay_left : budget;
@@ -347,13 +453,16 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 		} else {
 			if (t->tq_head - t->tq_sent >= TCP_TQ)
 				return work; /* responses back up: stop reading requests */
-			if (t->rx_end - t->rx_start >= TCP_REQ) {
+			uint32_t hl = TCP_REQ;
+			if (t->rx_end - t->rx_start >= 2 && (t->rx[t->rx_start + 1] & REQF_COND))
+				hl += TCP_COND;
+			if (t->rx_end - t->rx_start >= hl) {
 				int rc = tconn_req(c, t, t->rx + t->rx_start);
 				if (rc == -EAGAIN)
 					return work; /* staging is full: retried after tpump() */
 				if (rc)
 					return rc;
-				t->rx_start += TCP_REQ;
+				t->rx_start += hl;
 				work++;
 				continue;
 			}
@@ -392,8 +501,10 @@ static void tconn_close(struct tcp_ctx *c, struct tconn *t)
 	if (t->fd >= 0)
 		close(t->fd);
 	t->fd = -1;
-	if (t->state == TC_WPAY)
+	if (t->state == TC_WPAY) {
 		slot_put(c, t->cur_slot);
+		wcond_put(c, t);
+	}
 	t->cur_slot = -1;
 	if (t->wb_have)
 		(void)kvx_mem_stage_h2d_cancel(d->rx, &t->wb);
@@ -409,7 +520,9 @@ static void tconn_close(struct tcp_ctx *c, struct tconn *t)
 		if (r->held)
 			resp_unhold(d, r);
 		slot_put(c, r->slot);
-		r->slot = -1;
+		slot_put(c, r->cslot);
+		r->slot = r->cslot = -1;
+		r->cword = NULL;
 	}
 	t->tq_head = t->tq_sent = t->tq_off = 0;
 	t->rx_start = t->rx_end = 0;

@@ -1,0 +1,346 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Block leases enforced by the tcp target (issue 14, docs/protocol.md §5.11): every data op of a
+ * leased transfer is a conditional op (kvx_xport_post_bulk_cond()) on the owner's lease word, so
+ * an op that reaches the owner's target after the owner revoked fails -ESTALE and touches
+ * nothing. Public engine API only, real engines in two processes on loopback.
+ *
+ * WRITE, the consumer revokes mid-transfer: the producer (a child process) writes layer 0 of a
+ * transfer; the consumer (this process) aborts it, which revokes its lease, waits for the abort
+ * and takes a snapshot of its whole pool. Only then does the producer make layer 1 ready and
+ * seal. The consumer's `release` (the abort's note to the producer) is held back by a byte
+ * proxy on the producer's notify port, so the producer posts layer 1 not knowing of the abort,
+ * as a producer whose writes were already in flight would: those writes reach the consumer's
+ * target after the revocation. Asserted: the producer ends FAILED -ESTALE (never DONE), the
+ * consumer ABORTED, and the consumer's pool, its quarantined blocks included, is byte for byte
+ * the snapshot (layer 1 of the transfer's blocks still the poison it was filled with). The
+ * consumer runs one polling lcore, the thread of its tcp target too, so the revocation is
+ * ordered with every op its target applies: no residual window, the snapshot is exact. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine_test_util.h"
+#include "kvxfer/common.h"
+#include "kvxfer/transport.h"
+
+TestSuite(runtime_lease_target, .timeout = 180.0);
+
+#define LT_TIMEOUT_MS 30000u
+#define TRIES 3
+#define POISON 0x77
+
+struct ports {
+	uint16_t hs, nt;
+};
+
+struct result {
+	int status, error;
+};
+
+static const char *const tids[TRIES] = {"tx-c0", "tx-c1", "tx-c2"};
+
+static int rd(int fd, void *b, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t r = read(fd, (char *)b + got, n - got);
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static int wr(int fd, const void *b, size_t n)
+{
+	return write(fd, b, n) == (ssize_t)n ? 0 : -1;
+}
+
+/* A byte proxy from 127.0.0.1:port to 127.0.0.1:to (the producer's notify listener): the
+ * consumer's notes reach the producer through it; while `hold` is set it stops reading from the
+ * consumer's side (the bytes wait in the kernel). Its thread polls with a 5 ms timeout only to
+ * see hold and stop change. */
+#define PX_MAX 4
+struct proxy {
+	int lfd;
+	uint16_t port, to;
+	atomic_bool hold, stop;
+	pthread_t th;
+};
+
+static int px_connect(uint16_t port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* Move what fd has to the other side; false when it closed. */
+static bool px_move(int from, int to)
+{
+	char buf[65536];
+	ssize_t n = read(from, buf, sizeof(buf));
+	if (n <= 0)
+		return false;
+	for (ssize_t off = 0; off < n;) {
+		ssize_t w = write(to, buf + off, (size_t)(n - off));
+		if (w <= 0)
+			return false;
+		off += w;
+	}
+	return true;
+}
+
+static void *px_run(void *arg)
+{
+	struct proxy *p = arg;
+	int c[PX_MAX], s[PX_MAX], n = 0;
+	while (!atomic_load(&p->stop)) {
+		struct pollfd pf[1 + 2 * PX_MAX];
+		int k = 0;
+		pf[k++] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
+		bool hold = atomic_load(&p->hold);
+		for (int i = 0; i < n; i++) {
+			pf[k++] = (struct pollfd){.fd = hold ? -1 : c[i], .events = POLLIN};
+			pf[k++] = (struct pollfd){.fd = s[i], .events = POLLIN};
+		}
+		if (poll(pf, (nfds_t)k, 5) <= 0)
+			continue;
+		if ((pf[0].revents & POLLIN) && n < PX_MAX) {
+			int fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+			int up = fd >= 0 ? px_connect(p->to) : -1;
+			if (up >= 0) {
+				c[n] = fd;
+				s[n++] = up;
+			} else if (fd >= 0) {
+				close(fd);
+			}
+		}
+		for (int i = 0; i < n; i++) {
+			bool ok = true;
+			/* hold is read again: it may have been set while this thread was in poll(). */
+			if (pf[1 + 2 * i].revents && !atomic_load(&p->hold))
+				ok = px_move(c[i], s[i]);
+			if (ok && pf[2 + 2 * i].revents)
+				ok = px_move(s[i], c[i]);
+			if (!ok) {
+				close(c[i]);
+				close(s[i]);
+				c[i] = c[n - 1];
+				s[i] = s[n - 1];
+				n--;
+				break; /* pf indices moved: poll again */
+			}
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		close(c[i]);
+		close(s[i]);
+	}
+	return NULL;
+}
+
+static void px_start(struct proxy *p, uint16_t to)
+{
+	p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	cr_assert_geq(p->lfd, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	socklen_t sl = sizeof(sa);
+	cr_assert_eq(bind(p->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	cr_assert_eq(listen(p->lfd, 8), 0);
+	cr_assert_eq(getsockname(p->lfd, (struct sockaddr *)&sa, &sl), 0);
+	p->port = ntohs(sa.sin_port);
+	p->to = to;
+	atomic_init(&p->hold, false);
+	atomic_init(&p->stop, false);
+	cr_assert_eq(pthread_create(&p->th, NULL, px_run, p), 0);
+}
+
+static void px_stop(struct proxy *p)
+{
+	atomic_store(&p->stop, true);
+	pthread_join(p->th, NULL);
+	close(p->lfd);
+}
+
+static struct kvx_engine_peer peer_of(uint16_t hs, uint16_t nt)
+{
+	return (struct kvx_engine_peer){.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt};
+}
+
+static void start(struct et_eng *g, enum kvx_sched_role role)
+{
+	struct kvx_engine_params p;
+	et_params(&p, role, KVX_SCHED_MODE_WRITE);
+	p.transfer_timeout_ms = LT_TIMEOUT_MS;
+	et_start(g, &p, role == KVX_SCHED_PRODUCER);
+}
+
+/* Data ops the engine's pollers posted so far (lease reads are not counted). */
+static uint64_t ops_posted(struct kvx_engine *e)
+{
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(e, &st);
+	uint64_t n = 0;
+	for (uint32_t i = 0; i < st.n_lcores; i++)
+		n += st.lcores[i].ops;
+	return n;
+}
+
+static bool posted_since(struct kvx_engine *e, void *arg)
+{
+	return ops_posted(e) > *(const uint64_t *)arg;
+}
+
+static int write_layers(struct et_eng *P, const char *tid, const struct ports *d, uint32_t from)
+{
+	static const uint32_t src[2] = {1, 2};
+	struct kvx_engine_write w = {.transfer_id = tid, .peer = peer_of(d->hs, d->nt), .local_blocks = src,
+				     .n = 2};
+	if (from == 0 && kvx_xfer_write_begin(P->e, &w))
+		return -1;
+	for (uint32_t l = from; l < (from ? ET_NL : 1u); l++)
+		if (kvx_xfer_layer_ready(P->e, tid, l, NULL))
+			return -1;
+	return from ? kvx_xfer_seal(P->e, tid, ET_NL) : 0;
+}
+
+/* Producer child: writes tx-0 whole (connects), then per attempt byte i writes tids[i]: layer 0,
+ * stop once it is posted, then layer 1 and seal; reports the transfer's end once its blocks are
+ * back (every op of it terminal). */
+static int child_producer(int to_parent, int from_parent)
+{
+	struct ports dp;
+	if (rd(from_parent, &dp, sizeof(dp)))
+		return 10;
+	struct et_eng P;
+	start(&P, KVX_SCHED_PRODUCER);
+	struct ports mine = {P.hs, P.nt};
+	if (wr(to_parent, &mine, sizeof(mine)))
+		return 11;
+	struct et_track t = {.n = 0};
+	et_follow(&t, "tx-0");
+	if (write_layers(&P, "tx-0", &dp, 0) || write_layers(&P, "tx-0", &dp, 1) ||
+	    !et_wait(P.e, &t, "tx-0", true) || t.status[0] != KVX_CPL_DONE)
+		return 12;
+	char i;
+	while (rd(from_parent, &i, 1) == 0 && i >= 0 && i < TRIES) {
+		size_t k = et_follow(&t, tids[(int)i]);
+		uint64_t ops0 = ops_posted(P.e);
+		if (write_layers(&P, tids[(int)i], &dp, 0))
+			return 13;
+		/* Layer 0 is posted only once the consumer's lease was found. */
+		if (!et_wait_until(P.e, &t, posted_since, &ops0) || wr(to_parent, "p", 1))
+			return 14;
+		char go;
+		if (rd(from_parent, &go, 1) || write_layers(&P, tids[(int)i], &dp, 1) ||
+		    !et_wait(P.e, &t, tids[(int)i], true))
+			return 15;
+		struct result r = {.status = t.status[k], .error = t.error[k]};
+		if (wr(to_parent, &r, sizeof(r)))
+			return 16;
+	}
+	et_free(&P);
+	return 0;
+}
+
+Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_stale_blocks_untouched)
+{
+	char why[KVX_XPORT_REASON_MAX] = "";
+	if (kvx_xport_provider_probe("tcp", why, sizeof(why)))
+		cr_skip_test("tcp unavailable: %s", why);
+	int a[2], b[2];
+	cr_assert_eq(pipe(a), 0);
+	cr_assert_eq(pipe(b), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(a[1]);
+		close(b[0]);
+		_exit(child_producer(b[1], a[0]));
+	}
+	close(a[0]);
+	close(b[1]);
+	int to = a[1], from = b[0];
+	struct et_eng D;
+	start(&D, KVX_SCHED_CONSUMER);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(D.e, &st);
+	cr_assert_eq(st.n_lcores, 1, "the exact snapshot needs the target on the revoking poller");
+	struct ports dp = {D.hs, D.nt}, pp;
+	cr_assert_eq(wr(to, &dp, sizeof(dp)), 0);
+	cr_assert_eq(rd(from, &pp, sizeof(pp)), 0, "the producer child failed to start");
+	struct proxy px;
+	px_start(&px, pp.nt);
+	struct et_track td = {.n = 0};
+	const uint32_t d0[2] = {0, 1};
+	/* The consumer's notes go through the proxy; the handshake goes straight to the producer. */
+	struct kvx_engine_announce an = {.transfer_id = "tx-0", .peer = peer_of(pp.hs, px.port), .local_blocks = d0,
+					 .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	et_follow(&td, "tx-0");
+	et_expect_done(D.e, &td, "tx-0", false);
+	static uint8_t snap[ET_NL][2 * ET_NB * ET_BLOCK];
+	for (char i = 0; i < TRIES; i++) {
+		for (int l = 0; l < ET_NL; l++)
+			memset(D.mem[l], POISON, 2 * ET_NB * ET_BLOCK);
+		const uint32_t db[2] = {2 + 2 * (uint32_t)i, 3 + 2 * (uint32_t)i};
+		an.transfer_id = tids[(int)i];
+		an.local_blocks = db;
+		cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+		size_t k = et_follow(&td, tids[(int)i]);
+		cr_assert_eq(wr(to, &i, 1), 0);
+		char c;
+		cr_assert_eq(rd(from, &c, 1), 0, "the producer child never posted layer 0");
+		/* Revoke: the abort reports only after the lease word is the tombstone. From here
+		 * not one byte of the pool may change. Its release stays in the proxy. */
+		atomic_store(&px.hold, true);
+		cr_assert_eq(kvx_xfer_abort(D.e, tids[(int)i]), 0);
+		cr_assert(et_wait(D.e, &td, tids[(int)i], false), "%s never ended on D", tids[(int)i]);
+		cr_assert_eq(td.status[k], KVX_CPL_ABORTED, "D: status %d error %d", td.status[k], td.error[k]);
+		for (int l = 0; l < ET_NL; l++)
+			memcpy(snap[l], D.mem[l], sizeof(snap[l]));
+		/* Layer 1 now: its writes reach the target after the revocation. */
+		cr_assert_eq(wr(to, "g", 1), 0);
+		struct result r;
+		cr_assert_eq(rd(from, &r, sizeof(r)), 0, "the producer child failed");
+		atomic_store(&px.hold, false);
+		cr_assert_eq(r.status, KVX_CPL_FAILED, "P: %s status %d error %d (DONE after the revocation?)",
+			     tids[(int)i], r.status, r.error);
+		cr_assert_eq(r.error, -ESTALE, "P: %s error %d (%s)", tids[(int)i], r.error, kvx_strerror(r.error));
+		for (int l = 0; l < ET_NL; l++)
+			cr_assert_arr_eq(D.mem[l], snap[l], sizeof(snap[l]),
+					 "%s: layer %d of the consumer's pool changed after the revocation",
+					 tids[(int)i], l);
+		for (uint32_t j = 0; j < 2; j++)
+			for (uint32_t pl = 0; pl < 2; pl++)
+				for (uint32_t x = 0; x < ET_BLOCK; x++)
+					cr_assert_eq(et_block(&D, 1, pl, db[j])[x], POISON,
+						     "%s: a layer-1 byte landed", tids[(int)i]);
+	}
+	char q = -1;
+	cr_assert_eq(wr(to, &q, 1), 0);
+	int wst = 0;
+	cr_assert_eq(waitpid(pid, &wst, 0), pid);
+	cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "producer child failed (status 0x%x)", wst);
+	close(to);
+	close(from);
+	px_stop(&px);
+	et_free(&D);
+}
