@@ -8,9 +8,14 @@
 #      ucx_perftest UCX_TLS=tcp ucp_put_bw, 1 MiB   vs  kvxfer-perf bw -t tcp -m write -s 1M
 #   3. plain process_vm_readv loop, 1 MiB           vs  kvxfer-perf bw -t shm -m read -s 1M
 #      single-core memcpy, 1 MiB                    (reference ceiling for shm)
+#   4. process_vm_readv loop, 128 x 4 KiB iovecs per call  vs  kvxfer-perf bw -t shm -m read
+#      -s 4K --batch 1 (one op per post, 128 in flight: small ops, issue 16)
+#   5. plain ZMQ DEALER/ROUTER echo                vs  kvxfer-perf notify's round trip (p50; the
+#      median of its alternating rounds' ratios, both measured by that one command)
 # Each pair runs back to back with the same pinning (client CPU A, server CPU B) and the
 # same duration. Targets (2-core machine): tcp >= 0.9x iperf3 and >= 1.5x ucx_perftest;
-# shm >= 0.9x the process_vm_readv loop.
+# shm >= 0.9x the process_vm_readv loop; shm 4 KiB ops >= 0.8x the batched loop; notify round
+# trip <= 1.2x the ZMQ echo.
 #
 # Usage: bash bench/compare.sh [BUILD_DIR]       (default: build; builds kvxfer-perf there)
 # Env:   KVX_CMP_SECONDS (default 5) per measurement, KVX_CMP_CPUS (default "0,1"),
@@ -82,8 +87,14 @@ kvx_gbs() { # transport mode size
   "$PERF" bw --local -t "$1" -m "$2" -s "$3" -D "$SECS" -l "$CA,$CB" --output=bandwidth
 }
 
-peer_gbs() { # cma|memcpy size
-  "$PERF" bw --peer "$1" -s "$2" -D "$SECS" -l "$CA,$CB" --output=bandwidth
+peer_gbs() { # cma|memcpy size [batch]
+  "$PERF" bw --peer "$1" -s "$2" --batch "${3:-1}" -D "$SECS" -l "$CA,$CB" --output=bandwidth
+}
+
+# kvxfer-perf notify: median over its alternating rounds of p50(kvxfer) / p50(ZMQ echo).
+notify_ratio() {
+  "$PERF" notify --iters 6000 --msgs 2000 --hs-iters 2 --json - 2>/dev/null |
+    python3 -c 'import json,sys; print("%.2f" % json.load(sys.stdin)["zmq_rtt_ratio_p50"])'
 }
 
 declare -A RAT
@@ -102,6 +113,10 @@ for r in $(seq "$ROUNDS"); do
   a=$(ucx_gbs 1048576);           b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB WRITE vs ucx_perftest ucp_put_bw UCX_TLS=tcp" "$b" "$a" ucx1m
   a=$(peer_gbs cma 1M);           b=$(kvx_gbs shm read 1M);   row "shm 1 MiB READ vs plain process_vm_readv loop" "$b" "$a" cma
   a=$(peer_gbs memcpy 1M);                                     row "shm 1 MiB READ vs single-core memcpy (ceiling)" "$b" "$a" memcpy
+  a=$(peer_gbs cma 4K 128);       b=$(kvx_gbs shm read 4K);   row "shm 4 KiB READ, 1 op/post vs process_vm_readv, 128 iovecs/call" "$b" "$a" cma4k
+  r=$(notify_ratio)
+  printf '  %-58s ratio %sx (kvxfer-perf notify, p50 round trip)\n' "notify round trip vs ZMQ DEALER/ROUTER echo" "$r"
+  RAT[notify]+="$r "
 done
 med() { python3 -c 'import sys,statistics; print("%.2f" % statistics.median(map(float, sys.argv[1:])))' $1; }
 echo "summary (median ratio over rounds; target in brackets):"
@@ -110,3 +125,5 @@ printf '  tcp vs ucx 64 KiB    %sx  [>= 1.5]\n' "$(med "${RAT[ucx64k]}")"
 printf '  tcp vs ucx 1 MiB     %sx  [>= 1.5]\n' "$(med "${RAT[ucx1m]}")"
 printf '  shm vs cma loop      %sx  [>= 0.9]\n' "$(med "${RAT[cma]}")"
 printf '  shm vs memcpy        %sx  (reference)\n' "$(med "${RAT[memcpy]}")"
+printf '  shm 4 KiB vs batched %sx  [>= 0.8]\n' "$(med "${RAT[cma4k]}")"
+printf '  notify vs ZMQ echo   %sx  [<= 1.2]\n' "$(med "${RAT[notify]}")"

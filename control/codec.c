@@ -110,14 +110,22 @@ int kvx_msg_notify_encode(const struct kvx_msg_notify *m, void *buf, size_t cap)
 		f |= pk_kv_str(&pk, "kvx_reason", m->reason);
 		f |= pk_ident(&pk, m);
 		break;
-	case KVX_MSG_STATUS_QUERY:
-		if (!ident)
+	case KVX_MSG_STATUS_QUERY: {
+		bool reply = m->notify_host[0] != 0;
+		if (!ident || (reply && (!id_ok(m->notify_host, KVX_MSG_NAME_MAX) || m->notify_port == 0 ||
+					 m->notify_port > 65535)))
 			return -EINVAL;
-		f |= msgpack_pack_map(&pk, 2 + ident);
+		f |= msgpack_pack_map(&pk, 2 + ident + (reply ? 3 : 0));
 		f |= pk_kv_str(&pk, "type", "kvx_status_query");
 		f |= pk_kv_str(&pk, "transfer_id", m->transfer_id);
 		f |= pk_ident(&pk, m);
+		if (reply) {
+			f |= pk_kv_str(&pk, "kvx_notify_host", m->notify_host);
+			f |= pk_kv_u64(&pk, "kvx_notify_port", m->notify_port);
+			f |= pk_kv_u64(&pk, "kvx_revoked", m->lease_revoked ? 1 : 0);
+		}
 		break;
+	}
 	case KVX_MSG_COMPLETION: {
 		size_t n = strlen(m->transfer_id);
 		f |= kvx_ctl_wbuf_write(&w, m->transfer_id, n);
@@ -219,6 +227,9 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 	m->fail_status = 0;
 	m->fail_error = 0;
 	m->reason[0] = 0;
+	m->notify_host[0] = 0;
+	m->notify_port = 0;
+	m->lease_revoked = false;
 	if (len > KVX_MSG_NOTIFY_MAX_BYTES) {
 		kvx_ctl_seterr(err, err_len, "frame of %zu bytes exceeds %u", len,
 			       KVX_MSG_NOTIFY_MAX_BYTES);
@@ -238,9 +249,10 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 		return rc;
 	static const char *const keys[] = {"type", "transfer_id", "req_id", "block_notify_list",
 					   "decode_rank", "consumer_tp_size", "kvx_epoch", "kvx_engine",
-					   "kvx_rank", "kvx_status", "kvx_error", "kvx_reason"};
-	const msgpack_object *v[12];
-	rc = map_lookup(&u.data, keys, 12, v, err, err_len);
+					   "kvx_rank", "kvx_status", "kvx_error", "kvx_reason",
+					   "kvx_notify_host", "kvx_notify_port", "kvx_revoked"};
+	const msgpack_object *v[15];
+	rc = map_lookup(&u.data, keys, 15, v, err, err_len);
 	if (rc)
 		goto out;
 	if (v[0]) {
@@ -336,6 +348,24 @@ int kvx_msg_notify_decode(const void *buf, size_t len, struct kvx_msg_notify *m,
 		}
 		m->fail_status = (uint32_t)st;
 		m->fail_error = (int32_t)er;
+	}
+	if (m->type == KVX_MSG_STATUS_QUERY && (v[12] || v[13] || v[14])) {
+		/* A READ consumer's query: where to send kvx_failed (all three keys or none). */
+		uint64_t port, rev;
+		if ((rc = need(v[12], "kvx_notify_host", err, err_len)) ||
+		    (rc = need(v[13], "kvx_notify_port", err, err_len)) ||
+		    (rc = need(v[14], "kvx_revoked", err, err_len)) ||
+		    (rc = get_text(v[12], "kvx_notify_host", m->notify_host, sizeof(m->notify_host), 0, err, err_len)) ||
+		    (rc = get_uint(v[13], "kvx_notify_port", 65535, &port, err, err_len)) ||
+		    (rc = get_uint(v[14], "kvx_revoked", 1, &rev, err, err_len)))
+			goto out;
+		if (port == 0) {
+			kvx_ctl_seterr(err, err_len, "field 'kvx_notify_port' must be > 0");
+			rc = -EPROTO;
+			goto out;
+		}
+		m->notify_port = (uint32_t)port;
+		m->lease_revoked = rev != 0;
 	}
 	if (m->type == KVX_MSG_RELEASE && v[5]) {
 		uint64_t t;

@@ -310,8 +310,12 @@ void *ctl_loop(void *arg)
 			pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
 		int rc = poll(pfd, n, timeout);
-		if (prepared || (rc > 0 && pfd[0].revents))
+		if (rc > 0 && pfd[0].revents)
 			kvx_waiter_finish(&ctl->waiter);
+		else if (prepared)
+			/* Woken by a socket or the timeout: nothing to read from the eventfd (a wake
+			 * that raced with this leaves it readable; the next poll returns at once). */
+			kvx_waiter_cancel(&ctl->waiter);
 		if (rc <= 0) {
 			if (spinning)
 				sched_yield(); /* a thread sharing this CPU runs first */

@@ -357,6 +357,10 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 		e->stage_head = (e->stage_head + 1) % e->stage_cap;
 		e->stage_n--;
 		out[got++] = c->c;
+		if (c->c.kind == KVX_CPL_TRANSFER && !c->last)
+			e->n_held++; /* a KVX_CPL_BLOCKS_RELEASED (last) follows */
+		else if (c->c.kind == KVX_CPL_BLOCKS_RELEASED)
+			e->n_held--;
 		if (c->last) {
 			/* The registry entry stays live (not evictable) until the last completion: the
 			 * object's app-side pointer to it is valid here, no lookup by id. */
@@ -373,6 +377,9 @@ KVX_API size_t kvx_engine_poll_completions(struct kvx_engine *e, struct kvx_comp
 		}
 	}
 	if (e->metrics)
-		kvx_metrics_on_poll(e->metrics, e, e->ctl, out, got, kvx_xfer_live_count(e->reg), false);
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, out, got,
+				    &(struct kvx_metrics_app){.objects = kvx_xfer_live_count(e->reg),
+							      .held = e->n_held, .pool_full = e->st_nobufs},
+				    false);
 	return got;
 }

@@ -503,7 +503,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	/* This worker's name in the acks and failure notes it sends kvxfer peers: its engine id
 	 * (the handshake base port, or the bound one with ephemeral ports), TP rank and epoch. */
 	uint16_t hs_bound = 0;
-	kvx_ctl_bound_ports(e->ctl, &hs_bound, NULL);
+	kvx_ctl_bound_ports(e->ctl, &hs_bound, &e->self_nt);
 	snprintf(e->self_id, sizeof(e->self_id), "%s:%u", e->host,
 		 e->p.handshake_port ? e->p.handshake_port : hs_bound);
 	e->self_epoch = kvx_ctl_epoch(e->ctl);
@@ -521,7 +521,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			return rc;
 	e->started = true;
 	if (e->metrics)
-		kvx_metrics_on_poll(e->metrics, e, e->ctl, NULL, 0, 0, true); /* first snapshot */
+		kvx_metrics_on_poll(e->metrics, e, e->ctl, NULL, 0, &(struct kvx_metrics_app){0}, true); /* first */
 	return 0;
 }
 
@@ -670,6 +670,12 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	st->duplicates_rejected = e->st_dup;
 	st->fences = atomic_load_explicit(&m->st_fences, memory_order_relaxed);
 	st->peer_resets = atomic_load_explicit(&m->st_peer_resets, memory_order_relaxed);
+	/* xctx[] is fixed once started; the counters are atomics of the target's progress poller. */
+	for (uint32_t k = 0; k < e->n_xctx; k++) {
+		struct kvx_xport_counters xc;
+		kvx_xport_ctx_service_counters(e->xctx[k], &xc);
+		st->data_auth_refused += xc.auth_refused;
+	}
 	if (e->ctl) {
 		struct kvx_ctl_counters cc;
 		kvx_ctl_counters_get(e->ctl, &cc);

@@ -304,6 +304,8 @@ struct kvx_engine {
 	char lcores[128];
 	char self_id[KVX_ENGINE_HOST_MAX + 8]; /* app thread at start: "host:hs_port", our engine id in acks */
 	uint64_t self_epoch;                   /* app thread at start: this incarnation's epoch */
+	uint16_t self_nt;                      /* app thread at start: this worker's bound notify port
+						* (a READ consumer names it to its producer) */
 	char proxy[128], http[128];
 	bool started, stopped;
 	uint32_t n_layers;
@@ -364,6 +366,8 @@ struct kvx_engine {
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;
 	uint64_t st_dup, st_nobufs; /* app thread */
+	uint32_t n_held; /* app thread: transfers whose KVX_CPL_TRANSFER was polled, their
+	                    KVX_CPL_BLOCKS_RELEASED not yet (blocks held in quarantine) */
 	struct kvx_ratelimit rl_nobufs;
 	/* Lease directory (runtime/lease.c): lease_n + LEASE_WIN words, registered REMOTE_READ in
 	 * every context (lease_mr[]); words written as lease.c says. lease_buf: Array[max_transfers

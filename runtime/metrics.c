@@ -54,7 +54,7 @@ struct snap {
 	bool have_cc;
 	struct kvx_ctl_peer_stats cps[KVX_CTL_PEER_STATS_MAX]; /* per source IP of control frames */
 	size_t n_cps;
-	uint64_t live;
+	struct kvx_metrics_app app;
 	char transport[16];
 	struct acc acc;
 };
@@ -65,6 +65,7 @@ struct kvx_metrics {
 	uint16_t bound_port;
 	bool v6;
 	char role[16], mode[8], adv_host[KVX_ENGINE_HOST_MAX];
+	uint32_t pool_size; /* params.max_transfers */
 	/* application thread */
 	struct acc acc;
 	uint64_t last_pub_ns;
@@ -211,7 +212,17 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 			g_outcome[s->acc.reasons[i].outcome], en, (unsigned long long)s->acc.reasons[i].count);
 	}
 	head(f, "kvxfer_transfers_in_flight", "gauge", "Transfers submitted and not yet terminal.");
-	fprintf(f, "kvxfer_transfers_in_flight %llu\n", (unsigned long long)s->live);
+	fprintf(f, "kvxfer_transfers_in_flight %llu\n", (unsigned long long)(s->app.objects - s->app.held));
+	head(f, "kvxfer_transfers_quarantined", "gauge",
+	     "Terminal transfers whose blocks are not reusable yet (KVX_CPL_BLOCKS_RELEASED still due): "
+	     "held while ops could still touch them.");
+	fprintf(f, "kvxfer_transfers_quarantined %llu\n", (unsigned long long)s->app.held);
+	head(f, "kvxfer_transfer_pool_size", "gauge",
+	     "Preallocated transfer objects (params.max_transfers); in flight plus quarantined take one each.");
+	fprintf(f, "kvxfer_transfer_pool_size %u\n", m->pool_size);
+	head(f, "kvxfer_transfer_pool_full_total", "counter",
+	     "Submissions refused with ENOBUFS because every transfer object was taken.");
+	fprintf(f, "kvxfer_transfer_pool_full_total %llu\n", (unsigned long long)s->app.pool_full);
 	head(f, "kvxfer_transfer_duration_seconds", "histogram",
 	     "Submission to terminal state of the transfers polled by the application, by outcome.");
 	for (int o = 0; o < 4; o++) {
@@ -335,12 +346,6 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 				(unsigned long long)c->notify_tx_type[t]);
 		fprintf(f, "kvxfer_control_messages_total{direction=\"sent\",type=\"heartbeat\"} %llu\n",
 			(unsigned long long)c->heartbeats);
-		head(f, "kvxfer_auth_connections_total", "counter",
-		     "With auth_dir: inbound CURVE connections to the handshake and notify listeners, by result "
-		     "(refused: no CURVE, a failed handshake, or a key not in allowed/).");
-		fprintf(f, "kvxfer_auth_connections_total{result=\"accepted\"} %llu\n",
-			(unsigned long long)c->auth_accepted);
-		fprintf(f, "kvxfer_auth_connections_total{result=\"refused\"} %llu\n", (unsigned long long)c->auth_refused);
 		head(f, "kvxfer_handshake_requests_served_total", "counter",
 		     "Handshake requests answered, by kind (get_meta_msg, kvx_connect).");
 		fprintf(f, "kvxfer_handshake_requests_served_total{kind=\"metadata\"} %llu\n", (unsigned long long)c->hs_served);
@@ -364,6 +369,19 @@ static void render(FILE *f, const struct kvx_metrics *m, const struct snap *s)
 		head(f, "kvxfer_control_peers_open", "gauge", "Cached DEALER sockets to peers.");
 		fprintf(f, "kvxfer_control_peers_open %llu\n", (unsigned long long)c->peers_open);
 	}
+	head(f, "kvxfer_auth_connections_total", "counter",
+	     "Inbound connections by plane and result. control (with auth_dir): CURVE connections to the "
+	     "handshake and notify listeners (refused: no CURVE, a failed handshake, or a key not in "
+	     "allowed/). data: tcp data connections whose hello named no endpoint or did not prove its "
+	     "secret (refused only).");
+	if (s->have_cc) {
+		fprintf(f, "kvxfer_auth_connections_total{plane=\"control\",result=\"accepted\"} %llu\n",
+			(unsigned long long)s->cc.auth_accepted);
+		fprintf(f, "kvxfer_auth_connections_total{plane=\"control\",result=\"refused\"} %llu\n",
+			(unsigned long long)s->cc.auth_refused);
+	}
+	fprintf(f, "kvxfer_auth_connections_total{plane=\"data\",result=\"refused\"} %llu\n",
+		(unsigned long long)st->data_auth_refused);
 }
 
 /* libmicrohttpd's polling thread: the newest snapshot becomes current, older ones go back. */
@@ -434,6 +452,7 @@ int kvx_metrics_start(struct kvx_metrics *m, const struct kvx_engine_params *p)
 	snprintf(m->role, sizeof(m->role), "%s", p->role == KVX_SCHED_PRODUCER ? "producer" : "consumer");
 	snprintf(m->mode, sizeof(m->mode), "%s", p->mode == KVX_SCHED_MODE_READ ? "read" : "write");
 	snprintf(m->adv_host, sizeof(m->adv_host), "%s", p->host ? p->host : "");
+	m->pool_size = p->max_transfers;
 	struct kvx_ring_params rp = {.name = "metrics", .count = 4};
 	int rc = kvx_ring_create(&rp, &m->full);
 	if (!rc)
@@ -478,7 +497,7 @@ int kvx_metrics_start(struct kvx_metrics *m, const struct kvx_engine_params *p)
 }
 
 void kvx_metrics_on_poll(struct kvx_metrics *m, const struct kvx_engine *e, const struct kvx_ctl *ctl,
-			 const struct kvx_completion *c, size_t n, size_t live, bool force)
+			 const struct kvx_completion *c, size_t n, const struct kvx_metrics_app *app, bool force)
 {
 	struct acc *a = &m->acc;
 	for (size_t i = 0; i < n; i++) {
@@ -535,7 +554,7 @@ void kvx_metrics_on_poll(struct kvx_metrics *m, const struct kvx_engine *e, cons
 		kvx_ctl_counters_get(ctl, &s->cc);
 		s->n_cps = kvx_ctl_peer_stats_get(ctl, s->cps, KVX_CTL_PEER_STATS_MAX);
 	}
-	s->live = live;
+	s->app = *app;
 	const char *t = kvx_engine_transport_name(e);
 	snprintf(s->transport, sizeof(s->transport), "%s", t ? t : "");
 	s->acc = *a;

@@ -10,7 +10,10 @@
  * - the engine's application thread owns the accumulators (completion counts, latency
  *   histogram) and fills snapshots: in kvx_metrics_on_poll(), at most every
  *   KVX_METRICS_PUBLISH_NS, it takes a free snapshot buffer from the `free` ring, fills it and
- *   enqueues it on the `full` ring (release: the contents happen-before the dequeue);
+ *   enqueues it on the `full` ring (release: the contents happen-before the dequeue); what it
+ *   copies from other threads are relaxed atomic loads of their single-writer counters (e.g.
+ *   the tcp data plane's refusals, written by the target's progress poller and loaded through
+ *   kvx_engine_get_stats() -> kvx_xport_ctx_service_counters());
  * - libmicrohttpd's one internal polling thread serves GET /metrics: it drains `full`, keeps the
  *   newest snapshot, returns the older ones on `free`, and renders the text from the snapshot
  *   it holds. It never touches the engine.
@@ -39,14 +42,22 @@ int kvx_metrics_create(const char *addr, struct kvx_metrics **out, char *err, si
  * snapshot the endpoint answers 503. */
 int kvx_metrics_start(struct kvx_metrics *m, const struct kvx_engine_params *p);
 
+/* The engine's transfer-object pool as its application thread sees it (runtime/api.c). */
+struct kvx_metrics_app {
+	size_t objects;     /* transfer objects taken: submitted, last completion not yet polled */
+	size_t held;        /* of those, terminal (KVX_CPL_TRANSFER polled) with blocks in quarantine
+	                       (KVX_CPL_BLOCKS_RELEASED still due) */
+	uint64_t pool_full; /* submissions refused with -ENOBUFS: max_transfers objects taken */
+};
+
 /*
  * Account @p n completions the application just polled and publish a snapshot when the last one
- * is older than KVX_METRICS_PUBLISH_NS (always when @p force). @p live = transfers in flight;
+ * is older than KVX_METRICS_PUBLISH_NS (always when @p force). @p app: the pool's figures;
  * @p ctl = the engine's control lcore (its counters are read too), or NULL.
  * Application thread only; no allocation, no lock.
  */
 void kvx_metrics_on_poll(struct kvx_metrics *m, const struct kvx_engine *e, const struct kvx_ctl *ctl,
-			 const struct kvx_completion *c, size_t n, size_t live, bool force);
+			 const struct kvx_completion *c, size_t n, const struct kvx_metrics_app *app, bool force);
 
 /* Bound "IP:PORT" (after start) into @p buf; -EAGAIN before start. */
 int kvx_metrics_addr(const struct kvx_metrics *m, char *buf, size_t len);

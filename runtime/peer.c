@@ -63,6 +63,16 @@ void eng_on_notify(void *arg, const struct kvx_msg_notify *msg)
 	} else {
 		m.u64 = msg->consumer_tp_size ? msg->consumer_tp_size : 1;
 	}
+	if (t == KVX_MSG_STATUS_QUERY && msg->notify_host[0]) {
+		/* A READ consumer's query names its notify listener: kvx_failed for the served
+		 * transfer goes there (docs/protocol.md §5.10). */
+		char *host = strdup(msg->notify_host); /* control path; freed by the poller */
+		if (!host)
+			return;
+		m.ptr = host;
+		m.n = msg->notify_port;
+		m.status = msg->lease_revoked;
+	}
 	if (msg->sender_id[0] && msg->sender_rank >= 0)
 		m.key = kvx_xfer_sender_key(msg->sender_id, (uint32_t)msg->sender_rank, msg->sender_epoch);
 	if (t == KVX_MSG_FAILED) {

@@ -144,8 +144,11 @@ void eng_remove_live(struct poller *po, struct xf *x)
 	po->live[i]->live_idx = i;
 	x->live = false;
 	po->owned[x->slot] = 0;
-	if (x->t && x->t->user == x)
+	if (x->t && x->t->user == x) {
+		if (x->lf.kind == KVX_XFER_K_READ)
+			kvx_xfer_make_terminal(po->tab, x->t); /* its entry only took the producer's note */
 		x->t->user = NULL;
+	}
 	x->t = NULL;
 	eng_conn_put(x->conn); /* retiring: no op of x is outstanding */
 	x->conn = NULL;
@@ -257,6 +260,82 @@ static void send_outcome(struct poller *po, const struct peer *pr, const struct 
 	send_msg(po, peer_host_of(pr, dp), port, &m);
 }
 
+static struct kvx_xfer *tab_get(struct poller *po, const char *tid);
+
+/* P SERVE: kvx_failed for transfer @p tid (status @p st, not DONE) to the READ consumer that
+ * asked for it at @p host : @p port (docs/protocol.md §5.10). */
+static void send_serve_note(struct poller *po, const char *host, uint16_t port, const char *tid,
+			    enum kvx_cpl_status st, int error, const char *why)
+{
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
+	m.type = KVX_MSG_FAILED;
+	m.fail_status = st == KVX_CPL_DONE ? KVX_CPL_FAILED : (uint32_t)st;
+	m.fail_error = error < 0 && error >= -4095 ? error : -EIO;
+	snprintf(m.reason, sizeof(m.reason), "%s",
+		 why			  ? why
+		 : st == KVX_CPL_ABORTED   ? "the producer aborted the served transfer"
+		 : st == KVX_CPL_TIMED_OUT ? "the producer's defer timeout passed before the consumer's release"
+					   : "the producer's serve failed");
+	send_msg(po, host, port, &m);
+}
+
+/* P SERVE: a READ consumer's status query naming its notify listener (@p m: host in m->ptr,
+ * port m->n, m->status 1 if it found the lease revoked). A serve that ended without success
+ * is answered at once; a running one (or one not submitted yet: parked on its entry) when it
+ * ends (apply()); a DONE one never (its consumer released it). Takes m->ptr. */
+static void serve_query(struct poller *po, struct emsg *m)
+{
+	char *host = m->ptr;
+	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
+	struct xf *x = t ? t->user : NULL;
+	bool ended = t && t->has_out && (!x || x->lf.reported);
+	if (ended && t->out_status != KVX_CPL_DONE) {
+		send_serve_note(po, host, (uint16_t)m->n, m->tid, (enum kvx_cpl_status)t->out_status, t->out_error, NULL);
+	} else if (!ended && !t && m->status) {
+		/* Revoked, and no record left of it here: the lease says it ended. */
+		send_serve_note(po, host, (uint16_t)m->n, m->tid, KVX_CPL_FAILED, -ESTALE,
+				"the producer no longer serves the transfer (lease revoked, no record left)");
+	} else if (!ended && (t || (t = tab_get(po, m->tid)) != NULL) && t->state == KVX_XFER_S_LIVE &&
+		   strlen(host) < sizeof(t->reply_host)) {
+		snprintf(t->reply_host, sizeof(t->reply_host), "%s", host);
+		t->reply_port = (uint16_t)m->n;
+	} else {
+		atomic_fetch_add_explicit(&po->e->st_late, 1, memory_order_relaxed);
+	}
+	free(host);
+}
+
+/* D READ, once, when its lease window shows the producer's grant (@p revoked false) or its
+ * revocation (true): ask the producer (a kvxfer engine: READs only run against those) to send
+ * kvx_failed here if its serve ends, or ended, without success. The transfer takes an entry
+ * in the table so that the note finds it. */
+static void read_ask(struct poller *po, struct xf *x, bool revoked)
+{
+	struct kvx_engine *e = po->e;
+	if (x->lf.queried || !e->self_nt)
+		return;
+	x->lf.queried = true;
+	if (!x->t) {
+		struct kvx_xfer *t = tab_get(po, x->tid);
+		if (t && !t->user) {
+			t->user = x;
+			x->t = t;
+		}
+	}
+	uint32_t rtp = 0;
+	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, peer_tp(e, x->peer), &rtp, NULL, 0);
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_STATUS_QUERY;
+	strcpy(m.transfer_id, x->tid);
+	snprintf(m.notify_host, sizeof(m.notify_host), "%s", e->host);
+	m.notify_port = e->self_nt;
+	m.lease_revoked = revoked;
+	send_msg(po, peer_host_of(x->peer, x->peer->dp_rank), peer_notify_port(e, x->peer, rtp), &m);
+}
+
 static void send_write_done(struct poller *po, struct xf *x)
 {
 	send_outcome(po, x->peer, xf_entry(x), x->tid, KVX_CPL_DONE, 0, NULL);
@@ -306,6 +385,12 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 		x->fence_ticket = eng_fence_request(po->e);
 		po->n_fence_pending++;
 	}
+	if (a & KVX_XFER_DO_REPORT && x->lf.kind == KVX_XFER_K_SERVE && o->status != KVX_CPL_DONE && !x->lf.reported) {
+		/* A READ consumer asked to be told (serve_query()): its reads can end now. */
+		struct kvx_xfer *t = xf_entry(x);
+		if (t && t->reply_port)
+			send_serve_note(po, t->reply_host, t->reply_port, x->tid, o->status, o->error, NULL);
+	}
 	if (a & KVX_XFER_DO_REPORT) {
 		report(po, x, o->status, o->error, a & KVX_XFER_DO_RELEASE);
 		if (a & KVX_XFER_DO_RELEASE)
@@ -326,8 +411,10 @@ static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 	struct kvx_xfer_out o;
 	ev.transfer_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
 	ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
-	if (ev.type == KVX_XFER_EV_ABORT || ev.type == KVX_XFER_EV_SUBMIT)
-		ev.now_ns = kvx_now_ns(); /* the quarantine deadline; a tick brings its own */
+	if (ev.type == KVX_XFER_EV_ABORT || ev.type == KVX_XFER_EV_SUBMIT || ev.type == KVX_XFER_EV_SEAL ||
+	    ev.type == KVX_XFER_EV_LAYER_WRITTEN)
+		ev.now_ns = kvx_now_ns(); /* the quarantine deadline, a WRITE's own deadline; a tick
+					   * brings its own */
 	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
 	apply(po, x, &o);
 	return o.act & KVX_XFER_DO_RELEASE;
@@ -582,10 +669,16 @@ static void lease_cpl(struct poller *po, struct xf *x)
 	} else {
 		ok = w[0] == x->lease_word;
 	}
+	if (x->lf.kind == KVX_XFER_K_READ && (ok || !x->lf.queried))
+		read_ask(po, x, !ok); /* the producer then says why, if its serve ends early */
 	if (!ok) {
+		x->lf.done_posting = true;
+		if (x->lf.peer_status)
+			return; /* the producer's kvx_failed came first: its status and error stand */
 		x->lf.failed = true;
 		x->lf.error = -ESTALE;
-		x->lf.done_posting = true;
+		/* Its producer's kvx_failed says why (until the deadline; else -ESTALE). */
+		x->lf.await_note = x->lf.kind == KVX_XFER_K_READ && x->lf.queried;
 		return;
 	}
 	x->lease_phase = x->lease_phase == LP_BEFORE ? LP_HELD : LP_VERIFIED;
@@ -799,6 +892,10 @@ static void handle_notify(struct poller *po, struct emsg *m)
 		ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
 		break;
 	case KVX_MSG_STATUS_QUERY:
+		if (m->ptr) {
+			serve_query(po, m); /* a READ consumer's: names where to answer */
+			return;
+		}
 		ev.type = KVX_XFER_EV_STATUS_QUERY;
 		break;
 	default:

@@ -83,6 +83,10 @@ struct kvx_xfer {
 				    * the entry is in the terminal LRU: a late allocation is answered) */
 	uint64_t peer_id;          /* ... and its id then: a slot reused for another peer since
 				    * (params.peer_idle_ms) has another id and is not answered */
+	uint16_t reply_port;       /* P SERVE: the notify listener of the READ consumer that asked
+				    * (kvx_status_query with kvx_notify_*), 0 = none: kvx_failed goes
+				    * there when the serve ends without success */
+	char reply_host[KVX_ENGINE_HOST_MAX];
 };
 
 struct kvx_xfer_table;
@@ -168,7 +172,12 @@ struct kvx_life {
 	bool check_wait;      /* P WRITE: waiting for the peer's epoch check number check_need */
 	uint64_t check_need;
 	bool peer_stopped;  /* P WRITE: D's release stopped it (D has reported already) */
-	bool queried;       /* D WRITE: the status query went out */
+	bool queried;       /* D WRITE: the status query went out; D READ: the producer was asked
+			     * to send kvx_failed if its serve ends without success */
+	uint64_t query_ns;  /* D WRITE: when the status query went out (0: not yet) */
+	bool await_note;    /* D READ: its lease was revoked (-ESTALE) after it asked: the producer's
+			     * kvx_failed is awaited (until the deadline) for its status and reason */
+	uint8_t peer_status; /* D READ: the producer's status from its kvx_failed (0: none) */
 };
 
 /* What the owning poller does after a lifecycle decision, in this order: send the

@@ -358,6 +358,8 @@ static void end_early(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 	}
 }
 
+static void read_settle(struct kvx_life *lf, struct kvx_xfer_out *o);
+
 static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf, const struct kvx_xfer_ev *ev,
 		    struct kvx_xfer_out *o)
 {
@@ -386,9 +388,24 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 		uint64_t grace = ev->query_grace_ns < limit ? ev->query_grace_ns : limit;
 		if (age > limit - grace) {
 			lf->queried = true;
+			lf->query_ns = now;
 			o->act = KVX_XFER_DO_SEND_QUERY;
 			return;
 		}
+	}
+	if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->query_ns && now > lf->query_ns && age > limit &&
+	    now - lf->query_ns < (ev->query_grace_ns < limit ? ev->query_grace_ns : limit)) {
+		/* The query went out late (this process or its poller was held up past the time to
+		 * ask, e.g. SIGSTOP: the producer's write_done may be waiting unread): its answer
+		 * gets the same time as an answer to a query sent on time. On time, this changes
+		 * nothing. */
+		return;
+	}
+	if (age > limit && lf->await_note) {
+		/* Its lease was revoked and the producer's note never came: the lease's -ESTALE. */
+		lf->await_note = false;
+		read_settle(lf, o);
+		return;
 	}
 	if (age > limit) {
 		lf->timed_out = true;
@@ -396,16 +413,35 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 	}
 }
 
+/* P WRITE holding D's allocation, about to seal or count a written layer (either may end it
+ * DONE) after its own deadline (the event's clock): it times out instead, as the clock tick
+ * would have done had the poller not been held up (a stopped process, a stalled thread). The
+ * consumer, whose deadline runs on the same timeout, has timed out or is about to: a DONE
+ * here was the soak's disagreement (P DONE, D TIMED_OUT) after a producer was stopped. */
+static bool write_late(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,
+		       const struct kvx_xfer_ev *ev, struct kvx_xfer_out *o)
+{
+	if (lf->kind != KVX_XFER_K_WRITE || lf->reported || !t || !t->has_alloc || !ev->now_ns ||
+	    !ev->transfer_timeout_ns ||
+	    ev->now_ns <= lf->start_ns || ev->now_ns - lf->start_ns <= ev->transfer_timeout_ns)
+		return false;
+	lf->timed_out = true;
+	end_early(tab, t, lf, ev->now_ns, ev->defer_timeout_ns, KVX_CPL_TIMED_OUT, -ETIMEDOUT, o);
+	return true;
+}
+
 static void read_settle(struct kvx_life *lf, struct kvx_xfer_out *o)
 {
-	if (lf->ops_out || (lf->await_peer && !lf->reported))
+	if (lf->ops_out || ((lf->await_peer || lf->await_note) && !lf->reported))
 		return;
 	if (lf->reported) {
 		/* The status is out already: blocks now, and P's release if it is owed. */
 		bool owed = (lf->aborted || lf->next_layer > 0) && !lf->release_sent;
 		o->act = KVX_XFER_DO_RELEASE | (owed ? KVX_XFER_DO_SEND_RELEASE : 0);
 	} else if (lf->done_posting || lf->failed) {
-		out_set(o, KVX_XFER_DO_SEND_RELEASE | DONE_NOW, lf->failed ? KVX_CPL_FAILED : KVX_CPL_DONE,
+		/* Failed: with the producer's status when its kvx_failed said why. */
+		out_set(o, KVX_XFER_DO_SEND_RELEASE | DONE_NOW,
+			!lf->failed ? KVX_CPL_DONE : lf->peer_status ? (enum kvx_cpl_status)lf->peer_status : KVX_CPL_FAILED,
 			lf->failed ? lf->error : 0);
 	}
 	if (o->act & KVX_XFER_DO_SEND_RELEASE)
@@ -581,6 +617,22 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		o->late = rc == 0 && !lf;
 		return;
 	case KVX_XFER_EV_PEER_FAILED_NOTE:
+		if (lf && lf->kind == KVX_XFER_K_READ) {
+			/* The producer's serve ended without success (it asked for this note): post
+			 * nothing more; once our own reads are terminal (they target our memory), end
+			 * with the producer's status and error. */
+			if (lf->reported || lf->peer_status) {
+				o->late = true;
+				return;
+			}
+			lf->peer_status = (uint8_t)(ev->fail_status ? ev->fail_status : KVX_CPL_FAILED);
+			lf->await_note = false;
+			lf->failed = true;
+			lf->error = ev->error ? ev->error : -EIO;
+			lf->done_posting = true;
+			read_settle(lf, o);
+			return;
+		}
 		if (!t || t->state != KVX_XFER_S_LIVE || ack_dup(t, ev->sender_key) ||
 		    (lf && lf->kind != KVX_XFER_K_ANNOUNCE)) {
 			o->late = true;
@@ -720,12 +772,16 @@ static void step_life(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		return;
 	case KVX_XFER_EV_SEAL: {
 		enum kvx_xfer_action a;
+		if (write_late(tab, t, lf, ev, o))
+			return;
 		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
 		    kvx_xfer_seal_count(tab, t, ev->n_layers, &a) >= 0 && a == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
 			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;
 		return;
 	}
 	case KVX_XFER_EV_LAYER_WRITTEN:
+		if (write_late(tab, t, lf, ev, o))
+			return;
 		if (lf->kind == KVX_XFER_K_WRITE && !lf->reported && t &&
 		    kvx_xfer_mark_write_done(tab, t, true) == KVX_XFER_ACT_NOTIFY_WRITE_DONE)
 			o->act = KVX_XFER_DO_SEND_WRITE_DONE | DONE_NOW;

@@ -4,8 +4,10 @@
 # -fsanitize=address,undefined into a throw-away target, and runs the binding tests (including
 # the 10,000-cycle growth test) with the sanitizer runtimes preloaded into Debian's python.
 # Leak detection is off: CPython and torch keep allocations until exit by design, and LSan would
-# report those; growth is bounded by the tests themselves (tracemalloc, mallinfo2 is not
-# meaningful under ASan's allocator and is skipped there). Any ASan/UBSan report aborts the run.
+# report those; growth is bounded by the tests themselves (tracemalloc for the Python heap, and
+# for the C heap ASan's allocator statistics in place of glibc's mallinfo2). Any ASan/UBSan
+# report aborts the run; the script exits non-zero when pytest fails or collects nothing.
+# A stage of README command (2) (scripts/test.sh).
 # Usage: bash scripts/python-asan.sh [pytest args...]   (default: tests/test_binding.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,4 +30,12 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export KVX_PY_ASAN=1
 cd python
 [ "$#" -gt 0 ] || set -- tests/test_binding.py
-exec "$PY" -m pytest -p no:cacheprovider -q "$@"
+set +e
+"$PY" -m pytest -p no:cacheprovider -q -ra "$@"
+rc=$?
+set -e
+case "$rc" in
+  0) echo "python-asan: pytest passed under ASan+UBSan" ;;
+  5) echo "python-asan: pytest collected no tests (exit 5)" >&2; exit 1 ;;
+  *) echo "python-asan: pytest failed (exit $rc; 134 = an ASan/UBSan report aborted it)" >&2; exit "$rc" ;;
+esac

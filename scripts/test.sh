@@ -4,7 +4,8 @@
 #      (tests/soak, ctest label "soak": READ/WRITE x tcp/shm with the fault kinds that pass today),
 #      then the Python package (kvxfer and its vLLM connector) installed with pip against that
 #      build + its pytest suite (scripts/test-python.sh)
-#   2. ASan+UBSan build + all tests
+#   2. the Python binding's tests (with the 10,000-cycle no-growth test) against an ASan+UBSan
+#      libkvxfer and extension (scripts/python-asan.sh), then the ASan+UBSan build + all tests
 #   3. TSan build + the multi-threaded tests: ring/lcore, control lcore, device staging, engine (label "tsan"),
 #      and the metrics endpoint scraped during a trace replay (tests/ops/metrics_tsan.sh)
 #   4. libFuzzer targets for a bounded time each (tests/fuzz/run.sh, needs clang)
@@ -31,6 +32,9 @@ stage "Python package (kvxfer, vLLM connector) + pytest"
 bash scripts/test-python.sh build
 
 if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
+  stage "Python binding under ASan+UBSan (10,000-cycle no-growth test)"
+  KVX_JOBS="$JOBS" bash scripts/python-asan.sh
+
   stage "ASan+UBSan build + tests"
   build build-asan -DKVX_SANITIZE=address
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \

@@ -239,6 +239,11 @@ void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx, struct kvx_xport_co
 		cnt_read(&ep->cnt, out, true);
 }
 
+void kvx_xport_ctx_service_counters(const struct kvx_xport_ctx *ctx, struct kvx_xport_counters *out)
+{
+	cnt_read(&ctx->cnt, out, false);
+}
+
 void kvx_xport_ep_counters(const struct kvx_xport_ep *ep, struct kvx_xport_counters *out)
 {
 	cnt_read(&ep->cnt, out, false);

@@ -55,7 +55,9 @@ struct kvx_xport_ctx {
 	                                       caps.mem_types ("" = not said), logged at refusal */
 	struct kvx_xport_ep *eps;           /* all endpoints; control thread only */
 	struct kvx_xport_mr *mrs;           /* all regions; control thread only */
-	struct kvx_xport_cnt cnt;           /* target-side counters; written by progress */
+	struct kvx_xport_cnt cnt;           /* target-side counters, relaxed atomics read by any
+	                                       thread: written by the kvx_xport_progress() caller,
+	                                       async_* by the kvx_xport_ctx_handle_events() caller */
 };
 
 /** Base of every provider region. */

@@ -51,7 +51,9 @@
  * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
  * transfer ends, before its blocks are handed back. A READ consumer checks the producer's lease
  * before its first op and again after its last: a transfer whose lease was revoked (release,
- * abort, timeout) ends FAILED with -ESTALE, never DONE; one whose lease is not granted (yet)
+ * abort, timeout) never ends DONE: it ends with the producer's status and error, which the
+ * producer's kvx_failed brings (docs/protocol.md §5.10), or FAILED -ESTALE if none came by its
+ * deadline; one whose lease is not granted (yet)
  * moves nothing and waits for the grant until its deadline (TIMED_OUT; the producer may serve
  * after the consumer got the ids; a restarted producer never serves its predecessor's ids). A
  * layer reported by kvx_xfer_layer_poll() is final only once the transfer is DONE. A WRITE producer checks a kvxfer consumer's lease before its first
@@ -354,6 +356,10 @@ struct kvx_engine_stats {
 	uint64_t notifications_received; /**< Valid notifications received. */
 	uint64_t fences;                /**< Fences: target endpoints torn down at a P READ defer timeout or a D WRITE quarantine expiry. */
 	uint64_t peer_resets;           /**< Peers whose endpoint entered error state (re-handshaken). */
+	uint64_t data_auth_refused;     /**< tcp data plane: connections to this engine's data listener
+	                                     closed because their hello did not name an endpoint of it
+	                                     or did not prove the endpoint's secret (the transport's
+	                                     kvx_xport_counters.auth_refused; 0 for shm and verbs). */
 };
 
 struct kvx_engine;

@@ -357,6 +357,25 @@ KVX_API int kvx_xport_progress(struct kvx_xport_ctx *ctx);
 KVX_API void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx,
 				    struct kvx_xport_counters *out);
 
+/**
+ * Read only the context's own target-side counters: the service of peers' requests and data
+ * connections (reqs_served, reqs_rejected, bytes_served, proto_errors, auth_refused) and the
+ * device events (async_events, async_errors). Endpoint counters are not included: their fields
+ * that only endpoints count (ops_*, batches_done, bytes_read/written, post_nobufs, timeouts,
+ * resets) read 0 unless the provider counts them on the context too.
+ *
+ * Unlike kvx_xport_ctx_counters() it walks no list: each field is one relaxed atomic load of a
+ * counter with one writer (the thread calling kvx_xport_progress(); async_* the thread calling
+ * kvx_xport_ctx_handle_events()).
+ *
+ * @param ctx       Context; not NULL.
+ * @param[out] out  Counters; not NULL.
+ * @par Thread safety  Any thread, at any time between kvx_xport_open() and kvx_xport_close()
+ *                     (the engine's application thread reads it for its statistics).
+ */
+KVX_API void kvx_xport_ctx_service_counters(const struct kvx_xport_ctx *ctx,
+					    struct kvx_xport_counters *out);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Regions                                                                                    */
 /* ------------------------------------------------------------------------------------------ */

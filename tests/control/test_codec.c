@@ -747,6 +747,59 @@ Test(control_codec, kvx_failed_and_status_query_exact_bytes)
 	cr_assert_eq(d.type, KVX_MSG_STATUS_QUERY);
 	cr_assert_eq(d.sender_rank, 3);
 	cr_assert_eq(d.sender_epoch, 5);
+	cr_assert_str_eq(d.notify_host, "");
 	m.sender_id[0] = 0;
 	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+}
+
+/* A READ consumer's kvx_status_query names its notify listener and whether it found the lease
+ * revoked (docs/protocol.md §5.10): three extra keys, all or none. */
+Test(control_codec, status_query_with_notify_endpoint_exact_bytes)
+{
+	struct kvx_msg_notify m, d;
+	notify_init(&m, KVX_MSG_STATUS_QUERY, "tx-r");
+	strcpy(m.sender_id, "d:9");
+	m.sender_rank = 0;
+	strcpy(m.notify_host, "10.0.0.2");
+	m.notify_port = 5601;
+	m.lease_revoked = true;
+	uint8_t buf[256];
+	struct exp e = {.n = 0};
+	e_byte(&e, 0x87);
+	e_str(&e, "type");
+	e_str(&e, "kvx_status_query");
+	e_str(&e, "transfer_id");
+	e_str(&e, "tx-r");
+	e_str(&e, "kvx_engine");
+	e_str(&e, "d:9");
+	e_str(&e, "kvx_rank");
+	e_byte(&e, 0x00);
+	e_str(&e, "kvx_notify_host");
+	e_str(&e, "10.0.0.2");
+	e_str(&e, "kvx_notify_port");
+	e_byte(&e, 0xcd);
+	e_byte(&e, 0x15);
+	e_byte(&e, 0xe1); /* 5601 */
+	e_str(&e, "kvx_revoked");
+	e_byte(&e, 0x01);
+	int n = kvx_msg_notify_encode(&m, buf, sizeof(buf));
+	cr_assert_eq(n, (int)e.n);
+	cr_assert_arr_eq(buf, e.b, e.n);
+	cr_assert_eq(kvx_msg_notify_decode(buf, (size_t)n, &d, NULL, 0), 0);
+	cr_assert_eq(d.type, KVX_MSG_STATUS_QUERY);
+	cr_assert_str_eq(d.notify_host, "10.0.0.2");
+	cr_assert_eq(d.notify_port, 5601);
+	cr_assert(d.lease_revoked);
+	m.notify_port = 0;
+	cr_assert_eq(kvx_msg_notify_encode(&m, buf, sizeof(buf)), -EINVAL);
+	/* A host without its port, or a port 0, is malformed. */
+	const uint8_t half[] = "\x85\xa4type\xb0kvx_status_query\xabtransfer_id\xa1x\xaakvx_engine\xa1q"
+			       "\xa8kvx_rank\x00\xafkvx_notify_host\xa1h";
+	char err[128] = "";
+	cr_assert_eq(kvx_msg_notify_decode(half, sizeof(half) - 1, &d, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "kvx_notify_port"), "%s", err);
+	const uint8_t zero[] = "\x87\xa4type\xb0kvx_status_query\xabtransfer_id\xa1x\xaakvx_engine\xa1q"
+			       "\xa8kvx_rank\x00\xafkvx_notify_host\xa1h\xafkvx_notify_port\x00\xabkvx_revoked\x00";
+	cr_assert_eq(kvx_msg_notify_decode(zero, sizeof(zero) - 1, &d, err, sizeof(err)), -EPROTO);
+	cr_assert_not_null(strstr(err, "kvx_notify_port"), "%s", err);
 }

@@ -4,11 +4,13 @@
  * while two real engines move blocks over tcp on loopback: counters start at zero and move
  * with transfers (done, bytes, transfer / first-layer / handshake latency histograms, notifications,
  * control messages by type, handshakes), failures are counted by
- * outcome and reason, other paths are 404, the endpoint is gone after stop, and bad addresses or
+ * outcome and reason, refused tcp data connections are counted, the transfer-object pool and
+ * quarantine gauges follow a transfer held after its abort, other paths are 404, the endpoint is gone after stop, and bad addresses or
  * taken ports are refused.
  */
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,7 +153,10 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"sent\",type=\"remote_blocks\"}"), 0);
 	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"sent\",type=\"write_done\"}"), 0);
 	cr_assert_eq(value(g_body, "kvxfer_control_messages_total{direction=\"received\",type=\"get_meta_msg\"}"), 0);
-	cr_assert_eq(value(g_body, "kvxfer_auth_connections_total{result=\"refused\"}"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_auth_connections_total{plane=\"control\",result=\"refused\"}"), 0, "%s",
+		     g_body);
+	cr_assert_eq(value(g_body, "kvxfer_auth_connections_total{plane=\"data\",result=\"refused\"}"), 0, "%s",
+		     g_body);
 	cr_assert(strstr(g_body, "kvxfer_lcore_bytes_total{lcore=\""), "%s", g_body);
 	char peer[96];
 	snprintf(peer, sizeof(peer), "kvxfer_peer_transfers_total{peer=\"127.0.0.1:%u\",dp_rank=\"0\"}", P.nt);
@@ -204,6 +209,176 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	/* Stopped: the endpoint is gone (curl cannot connect: exit 7). */
 	kvx_engine_stop(D.e);
 	cr_assert_eq(scrape(da, "/metrics", g_body, sizeof(g_body)), -7);
+	et_free(&D);
+	et_free(&P);
+}
+
+/* A free loopback port at the time of the call (the caller retries on -EADDRINUSE). */
+static uint16_t free_port(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(s, (struct sockaddr *)&a, &al), 0);
+	close(s);
+	return ntohs(a.sin_port);
+}
+
+/* A peer that holds no endpoint secret of the target: it connects to the tcp data listener at
+ * @p port, sends the 56-byte hello @p hello and waits (bounded) until the target closes the
+ * connection. Returns the bytes the target sent before closing (0 = refused unanswered). */
+static ssize_t refused_session(uint16_t port, const uint8_t *hello)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+				.sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(connect(s, (struct sockaddr *)&a, sizeof(a)), 0, "connect: %s", strerror(errno));
+	cr_assert_eq(send(s, hello, 56, MSG_NOSIGNAL), 56);
+	ssize_t got = 0;
+	uint64_t end = kvx_now_ns() + ET_DEADLINE_NS;
+	for (;;) {
+		struct pollfd pf = {.fd = s, .events = POLLIN};
+		cr_assert(kvx_now_ns() < end, "the target did not close the connection");
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		uint8_t b[64];
+		ssize_t n = recv(s, b, sizeof(b), 0);
+		if (n <= 0)
+			break; /* closed (0) or reset: refused */
+		got += n;
+	}
+	close(s);
+	return got;
+}
+
+Test(ops_metrics, refused_data_connections_are_counted)
+{
+	if (!have_curl())
+		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
+	struct kvx_engine_params pp, dp;
+	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	pp.metrics_addr = "127.0.0.1:0";
+	struct et_eng P, D;
+	int rc = -EADDRINUSE;
+	for (int i = 0; i < 20 && rc == -EADDRINUSE; i++) {
+		pp.data_port = free_port(); /* a known data port: the intruder connects to it */
+		et_create(&P, &pp, true);
+		if ((rc = et_start_layers(&P)) == -EADDRINUSE)
+			et_free(&P);
+	}
+	cr_assert_eq(rc, 0);
+	et_start(&D, &dp, false);
+	char pa[64];
+	cr_assert_eq(kvx_engine_metrics_addr(P.e, pa, sizeof(pa)), 0);
+	const char *data = "kvxfer_auth_connections_total{plane=\"data\",result=\"refused\"}";
+	const char *ctl = "kvxfer_auth_connections_total{plane=\"control\",result=\"refused\"}";
+	cr_assert_eq(scrape(pa, "/metrics", g_body, sizeof(g_body)), 200, "%s", g_body);
+	cr_assert(strstr(g_body, "# TYPE kvxfer_auth_connections_total counter"), "%s", g_body);
+	cr_assert_eq(value(g_body, data), 0, "%s", g_body);
+
+	/* Two intruders: a current (v2) hello naming a made-up endpoint token with a zero proof,
+	 * and an old (v1) hello. Both are closed without an answer. */
+	uint8_t h[56] = {0};
+	memcpy(h, "KXTH\x02\0\0\0", 8);
+	memcpy(h + 8, "\x11\x22\x33\x44\x55\x66\x77\x88", 8); /* token */
+	h[18] = 1;                                                   /* channel 0 of 1 */
+	cr_assert_eq(refused_session(pp.data_port, h), 0);
+	h[4] = 1;
+	cr_assert_eq(refused_session(pp.data_port, h), 0);
+	struct et_track tp = {0}, td = {0};
+	wait_value(&P, &tp, pa, data, 2);
+	cr_assert_eq(value(g_body, ctl), 0, "no auth_dir: the control plane refused nothing:\n%s", g_body);
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.data_auth_refused, 2);
+
+	/* A real consumer's data connections prove the secret: READ 2 blocks, not counted. */
+	const uint32_t pb[2] = {4, 9}, db[2] = {1, 2};
+	struct kvx_engine_serve sv = {.transfer_id = "tx-auth", .local_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-auth",
+				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+				    .local_blocks = db, .remote_blocks = pb, .n = 2};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	et_follow(&td, "tx-auth");
+	et_follow(&tp, "tx-auth");
+	et_expect_done(D.e, &td, "tx-auth", false);
+	et_expect_done(P.e, &tp, "tx-auth", true);
+	et_expect_blocks(&D, db, pb, 2, true);
+	wait_value(&P, &tp, pa, "kvxfer_transfers_total{outcome=\"done\"}", 1);
+	cr_assert_eq(value(g_body, data), 2, "%s", g_body);
+	et_free(&D);
+	et_free(&P);
+}
+
+Test(ops_metrics, pool_and_quarantine_gauges)
+{
+	/* WRITE, one transfer object: D announces and aborts before P begins. P holds the
+	 * allocation and may still write, so D's blocks stay quarantined (defer timeout 60 s) and
+	 * the transfer keeps the only object until P answers. */
+	if (!have_curl())
+		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
+	struct kvx_engine_params pp, dp;
+	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	dp.metrics_addr = "127.0.0.1:0";
+	dp.defer_timeout_ms = 60000;
+	dp.max_transfers = 1;
+	struct et_eng P, D;
+	et_start(&P, &pp, true);
+	et_start(&D, &dp, false);
+	char da[64];
+	cr_assert_eq(kvx_engine_metrics_addr(D.e, da, sizeof(da)), 0);
+	cr_assert_eq(scrape(da, "/metrics", g_body, sizeof(g_body)), 200, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_size"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_full_total"), 0, "%s", g_body);
+
+	const uint32_t dst[2] = {4, 5}, src[2] = {1, 2};
+	struct kvx_engine_announce an = {.transfer_id = "tx-q",
+					 .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
+					 .local_blocks = dst, .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	cr_assert_eq(kvx_xfer_abort(D.e, "tx-q"), 0);
+	struct et_track td = {0}, tp = {0};
+	size_t kd = et_follow(&td, "tx-q");
+	cr_assert(et_wait(D.e, &td, "tx-q", false));
+	cr_assert_eq(td.status[kd], KVX_CPL_ABORTED, "status %d error %d", td.status[kd], td.error[kd]);
+	cr_assert_eq(td.released[kd], 0);
+	wait_value(&D, &td, da, "kvxfer_transfers_quarantined", 1);
+	cr_assert_eq(td.released[kd], 0, "the gauge counts a transfer whose blocks are held");
+	cr_assert_eq(value(g_body, "kvxfer_transfers_in_flight"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_total{outcome=\"aborted\"}"), 1, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_quarantined_total"), 1, "%s", g_body);
+
+	/* The quarantined transfer holds the pool's only object: the next submission is refused. */
+	an.transfer_id = "tx-q2";
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), -ENOBUFS);
+	wait_value(&D, &td, da, "kvxfer_transfer_pool_full_total", 1);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 1, "%s", g_body);
+
+	/* P begins late: it sees the release, writes nothing and answers; D's blocks come out. */
+	struct kvx_engine_write w = {.transfer_id = "tx-q",
+				     .peer = {.host = "127.0.0.1", .handshake_port = D.hs, .notify_port = D.nt},
+				     .local_blocks = src, .n = 2};
+	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
+	et_follow(&tp, "tx-q");
+	cr_assert(et_wait(P.e, &tp, "tx-q", true));
+	cr_assert(et_wait(D.e, &td, "tx-q", true));
+	cr_assert_eq(td.released[kd], 1);
+	wait_value(&D, &td, da, "kvxfer_transfers_quarantined", 0);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_in_flight"), 0, "%s", g_body);
+	et_expect_blocks(&D, NULL, NULL, 0, true); /* nothing written after the abort */
+
+	/* The object is free again: a new announce is in flight (P never answers it here). */
+	an.transfer_id = "tx-q3";
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	et_follow(&td, "tx-q3");
+	wait_value(&D, &td, da, "kvxfer_transfers_in_flight", 1);
+	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 0, "%s", g_body);
+	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_full_total"), 1, "%s", g_body);
 	et_free(&D);
 	et_free(&P);
 }

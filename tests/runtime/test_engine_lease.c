@@ -5,11 +5,12 @@
  * Each case asserts the terminal state and reason on both sides, that no byte of a revoked or
  * foreign lease reached the other side, and that the failure came from the lease, not from a
  * timeout (well inside transfer_timeout). Scenarios:
- *  - READ, the producer aborts right after serve and reuses the blocks: the read fails -ESTALE
- *    and the consumer's blocks are untouched (issue item 1);
+ *  - READ, the producer aborts right after serve and reuses the blocks: the read fails (its
+ *    lease is revoked; the producer's kvx_failed gives it P's status, ABORTED) and the
+ *    consumer's blocks are untouched (issue item 1);
  *  - READ, the lease is revoked while the consumer (a child process stopped with SIGSTOP)
  *    has its read in flight and the blocks are reused: DONE is refused (the seqlock's second
- *    read, or the tombstone at the first), tcp and shm;
+ *    read, or the tombstone at the first; the status is P's, from its kvx_failed), tcp and shm;
  *  - READ of blocks the producer never served: no byte moved, TIMED_OUT at the deadline; a read
  *    submitted before its serve waits for it;
  *  - READ, producer SIGKILLed and restarted on the same ports: the dead incarnation's block ids
@@ -139,9 +140,10 @@ static void abort_after_serve(const char *prov)
 	fill(&P, 0xee);
 	serve(&P, &tp, "tx-2", pb, 2);
 	/* D got tx-1's block ids before the abort (the proxy forwarded them): its read fails, and
-	 * not one byte of the reused blocks reached it. */
+	 * not one byte of the reused blocks reached it. It finds the lease revoked and asks P,
+	 * whose kvx_failed gives it P's status and error (docs/protocol.md §5.10). */
 	read_from(&D, &td, P.hs, P.nt, "tx-1", db, pb, 2);
-	expect_end(D.e, &td, "tx-1", false, KVX_CPL_FAILED, -ESTALE);
+	expect_end(D.e, &td, "tx-1", false, KVX_CPL_ABORTED, -ECANCELED);
 	cr_assert(all_is(&D, 0), "bytes of reused producer blocks reached the consumer");
 	/* The request that reuses them reads them fine. */
 	read_from(&D, &td, P.hs, P.nt, "tx-2", db, pb, 2);
@@ -151,7 +153,7 @@ static void abort_after_serve(const char *prov)
 	struct kvx_engine_stats st;
 	kvx_engine_get_stats(D.e, &st);
 	cr_assert_eq(st.transfers_done, 2);
-	cr_assert_eq(st.transfers_failed, 1);
+	cr_assert_eq(st.transfers_aborted, 1);
 	et_free(&D);
 	et_free(&P);
 }
@@ -272,7 +274,8 @@ static void reap(struct child *c, const char *who)
  * found: the first lease read is behind it); while it is stopped P aborts the serve, gets its
  * blocks back and overwrites them. Resumed, D finishes its copies (some may carry the new
  * bytes: no provider stops a read on abort) and its second lease read sees the revocation:
- * FAILED -ESTALE, never DONE. Only a read that ended (second lease read included) before D
+ * never DONE; it ends with P's status and error (ABORTED, from P's kvx_failed, docs/protocol.md
+ * §5.10). Only a read that ended (second lease read included) before D
  * stopped may be DONE, and then with the bytes served before the abort; that attempt proves
  * nothing, so the case repeats with a new transfer id until one was caught in flight. Without
  * the second lease read D would end DONE every time. */
@@ -380,8 +383,10 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 			continue;
 		}
 		cr_assert_eq(tp.status[k], KVX_CPL_ABORTED, "P: %s status %d", tids[(int)i], tp.status[k]);
-		cr_assert_eq(s.status, KVX_CPL_FAILED, "D: %s status %d error %d", tids[(int)i], s.status, s.error);
-		cr_assert_eq(s.error, -ESTALE, "D: %s error %d (%s)", tids[(int)i], s.error, kvx_strerror(s.error));
+		/* D's lease check fails (-ESTALE); P's kvx_failed (D asked for it when it found the
+		 * grant) gives D P's status and error (docs/protocol.md §5.10). */
+		cr_assert_eq(s.status, KVX_CPL_ABORTED, "D: %s status %d error %d", tids[(int)i], s.status, s.error);
+		cr_assert_eq(s.error, -ECANCELED, "D: %s error %d (%s)", tids[(int)i], s.error, kvx_strerror(s.error));
 		caught++;
 	}
 	cr_assert_eq(caught, 1, "no attempt of %d was caught in flight", RB_TRIES);

@@ -10,7 +10,10 @@
  *    and gets its blocks back;
  *  - late allocation and a failed handshake reach the consumer as kvx_failed;
  *  - a lost write_done: the consumer asks before timing out, both sides end DONE;
- *  - a stock MoRIIO listener sees only get_meta_msg; transfers to it fail locally. */
+ *  - a stock MoRIIO listener sees only get_meta_msg; transfers to it fail locally;
+ *  - READ: a producer whose serve ended without success (abort right after serve, defer
+ *    timeout) tells the consumer that asks (kvx_status_query naming its notify listener): the
+ *    consumer ends with the producer's status and error long before its own timeout. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -248,6 +251,57 @@ Test(runtime_engine_notes, failed_handshake_reaches_the_consumer)
 	cr_assert_eq(td.released[kd], 1);
 	et_expect_blocks(&D, NULL, NULL, 0, true);
 	et_pair_free(&P, &D);
+}
+
+/* READ: P's serve ended without success before D reads (abort right after serve, or its defer
+ * timeout); D's read then finds the lease revoked and asks P, whose kvx_failed gives D P's
+ * status and error: D ends with them, blocks released and untouched, long before its own
+ * 60 s transfer timeout (and without P's note it would have only -ESTALE). */
+static void read_after_serve_ended(bool abort, enum kvx_cpl_status want, int want_err)
+{
+	struct kvx_engine_params pp, dp;
+	struct et_eng P, D;
+	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	long_timeouts(&pp);
+	long_timeouts(&dp);
+	if (!abort)
+		pp.defer_timeout_ms = 300; /* P's serve times out; D's read allows 60 s */
+	et_start(&P, &pp, true);
+	et_start(&D, &dp, false);
+	const uint32_t src[2] = {1, 2}, dst[2] = {5, 6};
+	struct et_track tp = {.n = 0}, td = {.n = 0};
+	size_t kp = et_follow(&tp, "tx-rf"), kd = et_follow(&td, "tx-rf");
+	struct kvx_engine_serve sv = {.transfer_id = "tx-rf", .local_blocks = src, .n = 2};
+	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
+	if (abort)
+		cr_assert_eq(kvx_xfer_abort(P.e, "tx-rf"), 0);
+	cr_assert(et_wait(P.e, &tp, "tx-rf", true), "P's serve never ended");
+	cr_assert_eq(tp.status[kp], want, "P status %d error %d", tp.status[kp], tp.error[kp]);
+	uint64_t t0 = kvx_now_ns();
+	struct kvx_engine_read r = {.transfer_id = "tx-rf", .peer = peer_of(&P), .local_blocks = dst,
+				    .remote_blocks = src, .n = 2};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	cr_assert(et_wait(D.e, &td, "tx-rf", true), "D neither ended nor released within the deadline");
+	uint64_t took = kvx_now_ns() - t0;
+	cr_assert_eq(td.status[kd], want, "D status %d error %d (P's note not applied)", td.status[kd], td.error[kd]);
+	cr_assert_eq(td.error[kd], want_err, "D error %d (%s)", td.error[kd], kvx_strerror(td.error[kd]));
+	cr_assert_eq(td.released[kd], 1);
+	cr_assert_lt(took, (uint64_t)dp.transfer_timeout_ms * 1000000ull / 2, "took %llu ns of D's %u ms timeout",
+		     (unsigned long long)took, dp.transfer_timeout_ms);
+	et_expect_blocks(&D, NULL, NULL, 0, true);
+	cr_assert_eq(stats(D.e).transfers_done, 0);
+	et_pair_free(&P, &D);
+}
+
+Test(runtime_engine_notes, read_producer_abort_after_serve_consumer_ends_with_its_status)
+{
+	read_after_serve_ended(true, KVX_CPL_ABORTED, -ECANCELED);
+}
+
+Test(runtime_engine_notes, read_producer_defer_timeout_consumer_ends_with_its_status)
+{
+	read_after_serve_ended(false, KVX_CPL_TIMED_OUT, -ETIMEDOUT);
 }
 
 /* Stand-in for a lossy notify path from P to D: a ROUTER that P sends to, forwarding every

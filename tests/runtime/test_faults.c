@@ -4,6 +4,7 @@
  * (a-j, with real engines and sockets) is in test_engine.c and test_engine_faults.c. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -724,5 +725,88 @@ Test(runtime_faults, k_named_acks_failure_notes_status_queries)
 		 (struct kvx_xfer_ev){.type = KVX_XFER_EV_REMOTE_BLOCKS, .block_ids = ids, .n_blocks = 1});
 	cr_assert_eq(o.act, 0);
 	cr_assert(o.late);
+	kvx_xfer_table_destroy(t);
+}
+
+/* u: READ failure notes and the deadline rules behind the soak's disagreements (issue 14). */
+Test(runtime_faults, u_read_failure_note_and_no_done_past_the_deadline)
+{
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x;
+	/* D READ with a read in flight gets P's kvx_failed: nothing until its own op is terminal,
+	 * then P's status and error, P released, blocks back. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-u1", &x), 0);
+	struct kvx_life lf = {.kind = KVX_XFER_K_READ, .ops_out = 1, .next_layer = 1, .queried = true};
+	struct kvx_xfer_ev fn = {.type = KVX_XFER_EV_PEER_FAILED_NOTE, .fail_status = KVX_CPL_ABORTED,
+				 .error = -ECANCELED};
+	struct kvx_xfer_out o = step(t, x, &lf, fn);
+	cr_assert_eq(o.act, 0, "reported while its own read is in flight");
+	cr_assert(lf.done_posting, "posts on after P's note");
+	lf.ops_out = 0;
+	o = step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_ABORTED);
+	cr_assert_eq(o.error, -ECANCELED);
+	performed(&lf, o);
+	cr_assert(step(t, x, &lf, fn).late, "a second note");
+
+	/* A revoked lease (-ESTALE) after it asked: it waits for P's note, and at its deadline
+	 * without one it ends FAILED -ESTALE (not TIMED_OUT). */
+	lf = (struct kvx_life){.kind = KVX_XFER_K_READ, .queried = true, .await_note = true, .failed = true,
+			       .error = -ESTALE, .done_posting = true, .start_ns = 1000};
+	cr_assert_eq(step(t, NULL, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE}).act, 0);
+	struct kvx_xfer_ev tick = {.type = KVX_XFER_EV_TICK, .now_ns = 1000 + 500, .transfer_timeout_ns = 500,
+				   .defer_timeout_ns = 2000};
+	cr_assert_eq(step(t, NULL, &lf, tick).act, 0, "exactly at the deadline it still waits");
+	tick.now_ns++;
+	o = step(t, NULL, &lf, tick);
+	cr_assert_eq(o.act, KVX_XFER_DO_SEND_RELEASE | KVX_XFER_DO_REPORT | KVX_XFER_DO_RELEASE);
+	cr_assert_eq(o.status, KVX_CPL_FAILED);
+	cr_assert_eq(o.error, -ESTALE);
+
+	/* P WRITE holding D's allocation whose last layer is written after its deadline (its
+	 * poller was held up): TIMED_OUT, never DONE; in time it is DONE. */
+	for (int late = 1; late >= 0; late--) {
+		char id[16];
+		snprintf(id, sizeof(id), "tx-u2%d", late);
+		cr_assert_eq(kvx_xfer_open(t, id, &x), 0);
+		uint32_t *ids = malloc(sizeof(*ids));
+		ids[0] = 3;
+		cr_assert_eq(kvx_xfer_remote_blocks_take(x, ids, 1, 0, 0), 1);
+		lf = (struct kvx_life){.kind = KVX_XFER_K_WRITE, .start_ns = 1000};
+		cr_assert(kvx_xfer_schedule_write(x, 0));
+		cr_assert_eq(step(t, x, &lf, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = 1, .now_ns = 1100,
+								   .transfer_timeout_ns = 500})
+				     .act,
+			     0);
+		o = step(t, x, &lf,
+			 (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN, .now_ns = late ? 1501 : 1500,
+					      .transfer_timeout_ns = 500});
+		cr_assert(o.act & KVX_XFER_DO_REPORT);
+		cr_assert_eq(o.status, late ? KVX_CPL_TIMED_OUT : KVX_CPL_DONE, "late %d: status %d", late, o.status);
+		cr_assert_eq(!!(o.act & KVX_XFER_DO_SEND_WRITE_DONE), !late);
+	}
+
+	/* D WRITE whose query goes out only after its deadline (held up): the answer gets the
+	 * usual window (a quarter of the timeout) from then; one sent on time changes nothing. */
+	cr_assert_eq(kvx_xfer_open(t, "tx-u3", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE, .start_ns = 1000};
+	tick = (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK, .now_ns = 1000 + 900, .transfer_timeout_ns = 400,
+				    .defer_timeout_ns = 2000, .query_peer = true, .query_grace_ns = 100};
+	cr_assert_eq(step(t, x, &lf, tick).act, KVX_XFER_DO_SEND_QUERY);
+	tick.now_ns += 99;
+	cr_assert_eq(step(t, x, &lf, tick).act, 0, "timed out inside the late query's window");
+	tick.now_ns += 1;
+	o = step(t, x, &lf, tick);
+	cr_assert(o.act & KVX_XFER_DO_REPORT);
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(kvx_xfer_open(t, "tx-u4", &x), 0);
+	lf = (struct kvx_life){.kind = KVX_XFER_K_ANNOUNCE, .start_ns = 1000};
+	tick.now_ns = 1000 + 301;
+	cr_assert_eq(step(t, x, &lf, tick).act, KVX_XFER_DO_SEND_QUERY, "asked a quarter before the deadline");
+	tick.now_ns = 1000 + 401;
+	o = step(t, x, &lf, tick);
+	cr_assert(o.act & KVX_XFER_DO_REPORT, "the deadline moved for a query sent on time");
+	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
 	kvx_xfer_table_destroy(t);
 }

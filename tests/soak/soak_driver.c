@@ -29,6 +29,7 @@ static const char *const proc_name[NPROC] = {"producer", "consumer", "proxy(P)",
 volatile sig_atomic_t soak_interrupted;
 
 static bool side_hung(const struct driver *D, int w, const struct side *s, uint64_t now);
+static const char *status_name(int32_t s);
 
 static void logv(struct driver *D, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logv(struct driver *D, const char *fmt, ...)
@@ -229,8 +230,11 @@ static void req_settle(struct driver *D, struct req *r)
 			return;
 	bool pd = r->s[P].st == S_FREED && r->s[P].status == KVX_CPL_DONE;
 	bool cd = r->s[C].st == S_FREED && r->s[C].status == KVX_CPL_DONE;
-	if (pd != cd && r->s[P].st == S_FREED && r->s[C].st == S_FREED)
+	if (pd != cd && r->s[P].st == S_FREED && r->s[C].st == S_FREED) {
 		D->disagree++;
+		logv(D, "disagree soak-%" PRIu64 ": producer %s, consumer %s", r->idx, status_name(r->s[P].status),
+		     status_name(r->s[C].status));
+	}
 	r->used = false;
 }
 

@@ -11,8 +11,12 @@
  * write anywhere in the target, which is why shm is limited to same-host, same-user peers.
  * Unregistering a region on the target is seen by initiators at their next import only.
  *
- * Host regions: all work happens synchronously in post (one syscall per group of up to IOV_MAX
- * ops); completions are queued and returned by poll.
+ * Host regions: post checks each op and appends it to the endpoint's pending group; the group
+ * moves in one process_vm_readv/writev of up to SHM_IOV_MAX iovecs when poll runs, when the
+ * next post has the other opcode, or when it is full. Consecutive posts of small ops (one per
+ * post, as a poller posting block by block does) thus share one syscall, and each post still
+ * gets its own completion: an op whose bytes did not move fails only its own post's
+ * completion (the group is redone op by op to find it). Ops move in post order.
  *
  * Device regions (HIP, or the hostdev mock: the same code, only the kvx_mem ops differ): never
  * touched with CMA. The target exports an IPC handle per device region into its published
@@ -88,9 +92,15 @@ struct shm_ep {
 	_Atomic(struct kvx_mem_stream *) stream;
 	uint32_t stream_depth;          /* copies in flight on it, at most */
 	struct kvx_mem_ipc_cache *ipc;  /* peer device allocations opened on this endpoint */
+	/* Pending group (host ops posted, not moved yet): iov j is op idx[j] of the post whose
+	 * completion is cq[cqi[j] & cq_mask]; all of opcode pend_opc. */
 	struct iovec *liov, *riov; /* Array[SHM_IOV_MAX] each */
-	uint32_t *idx;             /* Array[SHM_IOV_MAX]: op index of each iov */
-	int32_t *st;               /* Array[SHM_MAX_BATCH]: per-op status of the current post */
+	uint32_t *idx;             /* Array[SHM_IOV_MAX]: op index of each iov in its post */
+	uint32_t *cqi;             /* Array[SHM_IOV_MAX]: completion (free-running) of each iov */
+	int32_t *st;               /* Array[SHM_IOV_MAX]: status of each iov of a flushed group */
+	uint32_t pend;             /* iovs pending */
+	uint64_t pend_bytes;       /* their bytes */
+	enum kvx_xport_opcode pend_opc;
 };
 
 static int yama_scope(void)
@@ -145,7 +155,7 @@ static int shm_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	struct kvx_xport_caps *cp = &c->base.caps;
 	cp->max_op_bytes = SHM_MAX_OP;
 	cp->max_batch = p->queue_depth < SHM_MAX_BATCH ? p->queue_depth : SHM_MAX_BATCH;
-	cp->inline_bytes = (uint32_t)SHM_MAX_OP; /* data moves during post */
+	cp->inline_bytes = 0; /* host data moves at the next poll (or a later post), not in post */
 	cp->max_channels = 1;
 	cp->num_channels = 1;
 	cp->mem_types = kvx_mem_usable_kinds();
@@ -321,13 +331,15 @@ static struct shm_ep *ep_alloc(struct kvx_xport_ctx *ctx, bool initiator)
 	e->liov = calloc(SHM_IOV_MAX, sizeof(*e->liov));
 	e->riov = calloc(SHM_IOV_MAX, sizeof(*e->riov));
 	e->idx = calloc(SHM_IOV_MAX, sizeof(*e->idx));
-	e->st = calloc(SHM_MAX_BATCH, sizeof(*e->st));
-	if (!e->cq || !e->cq_ev || !e->liov || !e->riov || !e->idx || !e->st) {
+	e->cqi = calloc(SHM_IOV_MAX, sizeof(*e->cqi));
+	e->st = calloc(SHM_IOV_MAX, sizeof(*e->st));
+	if (!e->cq || !e->cq_ev || !e->liov || !e->riov || !e->idx || !e->cqi || !e->st) {
 		free(e->cq);
 		free(e->cq_ev);
 		free(e->liov);
 		free(e->riov);
 		free(e->idx);
+		free(e->cqi);
 		free(e->st);
 		free(e);
 		return NULL;
@@ -346,6 +358,7 @@ static void shm_ep_destroy(struct kvx_xport_ep *ep)
 	free(e->liov);
 	free(e->riov);
 	free(e->idx);
+	free(e->cqi);
 	free(e->st);
 	free(e);
 }
@@ -499,51 +512,89 @@ static int errno_status(int err)
 	return -ERANGE; /* EFAULT: remote range not mapped */
 }
 
-/* Run ops one at a time (after a failed or short group) to find each op's status. */
-static void xfer_each(struct shm_ep *e, enum kvx_xport_opcode opc, uint32_t from, uint32_t k)
+/* Record that op @p i of completion @p c failed with @p status: the completion's status is
+ * that of its lowest-numbered failed op, whichever order the failures were found in. */
+static void cpl_fail(struct kvx_xport_cpl *c, uint32_t i, int status)
+{
+	if (!c->n_failed || i < c->first_failed) {
+		c->status = status;
+		c->first_failed = i;
+	}
+	c->n_failed++;
+}
+
+/* Run iovs one at a time (after a failed or short group) to find each one's status. */
+static void xfer_each(struct shm_ep *e, uint32_t from, uint32_t k)
 {
 	for (uint32_t j = from; j < k; j++) {
-		uint32_t i = e->idx[j];
 		if (atomic_load_explicit(&e->base.status, memory_order_relaxed)) {
-			e->st[i] = -ECONNRESET;
+			e->st[j] = -ECONNRESET;
 			continue;
 		}
-		ssize_t n = xfer(e->peer, opc, &e->liov[j], &e->riov[j], 1);
+		ssize_t n = xfer(e->peer, e->pend_opc, &e->liov[j], &e->riov[j], 1);
 		if (n == (ssize_t)e->liov[j].iov_len)
 			continue;
-		e->st[i] = n < 0 ? errno_status(errno) : -ERANGE;
-		if (e->st[i] == -ECONNRESET) {
+		e->st[j] = n < 0 ? errno_status(errno) : -ERANGE;
+		if (e->st[j] == -ECONNRESET) {
 			atomic_store_explicit(&e->base.status, -ECONNRESET, memory_order_relaxed);
 			xport_cnt_add(&e->base.cnt, resets, 1);
 		}
 	}
 }
 
-static void flush_group(struct shm_ep *e, enum kvx_xport_opcode opc, uint32_t k)
+/* Move the pending group in one syscall and account each iov to its post's completion. */
+static void flush_group(struct shm_ep *e)
 {
+	uint32_t k = e->pend;
 	if (!k)
 		return;
-	uint64_t total = 0;
-	for (uint32_t j = 0; j < k; j++)
-		total += e->liov[j].iov_len;
-	ssize_t n = xfer(e->peer, opc, e->liov, e->riov, k);
-	if (KVX_LIKELY(n >= 0 && (uint64_t)n == total))
+	e->pend = 0;
+	uint64_t total = e->pend_bytes;
+	e->pend_bytes = 0;
+	ssize_t n = xfer(e->peer, e->pend_opc, e->liov, e->riov, k);
+	if (KVX_LIKELY(n >= 0 && (uint64_t)n == total)) {
+		for (uint32_t j = 0; j < k; j++)
+			e->cq[e->cqi[j] & e->cq_mask].bytes += e->liov[j].iov_len;
+		xport_cnt_add(&e->base.cnt, ops_ok, k);
+		if (e->pend_opc == KVX_XPORT_OP_READ)
+			xport_cnt_add(&e->base.cnt, bytes_read, total);
+		else
+			xport_cnt_add(&e->base.cnt, bytes_written, total);
 		return;
+	}
+	memset(e->st, 0, k * sizeof(*e->st));
 	if (n < 0 && errno == ESRCH) {
 		atomic_store_explicit(&e->base.status, -ECONNRESET, memory_order_relaxed);
 		xport_cnt_add(&e->base.cnt, resets, 1);
 		for (uint32_t j = 0; j < k; j++)
-			e->st[e->idx[j]] = -ECONNRESET;
-		return;
+			e->st[j] = -ECONNRESET;
+	} else {
+		/* Iovs fully covered by a short count moved; redo the rest one by one. */
+		uint32_t j = 0;
+		uint64_t done = n > 0 ? (uint64_t)n : 0;
+		while (j < k && done >= e->liov[j].iov_len) {
+			done -= e->liov[j].iov_len;
+			j++;
+		}
+		xfer_each(e, j, k);
 	}
-	/* Ops fully covered by a short count succeeded; redo the rest one by one. */
-	uint32_t j = 0;
-	uint64_t done = n > 0 ? (uint64_t)n : 0;
-	while (j < k && done >= e->liov[j].iov_len) {
-		done -= e->liov[j].iov_len;
-		j++;
+	uint64_t ok = 0, bytes = 0;
+	for (uint32_t j = 0; j < k; j++) {
+		struct kvx_xport_cpl *c = &e->cq[e->cqi[j] & e->cq_mask];
+		if (e->st[j]) {
+			cpl_fail(c, e->idx[j], e->st[j]);
+			continue;
+		}
+		c->bytes += e->liov[j].iov_len;
+		bytes += e->liov[j].iov_len;
+		ok++;
 	}
-	xfer_each(e, opc, j, k);
+	xport_cnt_add(&e->base.cnt, ops_ok, ok);
+	xport_cnt_add(&e->base.cnt, ops_failed, k - ok);
+	if (e->pend_opc == KVX_XPORT_OP_READ)
+		xport_cnt_add(&e->base.cnt, bytes_read, bytes);
+	else
+		xport_cnt_add(&e->base.cnt, bytes_written, bytes);
 }
 
 /* Whether the peer still exists: one 8-byte read of its probe word (device batches only). */
@@ -606,53 +657,53 @@ static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 	}
 	struct kvx_mem_event *ev = &e->cq_ev[e->cq_head & e->cq_mask];
 	kvx_mem_event_init_ready(ev);
-	uint32_t k = 0;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct kvx_xport_op *o = &ops[i];
-		e->st[i] = dead ? -ECONNRESET : op_check(opc, o);
-		if (e->st[i])
-			continue;
-		if (o->rmr->prov_flags & SHM_RMR_DEVICE) {
-			e->st[i] = dev_op(e, opc, o, ev);
-			continue;
-		}
-		if (KVX_UNLIKELY(o->lmr->mem_type != KVX_XPORT_MEM_HOST)) {
-			e->st[i] = -ENOTSUP; /* CMA never touches device memory */
-			continue;
-		}
-		e->liov[k].iov_base = o->lmr->addr + o->loff;
-		e->liov[k].iov_len = o->len;
-		e->riov[k].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
-		e->riov[k].iov_len = o->len;
-		e->idx[k] = i;
-		if (++k == SHM_IOV_MAX) {
-			flush_group(e, opc, k);
-			k = 0;
-		}
-	}
-	flush_group(e, opc, k);
 	struct kvx_xport_cpl *c = &e->cq[e->cq_head & e->cq_mask];
 	*c = (struct kvx_xport_cpl){.cookie = cookie, .n_ops = n, .first_failed = n};
+	/* Ops move in post order: a pending group of the other opcode goes first. */
+	if (e->pend && e->pend_opc != opc)
+		flush_group(e);
+	e->pend_opc = opc;
+	uint64_t dev_ok = 0, dev_bytes = 0, bad = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		if (e->st[i]) {
-			if (!c->n_failed) {
-				c->status = e->st[i];
-				c->first_failed = i;
+		const struct kvx_xport_op *o = &ops[i];
+		int st = dead ? -ECONNRESET : op_check(opc, o);
+		if (!st && (o->rmr->prov_flags & SHM_RMR_DEVICE)) {
+			st = dev_op(e, opc, o, ev);
+			if (!st) {
+				c->bytes += o->len;
+				dev_ok++;
+				dev_bytes += o->len;
+				continue;
 			}
-			c->n_failed++;
-		} else {
-			c->bytes += ops[i].len;
+		} else if (!st && KVX_UNLIKELY(o->lmr->mem_type != KVX_XPORT_MEM_HOST)) {
+			st = -ENOTSUP; /* CMA never touches device memory */
 		}
+		if (st) {
+			cpl_fail(c, i, st);
+			bad++;
+			continue;
+		}
+		/* One syscall's total stays far below what process_vm_rw moves in one call. */
+		if (e->pend == SHM_IOV_MAX || e->pend_bytes + o->len > SHM_MAX_OP)
+			flush_group(e);
+		uint32_t j = e->pend++;
+		e->liov[j].iov_base = o->lmr->addr + o->loff;
+		e->liov[j].iov_len = o->len;
+		e->riov[j].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
+		e->riov[j].iov_len = o->len;
+		e->idx[j] = i;
+		e->cqi[j] = e->cq_head;
+		e->pend_bytes += o->len;
 	}
 	e->cq_head++;
 	e->ops_queued += n;
 	xport_cnt_add(&ep->cnt, ops_posted, n);
-	xport_cnt_add(&ep->cnt, ops_ok, n - c->n_failed);
-	xport_cnt_add(&ep->cnt, ops_failed, c->n_failed);
+	xport_cnt_add(&ep->cnt, ops_ok, dev_ok);
+	xport_cnt_add(&ep->cnt, ops_failed, bad);
 	if (opc == KVX_XPORT_OP_READ)
-		xport_cnt_add(&ep->cnt, bytes_read, c->bytes);
+		xport_cnt_add(&ep->cnt, bytes_read, dev_bytes);
 	else
-		xport_cnt_add(&ep->cnt, bytes_written, c->bytes);
+		xport_cnt_add(&ep->cnt, bytes_written, dev_bytes);
 	return 0;
 }
 
@@ -660,6 +711,7 @@ static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
 	uint32_t got = 0;
+	flush_group(e); /* every queued completion is final after this */
 	while (got < max && e->cq_tail != e->cq_head) {
 		struct kvx_mem_event *ev = &e->cq_ev[e->cq_tail & e->cq_mask];
 		struct kvx_xport_cpl *c = &e->cq[e->cq_tail & e->cq_mask];

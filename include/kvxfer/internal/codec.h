@@ -77,8 +77,9 @@ enum kvx_msg_type {
  *  - RELEASE: `{type:"release", transfer_id[, consumer_tp_size][, kvx_engine, kvx_rank[, kvx_epoch]]}`.
  *  - FAILED: `{type:"kvx_failed", transfer_id, kvx_status, kvx_error, kvx_reason, kvx_engine,
  *    kvx_rank[, kvx_epoch]}` (kvxfer peers only; identity required).
- *  - STATUS_QUERY: `{type:"kvx_status_query", transfer_id, kvx_engine, kvx_rank[, kvx_epoch]}`
- *    (kvxfer peers only; identity required).
+ *  - STATUS_QUERY: `{type:"kvx_status_query", transfer_id, kvx_engine, kvx_rank[, kvx_epoch][,
+ *    kvx_notify_host, kvx_notify_port, kvx_revoked]}` (kvxfer peers only; identity required; the
+ *    last three together or not at all: a READ consumer's query names where to answer).
  *  - COMPLETION: the raw UTF-8 bytes of transfer_id (legacy; no msgpack).
  * The `kvx_` keys name the sending worker (sender_id + sender_rank, optionally its epoch); a
  * MoRIIO receiver ignores them, and a message from a MoRIIO sender has none (sender_id "").
@@ -101,6 +102,9 @@ struct kvx_msg_notify {
 	uint32_t fail_status;                   /**< FAILED: `kvx_status`, the producer's terminal status (enum kvx_cpl_status: 1 FAILED, 2 ABORTED, 3 TIMED_OUT). */
 	int32_t fail_error;                     /**< FAILED: `kvx_error`, the producer's negative errno, -4095..0. */
 	char reason[KVX_MSG_REASON_MAX + 1];    /**< FAILED: `kvx_reason`, a human-readable cause (may be ""). */
+	char notify_host[KVX_MSG_NAME_MAX + 1]; /**< STATUS_QUERY from a READ consumer: `kvx_notify_host`, the host of the sender's own notify listener, where the producer sends kvx_failed for this transfer; "" = absent (a WRITE consumer's query: answered to the transfer's peer). */
+	uint32_t notify_port;                   /**< With notify_host: `kvx_notify_port`, that listener's port, 1..65535. */
+	bool lease_revoked;                     /**< With notify_host: `kvx_revoked`, the sender found the producer's lease for the transfer revoked (true) or granted (false). */
 };
 
 /**

@@ -24,8 +24,17 @@
 #include "ext.h"
 
 /* Engine params from the dict of kvxfer.EngineParams.to_dict(); raises naming the field. */
-int kvxpy_params(PyObject *d, struct kvx_engine_params *p)
+int kvxpy_init_params(PyObject *args, PyObject *kw, bool initialised, const char *type,
+		      struct kvx_engine_params *p)
 {
+	PyObject *d;
+	static char *kwlist[] = {"params", NULL};
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!", kwlist, &PyDict_Type, &d))
+		return -1;
+	if (initialised) {
+		PyErr_Format(PyExc_RuntimeError, "%s already initialised", type);
+		return -1;
+	}
 	kvx_engine_params_init(p);
 	uint32_t role = p->role, mode = p->mode, idle = p->idle;
 	uint32_t hs = p->handshake_port, nt = p->notify_port;
@@ -56,16 +65,8 @@ int kvxpy_params(PyObject *d, struct kvx_engine_params *p)
 static int Engine_init(PyObject *self, PyObject *args, PyObject *kw)
 {
 	EngineObject *s = (EngineObject *)self;
-	PyObject *d;
-	static char *kwlist[] = {"params", NULL};
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!", kwlist, &PyDict_Type, &d))
-		return -1;
-	if (s->e) {
-		PyErr_SetString(PyExc_RuntimeError, "Engine already initialised");
-		return -1;
-	}
 	struct kvx_engine_params p;
-	if (kvxpy_params(d, &p))
+	if (kvxpy_init_params(args, kw, s->e != NULL, "Engine", &p))
 		return -1;
 	char err[256] = "";
 	struct kvx_engine *e = NULL;
@@ -313,42 +314,29 @@ static PyObject *Engine_transport_name(PyObject *self, PyObject *unused)
 static PyObject *Engine_read(PyObject *self, PyObject *args)
 {
 	EngineObject *s = (EngineObject *)self;
-	PyObject *tido, *lo, *ro, *peero, *keep = NULL;
+	PyObject *tido, *lo, *ro, *peero;
 	if (!PyArg_ParseTuple(args, "OOOO", &tido, &lo, &ro, &peero) || need(s, true))
 		return NULL;
-	const char *tid = get_tid(tido);
-	if (!tid)
+	struct kvxpy_xfer_args g;
+	if (get_xfer_args(tido, lo, peero, &g))
 		return NULL;
-	struct kvx_engine_read r = {.transfer_id = tid};
-	const char *hosts[KVX_ENGINE_MAX_PODS];
-	if (get_peer(peero, &r.peer, hosts, &keep))
-		return NULL;
-	uint32_t ls[STACK_BLOCKS], rs[STACK_BLOCKS], *lp, *rp;
-	Py_ssize_t nl = get_blocks(lo, "local_blocks", ls, &lp);
-	if (nl < 0) {
-		Py_XDECREF(keep);
-		return NULL;
-	}
+	uint32_t rs[STACK_BLOCKS], *rp;
 	Py_ssize_t nr = get_blocks(ro, "remote_blocks", rs, &rp);
 	if (nr < 0) {
-		put_blocks(ls, lp);
-		Py_XDECREF(keep);
+		put_xfer_args(&g);
 		return NULL;
 	}
-	if (nl != nr) {
-		put_blocks(ls, lp);
+	if ((size_t)nr != g.n) {
 		put_blocks(rs, rp);
-		Py_XDECREF(keep);
-		return PyErr_Format(PyExc_ValueError, "remote_blocks: %zd ids, local_blocks has %zd (pairs)", nr, nl);
+		put_xfer_args(&g);
+		return PyErr_Format(PyExc_ValueError, "remote_blocks: %zd ids, local_blocks has %zu (pairs)", nr, g.n);
 	}
-	r.local_blocks = lp;
-	r.remote_blocks = rp;
-	r.n = (size_t)nl;
+	struct kvx_engine_read r = {.transfer_id = g.tid, .peer = g.peer, .local_blocks = g.blocks, .remote_blocks = rp,
+				    .n = g.n};
 	int rc;
 	LOCKED_CALL(s, rc, kvx_xfer_read(s->e, &r));
-	put_blocks(ls, lp);
+	put_xfer_args(&g);
 	put_blocks(rs, rp);
-	Py_XDECREF(keep);
 	if (rc)
 		return raise_kvx(rc, "kvx_xfer_read", NULL);
 	note_submitted(s);
@@ -359,34 +347,23 @@ static PyObject *Engine_read(PyObject *self, PyObject *args)
 static PyObject *submit_blocks_peer(PyObject *self, PyObject *args, bool write)
 {
 	EngineObject *s = (EngineObject *)self;
-	PyObject *tido, *lo, *peero, *keep = NULL;
+	PyObject *tido, *lo, *peero;
 	int notified = 0;
 	if (!PyArg_ParseTuple(args, write ? "OOO" : "OOO|p", &tido, &lo, &peero, &notified) || need(s, true))
 		return NULL;
-	const char *tid = get_tid(tido);
-	if (!tid)
+	struct kvxpy_xfer_args g;
+	if (get_xfer_args(tido, lo, peero, &g))
 		return NULL;
-	struct kvx_engine_peer peer;
-	const char *hosts[KVX_ENGINE_MAX_PODS];
-	if (get_peer(peero, &peer, hosts, &keep))
-		return NULL;
-	uint32_t ls[STACK_BLOCKS], *lp;
-	Py_ssize_t nl = get_blocks(lo, "local_blocks", ls, &lp);
-	if (nl < 0) {
-		Py_XDECREF(keep);
-		return NULL;
-	}
 	int rc;
 	if (write) {
-		struct kvx_engine_write w = {.transfer_id = tid, .peer = peer, .local_blocks = lp, .n = (size_t)nl};
+		struct kvx_engine_write w = {.transfer_id = g.tid, .peer = g.peer, .local_blocks = g.blocks, .n = g.n};
 		LOCKED_CALL(s, rc, kvx_xfer_write_begin(s->e, &w));
 	} else {
-		struct kvx_engine_announce a = {.transfer_id = tid, .peer = peer, .local_blocks = lp, .n = (size_t)nl,
+		struct kvx_engine_announce a = {.transfer_id = g.tid, .peer = g.peer, .local_blocks = g.blocks, .n = g.n,
 						.notified = notified != 0};
 		LOCKED_CALL(s, rc, kvx_xfer_announce(s->e, &a));
 	}
-	put_blocks(ls, lp);
-	Py_XDECREF(keep);
+	put_xfer_args(&g);
 	if (rc)
 		return raise_kvx(rc, write ? "kvx_xfer_write_begin" : "kvx_xfer_announce", NULL);
 	note_submitted(s);

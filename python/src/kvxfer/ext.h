@@ -76,8 +76,25 @@ void put_blocks(uint32_t *stack, uint32_t *p);
 /** A kvxfer.Peer tuple into @p p; hosts[] receives remote_hosts; *keep holds them alive. */
 int get_peer(PyObject *o, struct kvx_engine_peer *p, const char **hosts, PyObject **keep);
 
-/** Engine params from a kvxfer.EngineParams.to_dict() dict; 0 or -1 (raised, naming the field). */
-int kvxpy_params(PyObject *d, struct kvx_engine_params *p);
+/** The (transfer_id, local_blocks, peer) arguments of Engine.read / announce / write_begin and
+ *  Notifier.announce. Parse in place (peer.remote_hosts points into hosts[]); put_xfer_args()
+ *  releases what get_xfer_args() took. */
+struct kvxpy_xfer_args {
+	const char *tid;                        /* borrowed from the str argument */
+	struct kvx_engine_peer peer;
+	const char *hosts[KVX_ENGINE_MAX_PODS];
+	PyObject *keep;                         /* holds peer.remote_hosts' strings */
+	uint32_t stack[STACK_BLOCKS], *blocks;  /* blocks: stack or a PyMem array */
+	size_t n;                               /* block count */
+};
+/** 0, or -1 (raised, naming the argument; nothing held). */
+int get_xfer_args(PyObject *tido, PyObject *lo, PyObject *peero, struct kvxpy_xfer_args *a);
+void put_xfer_args(struct kvxpy_xfer_args *a);
+
+/** __init__(params: dict) of Engine and Notifier: the dict of kvxfer.EngineParams.to_dict() into
+ *  @p p; refused when @p initialised (@p type names the class). 0 or -1 (raised, naming the field). */
+int kvxpy_init_params(PyObject *args, PyObject *kw, bool initialised, const char *type,
+		      struct kvx_engine_params *p);
 /** -ENOBUFS within ENOBUFS_RETRY_NS of @p t0: pause (GIL released by the caller), true = retry. */
 bool retry_nobufs(int rc, uint64_t t0, uint64_t *pause_ns);
 

@@ -221,6 +221,28 @@ int get_peer(PyObject *o, struct kvx_engine_peer *p, const char **hosts, PyObjec
 	return 0;
 }
 
+int get_xfer_args(PyObject *tido, PyObject *lo, PyObject *peero, struct kvxpy_xfer_args *a)
+{
+	a->keep = NULL;
+	a->blocks = a->stack;
+	if (!(a->tid = get_tid(tido)) || get_peer(peero, &a->peer, a->hosts, &a->keep))
+		return -1;
+	Py_ssize_t n = get_blocks(lo, "local_blocks", a->stack, &a->blocks);
+	if (n < 0) {
+		Py_CLEAR(a->keep);
+		return -1;
+	}
+	a->n = (size_t)n;
+	return 0;
+}
+
+void put_xfer_args(struct kvxpy_xfer_args *a)
+{
+	put_blocks(a->stack, a->blocks);
+	a->blocks = a->stack;
+	Py_CLEAR(a->keep);
+}
+
 /* Back-off before retrying a submission the engine refused with -ENOBUFS (its SPSC ring to
  * the owning lcore is full, or max_transfers objects are live until the pump polls their last
  * completion): both drain on their own, so the call retries for up to ENOBUFS_RETRY_NS with

@@ -29,16 +29,8 @@ static PyObject *Notifier_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static int Notifier_init(PyObject *self, PyObject *args, PyObject *kw)
 {
 	NotifierObject *s = (NotifierObject *)self;
-	PyObject *d;
-	static char *kwlist[] = {"params", NULL};
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!", kwlist, &PyDict_Type, &d))
-		return -1;
-	if (s->n) {
-		PyErr_SetString(PyExc_RuntimeError, "Notifier already initialised");
-		return -1;
-	}
 	struct kvx_engine_params p;
-	if (kvxpy_params(d, &p))
+	if (kvxpy_init_params(args, kw, s->n != NULL, "Notifier", &p))
 		return -1;
 	char err[256] = "";
 	struct kvx_notifier *n = NULL;
@@ -88,7 +80,7 @@ static PyObject *Notifier_close(PyObject *self, PyObject *unused)
 static PyObject *Notifier_announce(PyObject *self, PyObject *args)
 {
 	NotifierObject *s = (NotifierObject *)self;
-	PyObject *tido, *lo, *peero, *keep = NULL;
+	PyObject *tido, *lo, *peero;
 	const char *rid = NULL;
 	if (!PyArg_ParseTuple(args, "OOO|z", &tido, &lo, &peero, &rid))
 		return NULL;
@@ -96,25 +88,13 @@ static PyObject *Notifier_announce(PyObject *self, PyObject *args)
 		PyErr_SetString(PyExc_ValueError, "notifier is closed");
 		return NULL;
 	}
-	const char *tid = get_tid(tido);
-	if (!tid)
+	struct kvxpy_xfer_args g;
+	if (get_xfer_args(tido, lo, peero, &g))
 		return NULL;
-	struct kvx_engine_announce a = {.transfer_id = tid};
-	const char *hosts[KVX_ENGINE_MAX_PODS];
-	if (get_peer(peero, &a.peer, hosts, &keep))
-		return NULL;
-	uint32_t ls[STACK_BLOCKS], *lp;
-	Py_ssize_t nl = get_blocks(lo, "local_blocks", ls, &lp);
-	if (nl < 0) {
-		Py_XDECREF(keep);
-		return NULL;
-	}
-	a.local_blocks = lp;
-	a.n = (size_t)nl;
+	struct kvx_engine_announce a = {.transfer_id = g.tid, .peer = g.peer, .local_blocks = g.blocks, .n = g.n};
 	int rc;
 	LOCKED_CALL(s, rc, s->n ? kvx_notifier_announce(s->n, &a, rid) : -EBADF);
-	put_blocks(ls, lp);
-	Py_XDECREF(keep);
+	put_xfer_args(&g);
 	if (rc)
 		return raise_kvx(rc, "kvx_notifier_announce", rc == -EBADF ? "notifier is closed" : NULL);
 	Py_RETURN_NONE;

@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * shm: consecutive posts share one process_vm_readv/writev (transport/shm/shm.c, pending
+ * group), and each post still completes on its own: exact bytes and statuses per post, a
+ * failure stays in the post of the op that failed, ops move in post order across opcodes.
+ * The target is a real forked process (tests/transport/peer.c). A local page made
+ * inaccessible (mprotect) makes one op of a group fail inside the kernel, after the checks at
+ * post passed: the only way to fail an op in the middle of a group.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "peer.h"
+
+#define PG 4096ull
+
+struct srig {
+	struct peer peer;
+	struct kvx_xport_ctx *ctx;
+	struct kvx_xport_ep *ep;
+	int idx;                   /* target region */
+	struct kvx_xport_rmr *rr;  /* its import */
+	uint8_t *lm;               /* local region: NPG pages, mmap */
+	struct kvx_xport_mr *l;
+};
+
+#define NPG 8
+#define RSEED 71 /* target region pattern */
+#define LSEED 72 /* local region pattern */
+
+static void srig_up(struct srig *r)
+{
+	skip_unless_available("shm");
+	memset(r, 0, sizeof(*r));
+	struct kvx_xport_ctx_params p;
+	kvx_xport_ctx_params_init(&p);
+	p.op_timeout_ns = 20000000000ull;
+	cr_assert_eq(peer_start(&r->peer, "shm", &p), 0);
+	cr_assert_eq(kvx_xport_open("shm", &p, &r->ctx), 0);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
+	size_t al = 0, bl = 0;
+	cr_assert_eq(kvx_xport_ep_create(r->ctx, &r->ep, a, sizeof(a), &al), 0);
+	cr_assert_eq(peer_accept(&r->peer, a, al, b, &bl), 0);
+	cr_assert_eq(kvx_xport_ep_connect(r->ep, b, bl), 0);
+	r->idx = peer_reg(&r->peer, NPG * PG, KVX_XPORT_ACCESS_ALL, RSEED, d);
+	cr_assert_geq(r->idx, 0);
+	cr_assert_eq(kvx_xport_rmr_import(r->ep, d, sizeof(d), &r->rr), 0);
+	r->lm = mmap(NULL, NPG * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cr_assert_neq(r->lm, MAP_FAILED);
+	pat_fill(r->lm, NPG * PG, LSEED, 0);
+	struct kvx_xport_mr_params mp = {.addr = r->lm, .len_bytes = NPG * PG,
+					 .access = KVX_XPORT_ACCESS_ALL,
+					 .mem_type = KVX_XPORT_MEM_HOST};
+	cr_assert_eq(kvx_xport_mr_register(r->ctx, &mp, &r->l), 0);
+}
+
+static void srig_down(struct srig *r)
+{
+	kvx_xport_close(r->ctx);
+	cr_assert_eq(peer_quit(&r->peer), 0, "target process did not exit cleanly");
+	munmap(r->lm, NPG * PG);
+}
+
+static void post(struct srig *r, enum kvx_xport_opcode opc, const struct kvx_xport_op *ops,
+		 uint32_t n, uint64_t cookie)
+{
+	cr_assert_eq(kvx_xport_post_bulk(r->ep, opc, ops, n, cookie), 0);
+}
+
+static struct kvx_xport_op op(struct srig *r, uint64_t loff, uint64_t roff, uint64_t len)
+{
+	return (struct kvx_xport_op){.lmr = r->l, .rmr = r->rr, .loff = loff, .roff = roff,
+				     .len = len};
+}
+
+/* Poll until @p n completions arrived; they come in post order (cookies 1..n). */
+static void poll_n(struct srig *r, struct kvx_xport_cpl *c, uint32_t n)
+{
+	uint32_t got = 0;
+	uint64_t deadline = kvx_now_ns() + 30000000000ull;
+	while (got < n) {
+		int k = kvx_xport_poll_burst(r->ep, c + got, n - got);
+		cr_assert_geq(k, 0);
+		got += (uint32_t)k;
+		cr_assert_lt(kvx_now_ns(), deadline, "%u of %u completions within 30 s", got, n);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		cr_assert_eq(c[i].cookie, i + 1, "completion %u has cookie %llu", i,
+			     (unsigned long long)c[i].cookie);
+}
+
+TestSuite(transport_shm_batch, .timeout = 60);
+
+/* Three one-op WRITE posts, a four-op post and another one-op post, posted back to back
+ * (one pending group): local page 3 is unreadable, so the op that reads it fails in the
+ * kernel. Only its post fails; every other op's bytes land, and the failed op's target range
+ * keeps its old bytes. */
+Test(transport_shm_batch, write_posts_complete_individually_failure_stays_in_its_post)
+{
+	struct srig r;
+	srig_up(&r);
+	cr_assert_eq(mprotect(r.lm + 3 * PG, PG, PROT_NONE), 0);
+	struct kvx_xport_op o1;
+	for (uint64_t i = 0; i < 3; i++) { /* cookies 1..3: local page i -> remote page 7-i */
+		o1 = op(&r, i * PG, (7 - i) * PG, PG);
+		post(&r, KVX_XPORT_OP_WRITE, &o1, 1, i + 1);
+	}
+	/* Cookie 4: local 4 -> remote 2; local 3 (unreadable) -> remote 1; 100 B of local 5 ->
+	 * remote 0 + 7; and an out-of-bounds op rejected at post (-ERANGE as well, but at a
+	 * higher index: the status and first_failed are index 1's). */
+	struct kvx_xport_op b[4] = {op(&r, 4 * PG, 2 * PG, PG), op(&r, 3 * PG, 1 * PG, PG),
+				    op(&r, 5 * PG, 7, 100), op(&r, 0, NPG * PG - 1, 2)};
+	post(&r, KVX_XPORT_OP_WRITE, b, 4, 4);
+	o1 = op(&r, 6 * PG + 1, 3 * PG + 5, 999); /* cookie 5 */
+	post(&r, KVX_XPORT_OP_WRITE, &o1, 1, 5);
+	struct kvx_xport_cpl c[5];
+	poll_n(&r, c, 5);
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(c[i].status, 0, "post %d: %d", i + 1, c[i].status);
+		cr_assert_eq(c[i].n_ops, 1);
+		cr_assert_eq(c[i].n_failed, 0);
+		cr_assert_eq(c[i].first_failed, 1);
+		cr_assert_eq(c[i].bytes, PG);
+	}
+	cr_assert_eq(c[3].status, -ERANGE);
+	cr_assert_eq(c[3].n_ops, 4);
+	cr_assert_eq(c[3].n_failed, 2);
+	cr_assert_eq(c[3].first_failed, 1);
+	cr_assert_eq(c[3].bytes, PG + 100);
+	cr_assert_eq(c[4].status, 0);
+	cr_assert_eq(c[4].n_failed, 0);
+	cr_assert_eq(c[4].bytes, 999);
+	for (uint64_t i = 0; i < 3; i++)
+		cr_assert_eq(peer_verify(&r.peer, r.idx, (7 - i) * PG, PG, LSEED, i * PG),
+			     (int64_t)PG, "remote page %llu", (unsigned long long)(7 - i));
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 2 * PG, PG, LSEED, 4 * PG), (int64_t)PG);
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 1 * PG, PG, RSEED, 1 * PG), (int64_t)PG,
+		     "the failed op's target range changed");
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 0, 7, RSEED, 0), 7);
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 7, 100, LSEED, 5 * PG), 100);
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 107, PG - 107, RSEED, 107), (int64_t)(PG - 107));
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 3 * PG, 5, RSEED, 3 * PG), 5);
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 3 * PG + 5, 999, LSEED, 6 * PG + 1), 999);
+	cr_assert_eq(peer_verify(&r.peer, r.idx, 3 * PG + 1004, 2 * PG - 1004, RSEED, 3 * PG + 1004),
+		     (int64_t)(2 * PG - 1004));
+	struct kvx_xport_counters k;
+	kvx_xport_ep_counters(r.ep, &k);
+	cr_assert_eq(k.ops_posted, 8);
+	cr_assert_eq(k.ops_ok, 6);
+	cr_assert_eq(k.ops_failed, 2);
+	cr_assert_eq(k.bytes_written, 4 * PG + 100 + 999);
+	cr_assert_eq(k.batches_done, 5);
+	srig_down(&r);
+}
+
+/* WRITE then READ of the same remote page, posted back to back: the READ returns the bytes
+ * the WRITE put there (ops move in post order across opcodes). A READ into a read-only local
+ * page fails alone; the READ after it lands. */
+Test(transport_shm_batch, posts_move_in_order_read_failure_stays_in_its_post)
+{
+	struct srig r;
+	srig_up(&r);
+	cr_assert_eq(mprotect(r.lm + 3 * PG, PG, PROT_READ), 0);
+	struct kvx_xport_op o = op(&r, 0, 0, PG);
+	post(&r, KVX_XPORT_OP_WRITE, &o, 1, 1); /* local 0 -> remote 0 */
+	o = op(&r, 1 * PG, 0, PG);
+	post(&r, KVX_XPORT_OP_READ, &o, 1, 2); /* remote 0 -> local 1 */
+	o = op(&r, 3 * PG, 5 * PG, PG);
+	post(&r, KVX_XPORT_OP_READ, &o, 1, 3); /* remote 5 -> local 3 (read-only) */
+	o = op(&r, 2 * PG + 3, 6 * PG + 11, 2000);
+	post(&r, KVX_XPORT_OP_READ, &o, 1, 4); /* remote 6 + 11 -> local 2 + 3 */
+	struct kvx_xport_cpl c[4];
+	poll_n(&r, c, 4);
+	cr_assert_eq(c[0].status, 0);
+	cr_assert_eq(c[0].bytes, PG);
+	cr_assert_eq(c[1].status, 0);
+	cr_assert_eq(c[1].bytes, PG);
+	cr_assert_eq(c[2].status, -ERANGE);
+	cr_assert_eq(c[2].n_failed, 1);
+	cr_assert_eq(c[2].first_failed, 0);
+	cr_assert_eq(c[2].bytes, 0);
+	cr_assert_eq(c[3].status, 0);
+	cr_assert_eq(c[3].bytes, 2000);
+	cr_assert_eq(pat_check(r.lm + PG, PG, LSEED, 0), PG, "the READ did not see the WRITE");
+	cr_assert_eq(pat_check(r.lm + 3 * PG, PG, LSEED, 3 * PG), PG, "the failed READ wrote");
+	cr_assert_eq(pat_check(r.lm + 2 * PG, 3, LSEED, 2 * PG), 3);
+	cr_assert_eq(pat_check(r.lm + 2 * PG + 3, 2000, RSEED, 6 * PG + 11), 2000);
+	cr_assert_eq(pat_check(r.lm + 2 * PG + 2003, PG - 2003, LSEED, 2 * PG + 2003),
+		     PG - 2003);
+	struct kvx_xport_counters k;
+	kvx_xport_ep_counters(r.ep, &k);
+	cr_assert_eq(k.ops_ok, 3);
+	cr_assert_eq(k.ops_failed, 1);
+	cr_assert_eq(k.bytes_written, PG);
+	cr_assert_eq(k.bytes_read, PG + 2000);
+	srig_down(&r);
+}
