@@ -353,10 +353,11 @@ struct kvx_engine {
 	 *  - dead: unreferenced connections to destroy; a lock-free stack (push: any thread that
 	 *    drops the last reference, a poller or the RCU callback thread; take-all: the control
 	 *    thread in eng_on_ctl_work(), the app thread once the control lcore is stopped).
-	 *  - fences (P READ defer timeout): fence_req is raised by any poller; the control thread
-	 *    destroys accepted[] and stores fence_cut; poller 0 stores fence_done = fence_cut after
-	 *    its next kvx_xport_progress() call (a call that began before the cut may still have
-	 *    been serving a reader); pollers release fenced blocks once fence_done covers them.
+	 *  - fences (P READ defer timeout, D WRITE quarantine expiry): fence_req is raised by any
+	 *    poller; the control thread destroys accepted[] and stores fence_cut; poller 0 stores
+	 *    fence_done = fence_cut after its next kvx_xport_progress() call (a call that began
+	 *    before the cut may still have been serving a reader); pollers release fenced blocks
+	 *    once fence_done covers them.
 	 *  - ctl_efd: eventfd doorbell, written by whoever queued work; watched by the control
 	 *    lcore (eng_on_ctl_work()). */
 	struct kvx_xport_ep **accepted;

@@ -346,7 +346,8 @@ void eng_on_ctl_work(void *arg)
 	reap_dead(e);
 	uint64_t req = atomic_load_explicit(&e->fence_req, memory_order_acquire);
 	if (req != atomic_load_explicit(&e->fence_cut, memory_order_relaxed)) {
-		/* P READ defer timeout: revoke every reader at the wire (see poller.c fences). */
+		/* P READ defer timeout, D WRITE quarantine expired: cut every reader and writer at
+		 * the wire (see poller.c fences). */
 		for (uint32_t i = 0; i < e->n_accepted; i++)
 			kvx_xport_ep_destroy(e->accepted[i]);
 		e->n_accepted = 0;

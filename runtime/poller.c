@@ -504,7 +504,8 @@ static int xf_conn(struct poller *po, struct xf *x)
 		conn_rebind(x, n);
 		if (o.act & KVX_XFER_DO_REPOST) {
 			memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
-			x->lease_phase = LP_NONE; /* a new peer epoch: its lease is looked up again */
+			x->lease_phase = LP_NONE; /* a new connection: the lease is looked up again */
+			x->bytes = 0;             /* the completion counts the bytes of one pass */
 		}
 		return 1;
 	}
@@ -1074,8 +1075,10 @@ static void handle_cin(struct poller *po, struct emsg *m)
 /* P READ defer timeout (docs/protocol.md §5.4 with §6 item 11): the producer cannot see one-sided
  * reads, so it revokes them: destroying the target endpoints makes every consumer's further
  * access impossible (verbs: the QPs are gone; tcp: the context's progress stops serving them at
- * its next call), and only then are the blocks reported reusable. shm cannot be revoked by the
- * target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
+ * its next call), and only then are the blocks reported reusable. A D WRITE whose quarantine
+ * expired without the producer's answer is fenced the same way: a write still queued in the
+ * producer's kernel (a partition) or process (stopped) then lands nowhere. shm cannot be
+ * revoked by the target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
  * endpoints (eng_on_ctl_work(): fence_cut); poller 0, the thread of kvx_xport_progress(),
  * confirms once a progress call that began after the cut has returned (fence_done). */
 static void fence_confirm(struct poller *po, uint64_t cut)

@@ -154,7 +154,8 @@ struct kvx_life {
 	bool failed;        /* an op or a post failed (error says why) */
 	bool release_sent;  /* D READ: release (P WRITE: write_done on abort) went out */
 	bool done_posting;  /* D READ: nothing more will be posted */
-	bool fence_pending; /* P READ: timed out, blocks held until every reader is revoked */
+	bool fence_pending; /* P READ: timed out, blocks held until every reader is revoked; D WRITE:
+			     * quarantine expired, blocks held until every writer is cut */
 	int error;          /* 0 or negative errno */
 	uint32_t ops_out;   /* op batches in flight */
 	uint32_t next_layer; /* D READ: layers posted so far */
@@ -195,7 +196,8 @@ enum kvx_xfer_do {
 	KVX_XFER_DO_RELEASE = 1u << 7,          /* blocks reusable now: the transfer retires */
 	KVX_XFER_DO_QUARANTINE = 1u << 8,       /* D WRITE: blocks held until write_done or the defer
 						 * deadline (kvx_xfer_tick()) */
-	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ: blocks held until every reader is revoked */
+	KVX_XFER_DO_FENCE = 1u << 9,            /* P READ / D WRITE: blocks held until every reader /
+						 * writer of them is cut at the wire */
 	KVX_XFER_DO_POST_LAYER = 1u << 10,      /* P WRITE: the event's layer is to be written */
 	KVX_XFER_DO_SEND_FAILED = 1u << 11,     /* P WRITE: kvx_failed (status / error) to the kvxfer
 						 * D rank that sent remote_blocks; nothing of ours
@@ -234,7 +236,8 @@ enum kvx_xfer_ev_type {
 	 * peer (SERVE; WRITE before D's allocation), else the transfer timeout. D WRITE: tell P to
 	 * stop, quarantine; P WRITE: stop, release once ops are terminal; P READ: hold the blocks
 	 * until every reader is revoked (fence); D READ: settle once ops are terminal. A reported
-	 * D WRITE leaves quarantine once now > quarantine_ns. */
+	 * D WRITE still in quarantine once now > quarantine_ns (no answer from P) is fenced: every
+	 * connection a late write could land through is cut (FENCE), then FENCED releases it. */
 	KVX_XFER_EV_TICK = 3,
 	/* D READ: posting went on or an op completed (docs/protocol.md §1.4 steps 9-10, §5.5). Nothing
 	 * while ops are in flight. Ended already: P is released only if something was posted or
@@ -258,7 +261,8 @@ enum kvx_xfer_ev_type {
 	 * handshake that ended before the submission (`hs_ends` <= lf.hs_after: the one this
 	 * transfer asked for is still to come) changes nothing. */
 	KVX_XFER_EV_PEER_FAILED = 8,
-	/* P READ: the readers of its blocks are revoked (fence done): the blocks are reusable. */
+	/* P READ: the readers of its blocks are revoked; D WRITE: its writers are cut (fence done):
+	 * the blocks are reusable. */
 	KVX_XFER_EV_FENCED = 9,
 	/* P WRITE: the application says layer `layer` is (or will be, by its event) computed
 	 * (docs/protocol.md §1.3 step 8): POST_LAYER once per layer; a duplicate is a no-op. */

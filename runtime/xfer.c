@@ -365,8 +365,15 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 {
 	uint64_t now = ev->now_ns;
 	if (lf->reported) {
-		if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->quarantine_ns && now > lf->quarantine_ns)
-			o->act = KVX_XFER_DO_RELEASE; /* no write_done within the defer timeout */
+		if (lf->kind == KVX_XFER_K_ANNOUNCE && lf->quarantine_ns && now > lf->quarantine_ns &&
+		    !lf->fence_pending) {
+			/* No write_done or kvx_failed within the defer timeout: a write of the
+			 * producer may still be on its way (its kernel's send queue after a
+			 * partition, a stopped process). The blocks come back only once every
+			 * connection such a write could land through is cut (FENCED). */
+			lf->fence_pending = true;
+			o->act = KVX_XFER_DO_FENCE;
+		}
 		return;
 	}
 	bool holds = lf->kind == KVX_XFER_K_SERVE || (lf->kind == KVX_XFER_K_WRITE && !ev->has_alloc);
@@ -463,8 +470,8 @@ static void op_failed(struct kvx_life *lf, const struct kvx_xfer_ev *ev, struct 
 		o->act = KVX_XFER_DO_RESET_PEER;
 	if (lf->failed)
 		return;
-	if (lf->kind == KVX_XFER_K_READ && ev->ep_dead && !ev->moved) {
-		lf->await_peer = true;
+	if (lf->kind == KVX_XFER_K_READ && ev->ep_dead) {
+		lf->await_peer = true; /* PEER_CONNECTED decides: re-post, or fail */
 		return;
 	}
 	lf->failed = true;
@@ -479,7 +486,14 @@ static void peer_connected(struct kvx_xfer_table *tab, struct kvx_xfer *t, struc
 	if (lf->kind == KVX_XFER_K_READ) {
 		if (!ev->bound && !lf->await_peer) {
 			o->act = KVX_XFER_DO_BIND;
-		} else if (ev->epoch != lf->bound_epoch && !ev->moved) {
+		} else if (ev->epoch == lf->bound_epoch || !ev->moved) {
+			/* Resume: every layer again on the new connection, behind a new lookup of the
+			 * lease. The same producer incarnation (a link failure or a partition; its
+			 * fence) still grants it only while it holds the blocks for this transfer (a
+			 * revoked one is a tombstone: -ESTALE), and the final lease read compares with
+			 * the word found then; a new incarnation never grants its predecessor's ids
+			 * (the read waits for a grant until the deadline). Bytes that landed from a new
+			 * epoch's predecessor rule a retry out (below). */
 			lf->await_peer = false;
 			lf->next_layer = 0;
 			lf->done_posting = false;
@@ -597,8 +611,9 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 			return;
 		}
 		rc = t ? kvx_xfer_resolve_ack(tab, t, ev->consumer_tp, ev->producer_tp) : 0;
-		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE)
-			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine */
+		if (rc == 1 && lf && lf->kind == KVX_XFER_K_ANNOUNCE && !lf->fence_pending)
+			o->act = DONE_NOW; /* a reported D WRITE: its blocks leave quarantine (a fence
+					    * under way releases them when it is done) */
 		o->late = rc == 0 && !lf;
 		return;
 	case KVX_XFER_EV_PEER_FAILED_NOTE:
@@ -635,7 +650,7 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 			return; /* parked: applied at submission (on_submit()) */
 		}
 		if (lf->reported) {
-			if (rc == 1)
+			if (rc == 1 && !lf->fence_pending)
 				o->act = DONE_NOW; /* quarantine over: every producer rank answered */
 			return;
 		}

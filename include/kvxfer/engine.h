@@ -37,8 +37,11 @@
  * are closed before the target services another request). Only then does the transfer's
  * KVX_CPL_BLOCKS_RELEASED follow its KVX_CPL_TRANSFER (TIMED_OUT); stats.fences counts
  * fences. Cost: the producer cannot tell which consumer reads which blocks, so every
- * consumer connected to it loses its endpoint: their in-flight READs (of any transfer) fail
- * with -ECONNRESET and each consumer re-handshakes before its next transfer (below). shm
+ * consumer connected to it loses its endpoint: their in-flight READs (of any transfer)
+ * re-handshake and re-post behind a new lease lookup (-ESTALE if their lease was revoked
+ * meanwhile, docs/architecture.md §3.2). A WRITE consumer whose quarantine (below) ends
+ * without the producer's answer fences its writers the same way before the blocks come back
+ * (counted in stats.fences too). shm
  * cannot be fenced by the target (the consumer reads with process_vm_readv under the
  * same-host, same-user trust model, docs/architecture.md §3): there the release relies on the consumer
  * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
@@ -351,7 +354,7 @@ struct kvx_engine_stats {
 	uint64_t quarantined;           /**< Block frees held back while ops could be in flight. */
 	uint64_t notifications_sent;    /**< Notify frames handed to the control plane's DEALERs. */
 	uint64_t notifications_received; /**< Valid notifications received. */
-	uint64_t fences;                /**< P READ: reader fences (target endpoints torn down at a defer timeout). */
+	uint64_t fences;                /**< Fences: target endpoints torn down at a P READ defer timeout or a D WRITE quarantine expiry. */
 	uint64_t peer_resets;           /**< Peers whose endpoint entered error state (re-handshaken). */
 	uint64_t data_auth_refused;     /**< tcp data plane: connections to this engine's data listener
 	                                     closed because their hello did not name an endpoint of it

@@ -533,7 +533,8 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	 * is stopped (SIGSTOP), so it can neither finish nor release. P must revoke D's access at
 	 * the wire before reporting the blocks released; the blocks are then reused (overwritten)
 	 * and D, resumed, must never deliver the new contents: its READ either completed from
-	 * what P served before the fence (original bytes) or fails with -ECONNRESET. */
+	 * what P served before the fence (original bytes) or fails with -ESTALE (its endpoint
+	 * died; it resumed on a new connection, whose lease lookup found the lease revoked). */
 	struct kid k;
 	kid_start(&k, fence_consumer);
 	struct kvx_engine_params pp;
@@ -601,7 +602,7 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 		cr_assert_eq(fs.error, -ETIMEDOUT, "error %d", fs.error);
 	} else {
 		cr_assert_eq(fs.status, KVX_CPL_FAILED, "the fenced read must fail, got status %d", fs.status);
-		cr_assert_eq(fs.error, -ECONNRESET, "error %d", fs.error);
+		cr_assert_eq(fs.error, -ESTALE, "error %d", fs.error);
 	}
 	kid_end(&k);
 	eng_free(&P);
@@ -775,11 +776,12 @@ Test(runtime_engine, g_layer_wait_sleeps_until_the_layer_lands)
 	eng_free(&D);
 }
 
-Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
+Test(runtime_engine, f_fenced_read_resumed_finds_the_lease_revoked)
 {
 	/* D's first op hits P's fence (P's defer timeout passed before D posted anything): D's
-	 * endpoint dies, D re-handshakes and finds the same epoch, so its blocks may have been
-	 * reused: the transfer fails instead of being re-posted against the reused blocks. */
+	 * endpoint dies, D re-handshakes and finds the same epoch. The read resumes on the new
+	 * connection behind a new lease lookup, which finds the lease revoked (P's blocks may be
+	 * reused): FAILED -ESTALE, and no byte of the reused blocks reaches D. */
 	struct kvx_engine_params pp, dp;
 	struct eng P, D;
 	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
@@ -824,7 +826,7 @@ Test(runtime_engine, f_fenced_read_that_moved_nothing_is_not_retried)
 	struct seen sd = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-b", &sd, false, 20000000000ull));
 	cr_assert_eq(sd.transfer, KVX_CPL_FAILED, "status %d", sd.transfer);
-	cr_assert_eq(sd.error, -ECONNRESET, "error %d", sd.error);
+	cr_assert_eq(sd.error, -ESTALE, "error %d", sd.error);
 	for (int l = 0; l < NL; l++)
 		for (int k = 0; k < 2 * 128; k++)
 			cr_assert_eq(D.mem[l][5 * 128 + k], 0, "layer %d byte %d: reused bytes reached D", l, k);

@@ -141,7 +141,7 @@ static int spawn(struct driver *D, int which)
 				close(lf);
 			}
 		}
-		if (ns && soak_net_enter(ns)) {
+		if (ns && netns_pair_enter(ns)) {
 			fprintf(stderr, "kvx-soak: cannot enter netns %s\n", ns);
 			_exit(1);
 		}
@@ -530,7 +530,7 @@ static void inject(struct driver *D, uint64_t now)
 	}
 	case F_PART_LONG:
 	case F_PART_SHORT:
-		if (soak_net_link(&D->net, false)) {
+		if (netns_pair_link(&D->net, false)) {
 			fprintf(stderr, "kvx-soak: cannot take the veth link down; partition faults skipped\n");
 			D->skipped[F_PART_LONG] = D->skipped[F_PART_SHORT] = true;
 			return;
@@ -573,7 +573,7 @@ static void recover(struct driver *D, uint64_t now, bool force)
 			p->stopped = false;
 			p->stop_total += now - p->stop_since;
 		} else {
-			soak_net_link(&D->net, true);
+			netns_pair_link(&D->net, true);
 		}
 		logv(D, "fault %s over", soak_fault_name[f]);
 		D->active_fault = -1;

@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #include "soak.h"
-#include "soak_net.h"
+#include "netns_pair.h"
 #include "trace_load.h"
 
 /* ---- options ------------------------------------------------------------------------ */
@@ -90,7 +90,7 @@ struct reason {
 struct driver {
 	struct opts o;
 	char self[4096];
-	struct soak_net net;
+	struct netns_pair net;
 	bool use_net;
 	const char *host[2]; /* engine host per role */
 	struct proc pr[NPROC];

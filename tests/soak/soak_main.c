@@ -214,7 +214,7 @@ int main(int argc, char **argv)
 	D.host[P] = D.host[C] = "127.0.0.1";
 	if (o->fault_on[F_PART_LONG] || o->fault_on[F_PART_SHORT]) {
 		char why[256] = "";
-		if (soak_net_setup(&D.net, why, sizeof(why)) == 0) {
+		if (netns_pair_setup(&D.net, "kvxsoak", "kvs", 77, 0, why, sizeof(why)) == 0) {
 			D.use_net = true;
 			D.host[P] = D.net.addr[0];
 			D.host[C] = D.net.addr[1];
@@ -229,7 +229,7 @@ int main(int argc, char **argv)
 		D.pr[w].fd = -1;
 	int rc = D.reqs ? soak_run(&D) : -1;
 	if (D.use_net)
-		soak_net_teardown(&D.net);
+		netns_pair_teardown(&D.net);
 	if (rc) {
 		for (int w = 0; w < NPROC; w++)
 			if (D.pr[w].pid) {

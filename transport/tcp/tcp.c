@@ -40,10 +40,23 @@ static int parse_addr(const char *s, uint16_t port, struct sockaddr_storage *ss,
 	return -EINVAL;
 }
 
+/* Linux >= 6.15 (the kernel's value; Debian 12's headers predate it). */
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44
+#endif
+
 void tcp_set_nodelay(int fd)
 {
 	int one = 1;
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	/* Retransmissions (and zero-window / unsent-data probes) back off exponentially up to
+	 * 120 s by default: after a partition of d seconds the next try can come about d seconds
+	 * after the link returned, past the deadline of transfers that could have finished. Cap
+	 * the backoff at the smallest value the kernel takes (1 s), so a transfer continues within
+	 * about a second of the link's return (docs/architecture.md §3.2). Older kernels refuse
+	 * the option (ENOPROTOOPT) and keep their default. */
+	int rto_max_ms = 1000;
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &rto_max_ms, sizeof(rto_max_ms));
 }
 
 static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx **out)

@@ -321,6 +321,7 @@ struct txent {
 #define TCP_TXENT (TCP_IOV - 1)
 
 /* tcp.c */
+/* TCP_NODELAY, and the retransmission backoff capped at 1 s where the kernel allows it. */
 void tcp_set_nodelay(int fd);
 void tcp_ep_free(struct tcp_ep *e);
 void tcp_tdev_destroy(struct tdev *d);

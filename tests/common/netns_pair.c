@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Network namespaces and veth pair of kvx-soak (see soak_net.h), built with iproute2. */
+/* Two network namespaces joined by a veth pair (see netns_pair.h), built with iproute2. */
 #include <fcntl.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "soak_net.h"
+#include "netns_pair.h"
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int sh(const char *fmt, ...)
@@ -25,7 +25,8 @@ static int sh(const char *fmt, ...)
 	return st == 0 ? 0 : -1;
 }
 
-int soak_net_setup(struct soak_net *n, char *why, size_t whylen)
+int netns_pair_setup(struct netns_pair *n, const char *ns_tag, const char *veth_tag, unsigned net, unsigned sub,
+		     char *why, size_t whylen)
 {
 	memset(n, 0, sizeof(*n));
 	if (geteuid() != 0) {
@@ -37,16 +38,16 @@ int soak_net_setup(struct soak_net *n, char *why, size_t whylen)
 		return -1;
 	}
 	int pid = (int)getpid() % 10000000;
-	snprintf(n->ns[0], sizeof(n->ns[0]), "kvxsoak%dp", pid);
-	snprintf(n->ns[1], sizeof(n->ns[1]), "kvxsoak%dc", pid);
-	snprintf(n->veth[0], sizeof(n->veth[0]), "kvs%da", pid);
-	snprintf(n->veth[1], sizeof(n->veth[1]), "kvs%db", pid);
-	snprintf(n->addr[0], sizeof(n->addr[0]), "10.77.0.1");
-	snprintf(n->addr[1], sizeof(n->addr[1]), "10.77.0.2");
+	snprintf(n->ns[0], sizeof(n->ns[0]), "%.16s%dp", ns_tag, pid);
+	snprintf(n->ns[1], sizeof(n->ns[1]), "%.16s%dc", ns_tag, pid);
+	snprintf(n->veth[0], sizeof(n->veth[0]), "%.4s%da", veth_tag, pid);
+	snprintf(n->veth[1], sizeof(n->veth[1]), "%.4s%db", veth_tag, pid);
+	snprintf(n->addr[0], sizeof(n->addr[0]), "10.%u.%u.1", net & 255, sub & 255);
+	snprintf(n->addr[1], sizeof(n->addr[1]), "10.%u.%u.2", net & 255, sub & 255);
 	n->made = true;
 	if (sh("ip netns add %s", n->ns[0]) || sh("ip netns add %s", n->ns[1])) {
 		snprintf(why, whylen, "'ip netns add' failed (no network namespace support?)");
-		soak_net_teardown(n);
+		netns_pair_teardown(n);
 		return -1;
 	}
 	if (sh("ip link add %s netns %s type veth peer name %s netns %s", n->veth[0], n->ns[0], n->veth[1],
@@ -54,22 +55,22 @@ int soak_net_setup(struct soak_net *n, char *why, size_t whylen)
 	    sh("ip -n %s addr add %s/24 dev %s", n->ns[0], n->addr[0], n->veth[0]) ||
 	    sh("ip -n %s addr add %s/24 dev %s", n->ns[1], n->addr[1], n->veth[1]) ||
 	    sh("ip -n %s link set lo up", n->ns[0]) || sh("ip -n %s link set lo up", n->ns[1]) ||
-	    soak_net_link(n, true)) {
+	    netns_pair_link(n, true)) {
 		snprintf(why, whylen, "creating the veth pair in the namespaces failed (no veth support?)");
-		soak_net_teardown(n);
+		netns_pair_teardown(n);
 		return -1;
 	}
 	return 0;
 }
 
-int soak_net_link(struct soak_net *n, bool up)
+int netns_pair_link(struct netns_pair *n, bool up)
 {
 	int a = sh("ip -n %s link set %s %s", n->ns[0], n->veth[0], up ? "up" : "down");
 	int b = sh("ip -n %s link set %s %s", n->ns[1], n->veth[1], up ? "up" : "down");
 	return a || b ? -1 : 0;
 }
 
-int soak_net_enter(const char *name)
+int netns_pair_enter(const char *name)
 {
 	char path[128];
 	snprintf(path, sizeof(path), "/run/netns/%s", name);
@@ -81,7 +82,7 @@ int soak_net_enter(const char *name)
 	return rc;
 }
 
-void soak_net_teardown(struct soak_net *n)
+void netns_pair_teardown(struct netns_pair *n)
 {
 	if (!n->made)
 		return;
