@@ -321,6 +321,10 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		}
 		e->n_xctx = k + 1;
 		kvx_xport_query_caps(e->xctx[k], &e->caps[k]);
+		/* A late write through this transport lands unless the target checks the lease
+		 * per op (tcp) or there is no wire (shm): D WRITE quarantine expiry fences. */
+		if (!e->caps[k].cond_ops && !e->caps[k].same_host_only)
+			e->fence_writers = true;
 		for (uint32_t i = 0; i < e->n_layers; i++) {
 			struct layer *ly = &e->layers[i];
 			struct kvx_xport_mr_params mp = {.addr = ly->base, .len_bytes = ly->span,

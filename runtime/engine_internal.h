@@ -320,6 +320,7 @@ struct kvx_engine {
 	 * auto only, shm for same-host peers when CMA is permitted (NULL otherwise). */
 	struct kvx_xport_ctx *xctx[2];
 	struct kvx_xport_caps caps[2];
+	bool fence_writers; /* set at create (app thread), read-only after: see kvx_xfer_ev.fence_writers */
 	uint32_t n_xctx;
 	bool has_hip; /* a layer is device memory (HIP or hostdev): `auto` does not add shm */
 	int hip_probe; /* app thread: 0 not probed, 1 HIP device usable, else -errno */

@@ -1119,7 +1119,8 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 					  .has_alloc = tw && tw->has_alloc,
 					  .query_peer = x->lf.kind == KVX_XFER_K_ANNOUNCE && x->peer &&
 							atomic_load_explicit(&x->peer->is_kvx, memory_order_relaxed),
-					  .query_grace_ns = grace < 1000000000ull ? grace : 1000000000ull});
+					  .query_grace_ns = grace < 1000000000ull ? grace : 1000000000ull,
+					  .fence_writers = po->e->fence_writers});
 		if (po->n_live == before && x->lease_phase == LP_WAIT && !x->lf.reported) {
 			x->lease_phase = LP_NONE; /* look the lease up again */
 			progress(po, x);

@@ -333,6 +333,9 @@ struct kvx_xfer_ev {
 				       * (kvx_xfer_sender_key()), 0 for a MoRIIO sender (counted) */
 	uint32_t fail_status;         /* PEER_FAILED_NOTE: the producer's enum kvx_cpl_status */
 	bool query_peer;              /* TICK: D WRITE may ask its producer (a kvxfer peer) first */
+	bool fence_writers;           /* TICK: a D WRITE whose quarantine expired unanswered must cut
+				       * its writers first: some data transport neither checks a
+				       * lease per op at the target (caps.cond_ops) nor is same-host */
 	uint64_t query_grace_ns;      /* TICK: how long before its deadline D asks */
 	bool has_alloc;               /* TICK: P WRITE holds D's allocation */
 	bool unbound;                 /* PEER_FAILED: no usable connection */

@@ -369,8 +369,16 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 		    !lf->fence_pending) {
 			/* No write_done or kvx_failed within the defer timeout: a write of the
 			 * producer may still be on its way (its kernel's send queue after a
-			 * partition, a stopped process). The blocks come back only once every
-			 * connection such a write could land through is cut (FENCED). */
+			 * partition, a stopped process). Where the target checks the lease per op
+			 * (tcp: caps.cond_ops) such a write finds the lease revoked at our terminal
+			 * state and is refused, and shm has no wire to cut: the blocks come back now.
+			 * Otherwise (verbs) only once every connection such a write could land
+			 * through is cut (FENCED). The fence cuts every peer's connections, so it is
+			 * kept to the transports that need it. */
+			if (!ev->fence_writers) {
+				o->act = KVX_XFER_DO_RELEASE;
+				return;
+			}
 			lf->fence_pending = true;
 			o->act = KVX_XFER_DO_FENCE;
 		}

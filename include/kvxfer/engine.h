@@ -41,7 +41,8 @@
  * re-handshake and re-post behind a new lease lookup (-ESTALE if their lease was revoked
  * meanwhile, docs/architecture.md §3.2). A WRITE consumer whose quarantine (below) ends
  * without the producer's answer fences its writers the same way before the blocks come back
- * (counted in stats.fences too). shm
+ * when a transport without per-op lease checks carries them (verbs; tcp refuses a late write
+ * at the target instead), counted in stats.fences too. shm
  * cannot be fenced by the target (the consumer reads with process_vm_readv under the
  * same-host, same-user trust model, docs/architecture.md §3): there the release relies on the consumer
  * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
