@@ -178,7 +178,7 @@ Test(runtime_lease, tcp_read_without_lease_moves_no_byte)
 	struct kvx_engine_params dp;
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ, "tcp", 0, 0, true);
 	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	dp.transfer_timeout_ms = 1500;
+	dp.transfer_timeout_ms = 5000; /* tx-early (handshake + grant + read) must fit on a loaded machine */
 	et_start(&D, &dp, false);
 	fill(&D, 0x5c);
 	struct et_track tp = {.n = 0}, td = {.n = 0};
