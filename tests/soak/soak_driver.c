@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -656,6 +657,22 @@ static void reap(struct driver *D)
 }
 
 /* One pass: read what the processes sent, wait at most @p wait_ms. */
+/* true when a whole message (header and payload) is queued on @p fd, or nothing is (so a
+ * readable socket is at its end). A role stopped by the soak (SIGSTOP) in the middle of a write
+ * that blocked leaves part of a message queued; reading it with the blocking soak_recv() would
+ * wait for the rest, which comes only after the SIGCONT this driver is to send. */
+static bool whole_msg_queued(int fd)
+{
+	int avail = 0;
+	if (ioctl(fd, FIONREAD, &avail) || avail <= 0)
+		return true;
+	struct soak_hdr h;
+	ssize_t r = recv(fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+	if (r != (ssize_t)sizeof(h))
+		return false;
+	return (uint64_t)avail >= sizeof(h) + (uint64_t)h.len || h.len > SOAK_MSG_MAX;
+}
+
 static void pump(struct driver *D, int wait_ms)
 {
 	struct pollfd pfd[NPROC];
@@ -673,6 +690,8 @@ static void pump(struct driver *D, int wait_ms)
 		for (int k = 0; k < 256; k++) {
 			struct soak_hdr h;
 			void *pl;
+			if (!whole_msg_queued(p->fd))
+				break; /* the rest comes later (a writer stopped mid-message) */
 			if (soak_recv(p->fd, &h, &pl)) {
 				/* EOF: the process is gone (it closes its end only by exiting). */
 				int st = 0;
