@@ -230,3 +230,19 @@ void et_dealer_close(struct et_dealer *d)
 	zmq_ctx_term(d->ctx); /* blocks until queued frames are sent, at most the 5 s linger */
 	d->sock = d->ctx = NULL;
 }
+
+int et_read_all(int fd, void *b, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t r = read(fd, (char *)b + got, n - got);
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+int et_write_all(int fd, const void *b, size_t n)
+{
+	return write(fd, b, n) == (ssize_t)n ? 0 : -1;
+}

@@ -103,4 +103,9 @@ void et_dealer_send(struct et_dealer *d, const struct kvx_msg_notify *m);
 /** Close with a bounded linger: returns once queued frames were handed to the peer. */
 void et_dealer_close(struct et_dealer *d);
 
+/** Read exactly @p n bytes from @p fd (a pipe to a child process): 0, or -1 on EOF/error. */
+int et_read_all(int fd, void *b, size_t n);
+/** Write @p n bytes to @p fd in one write(): 0, or -1. */
+int et_write_all(int fd, const void *b, size_t n);
+
 #endif /* KVX_TESTS_ENGINE_TEST_UTIL_H */

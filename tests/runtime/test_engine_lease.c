@@ -207,22 +207,6 @@ struct ports {
 	uint16_t hs, nt;
 };
 
-static int rd(int fd, void *b, size_t n)
-{
-	for (size_t got = 0; got < n;) {
-		ssize_t r = read(fd, (char *)b + got, n - got);
-		if (r <= 0)
-			return -1;
-		got += (size_t)r;
-	}
-	return 0;
-}
-
-static int wr(int fd, const void *b, size_t n)
-{
-	return write(fd, b, n) == (ssize_t)n ? 0 : -1;
-}
-
 struct child {
 	pid_t pid;
 	int to, from; /* pipes: parent -> child, child -> parent */
@@ -261,7 +245,7 @@ static void kill9(struct child *c)
 static void reap(struct child *c, const char *who)
 {
 	int wst = 0;
-	cr_assert_eq(wr(c->to, "x", 1), 0);
+	cr_assert_eq(et_write_all(c->to, "x", 1), 0);
 	cr_assert_eq(waitpid(c->pid, &wst, 0), c->pid);
 	cr_assert(WIFEXITED(wst), "%s crashed", who);
 	cr_assert_eq(WEXITSTATUS(wst), 0, "%s exit code %d", who, WEXITSTATUS(wst));
@@ -315,7 +299,7 @@ static uint64_t ops_posted(struct kvx_engine *e)
 static int child_reader(const char *prov, int gen, int to_parent, int from_parent)
 {
 	struct ports pp;
-	if (rd(from_parent, &pp, sizeof(pp)))
+	if (et_read_all(from_parent, &pp, sizeof(pp)))
 		return 10;
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ, prov, 0, 0, false);
@@ -328,10 +312,10 @@ static int child_reader(const char *prov, int gen, int to_parent, int from_paren
 	et_follow(&td, "tx-0");
 	if (!et_wait(D.e, &td, "tx-0", false) || td.status[0] != KVX_CPL_DONE)
 		return 12;
-	if (wr(to_parent, "a", 1))
+	if (et_write_all(to_parent, "a", 1))
 		return 13;
 	unsigned char i;
-	while (rd(from_parent, &i, 1) == 0 && i < RB_TRIES) {
+	while (et_read_all(from_parent, &i, 1) == 0 && i < RB_TRIES) {
 		fill(&D, 0);
 		r.transfer_id = rb_tid(i);
 		size_t k = et_follow(&td, r.transfer_id);
@@ -348,7 +332,7 @@ static int child_reader(const char *prov, int gen, int to_parent, int from_paren
 			return 15;
 		struct rb_seen s = {.status = td.status[k], .error = td.error[k],
 				    .old = block_is(&D, 7, 0x5a) && block_is(&D, 8, 0x5a)};
-		if (wr(to_parent, &s, sizeof(s)))
+		if (et_write_all(to_parent, &s, sizeof(s)))
 			return 16;
 	}
 	et_free(&D);
@@ -367,14 +351,14 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 	serve(&P, &tp, "tx-0", pb, 2);
 	struct ports pp = {P.hs, P.nt};
 	char c;
-	cr_assert_eq(wr(d.to, &pp, sizeof(pp)), 0);
-	cr_assert_eq(rd(d.from, &c, 1), 0, "the consumer child failed to read tx-0");
+	cr_assert_eq(et_write_all(d.to, &pp, sizeof(pp)), 0);
+	cr_assert_eq(et_read_all(d.from, &c, 1), 0, "the consumer child failed to read tx-0");
 	et_expect_done(P.e, &tp, "tx-0", true);
 	int caught = 0;
 	for (unsigned char i = 0; i < RB_TRIES && !caught; i++) {
 		fill(&P, 0x5a);
 		size_t k = serve(&P, &tp, rb_tid(i), pb, 2);
-		cr_assert_eq(wr(d.to, &i, 1), 0);
+		cr_assert_eq(et_write_all(d.to, &i, 1), 0);
 		int wst = 0;
 		cr_assert_eq(waitpid(d.pid, &wst, WUNTRACED), d.pid);
 		cr_assert(WIFSTOPPED(wst), "consumer child not stopped (status 0x%x)", wst);
@@ -386,7 +370,7 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 		fill(&P, 0xee);
 		cr_assert_eq(kill(d.pid, SIGCONT), 0);
 		struct rb_seen s;
-		cr_assert_eq(rd(d.from, &s, sizeof(s)), 0, "the consumer child failed after resuming");
+		cr_assert_eq(et_read_all(d.from, &s, sizeof(s)), 0, "the consumer child failed after resuming");
 		if (s.status == KVX_CPL_DONE) {
 			/* Ended under its lease before D stopped: the bytes served before the abort. */
 			cr_assert(s.old, "%s DONE with bytes of the reused blocks", rb_tid(i));
@@ -401,7 +385,7 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 	}
 	cr_assert_eq(caught, 1, "no attempt of %d was caught in flight", RB_TRIES);
 	unsigned char q = RB_END;
-	cr_assert_eq(wr(d.to, &q, 1), 0);
+	cr_assert_eq(et_write_all(d.to, &q, 1), 0);
 	int wst = 0;
 	cr_assert_eq(waitpid(d.pid, &wst, 0), d.pid);
 	cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "consumer child failed (status 0x%x)", wst);
@@ -429,7 +413,7 @@ Test(runtime_lease, shm_lease_revoked_between_copies_fails_transfer)
 static int child_producer(const char *prov, int gen, int to_parent, int from_parent)
 {
 	struct ports at = {0, 0};
-	if (gen == 2 && rd(from_parent, &at, sizeof(at)))
+	if (gen == 2 && et_read_all(from_parent, &at, sizeof(at)))
 		return 10;
 	struct et_eng P;
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ, prov, at.hs, at.nt, true);
@@ -443,20 +427,20 @@ static int child_producer(const char *prov, int gen, int to_parent, int from_par
 		serve(&P, &t, "tx-3", b34, 2);
 	}
 	struct ports mine = {P.hs, P.nt};
-	if (wr(to_parent, &mine, sizeof(mine)))
+	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 11;
 	if (gen == 1) {
 		char c;
-		(void)rd(from_parent, &c, 1); /* killed here */
+		(void)et_read_all(from_parent, &c, 1); /* killed here */
 		return 12;
 	}
 	if (!et_wait(P.e, &t, "tx-3", true))
 		return 13;
 	char st = (char)t.status[0];
-	if (wr(to_parent, &st, 1))
+	if (et_write_all(to_parent, &st, 1))
 		return 14;
 	char c;
-	(void)rd(from_parent, &c, 1);
+	(void)et_read_all(from_parent, &c, 1);
 	et_free(&P);
 	return 0;
 }
@@ -468,7 +452,7 @@ static void read_producer_restart(const char *prov)
 	spawn(&p1, child_producer, prov, 1);
 	spawn(&p2, child_producer, prov, 2);
 	struct ports pp;
-	cr_assert_eq(rd(p1.from, &pp, sizeof(pp)), 0, "producer 1 failed to start");
+	cr_assert_eq(et_read_all(p1.from, &pp, sizeof(pp)), 0, "producer 1 failed to start");
 	struct et_eng D;
 	struct kvx_engine_params dp;
 	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
@@ -483,9 +467,9 @@ static void read_producer_restart(const char *prov)
 	/* Producer 1 dies with tx-2 served; producer 2 comes up on the same ports and serves
 	 * another request (tx-3) from the same block ids. */
 	kill9(&p1);
-	cr_assert_eq(wr(p2.to, &pp, sizeof(pp)), 0);
+	cr_assert_eq(et_write_all(p2.to, &pp, sizeof(pp)), 0);
 	struct ports pp2;
-	cr_assert_eq(rd(p2.from, &pp2, sizeof(pp2)), 0, "producer 2 failed to start on the same ports");
+	cr_assert_eq(et_read_all(p2.from, &pp2, sizeof(pp2)), 0, "producer 2 failed to start on the same ports");
 	cr_assert(pp2.hs == pp.hs && pp2.nt == pp.nt);
 	/* D reads tx-2 with producer 1's block ids: never from producer 2's memory. Producer 2
 	 * never grants a lease for it, so D ends at its deadline (fnotify's failure notifications
@@ -501,7 +485,7 @@ static void read_producer_restart(const char *prov)
 	et_expect_done(D.e, &td, "tx-3", false);
 	cr_assert(block_is(&D, 7, 0xb2) && block_is(&D, 8, 0xb2));
 	char st = -1;
-	cr_assert_eq(rd(p2.from, &st, 1), 0, "producer 2 did not report tx-3");
+	cr_assert_eq(et_read_all(p2.from, &st, 1), 0, "producer 2 did not report tx-3");
 	cr_assert_eq(st, KVX_CPL_DONE, "producer 2: tx-3 status %d", st);
 	reap(&p2, "producer 2");
 	et_free(&D);
@@ -524,13 +508,13 @@ Test(runtime_lease, shm_read_producer_kill9_restart_same_ports)
 static int child_consumer(const char *prov, int gen, int to_parent, int from_parent)
 {
 	struct ports p, at = {0, 0};
-	if (rd(from_parent, &p, sizeof(p)) || (gen == 2 && rd(from_parent, &at, sizeof(at))))
+	if (et_read_all(from_parent, &p, sizeof(p)) || (gen == 2 && et_read_all(from_parent, &at, sizeof(at))))
 		return 10;
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE, prov, at.hs, at.nt, false);
 	fill(&D, 0x5c);
 	struct ports mine = {D.hs, D.nt};
-	if (wr(to_parent, &mine, sizeof(mine)))
+	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 11;
 	uint32_t db[2] = {3, 4};
 	struct et_track t = {.n = 0};
@@ -544,13 +528,13 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 						.local_blocks = db, .n = 2};
 		if (kvx_xfer_announce(D.e, &a0) || kvx_xfer_announce(D.e, &a))
 			return 12;
-		(void)rd(from_parent, &c, 1); /* killed here */
+		(void)et_read_all(from_parent, &c, 1); /* killed here */
 		return 13;
 	}
-	if (rd(from_parent, &c, 1))
+	if (et_read_all(from_parent, &c, 1))
 		return 14;
 	c = all_is(&D, 0x5c) ? 'v' : 'X';
-	if (wr(to_parent, &c, 1))
+	if (et_write_all(to_parent, &c, 1))
 		return 15;
 	struct kvx_engine_announce a = {.transfer_id = "tx-w2", .peer = peer_of(p.hs, p.nt), .local_blocks = db, .n = 2};
 	et_follow(&t, "tx-w2");
@@ -563,9 +547,9 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 				for (uint32_t k = 0; k < ET_BLOCK; k++)
 					ok &= et_block(&D, l, pl, db[i])[k] == et_pattern(l, pl, 1 + i);
 	c = ok ? 'd' : 'X';
-	if (wr(to_parent, &c, 1))
+	if (et_write_all(to_parent, &c, 1))
 		return 17;
-	(void)rd(from_parent, &c, 1);
+	(void)et_read_all(from_parent, &c, 1);
 	et_free(&D);
 	return 0;
 }
@@ -586,8 +570,8 @@ static void write_consumer_restart(const char *prov)
 	struct et_eng P;
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE, prov, 0, 0, true);
 	struct ports pp = {P.hs, P.nt}, dp1, dp2;
-	cr_assert_eq(wr(d1.to, &pp, sizeof(pp)), 0);
-	cr_assert_eq(rd(d1.from, &dp1, sizeof(dp1)), 0, "consumer 1 failed to start");
+	cr_assert_eq(et_write_all(d1.to, &pp, sizeof(pp)), 0);
+	cr_assert_eq(et_read_all(d1.from, &dp1, sizeof(dp1)), 0, "consumer 1 failed to start");
 	struct et_track tp = {.n = 0};
 	const uint32_t src[2] = {1, 2};
 	/* tx-w0 connects P to consumer 1 (a handshake in flight at the kill would only time out). */
@@ -606,9 +590,9 @@ static void write_consumer_restart(const char *prov)
 	uint64_t two = 2;
 	cr_assert(et_wait_until(P.e, &tp, got_notifications, &two), "remote_blocks never reached P");
 	kill9(&d1);
-	cr_assert_eq(wr(d2.to, &pp, sizeof(pp)), 0);
-	cr_assert_eq(wr(d2.to, &dp1, sizeof(dp1)), 0);
-	cr_assert_eq(rd(d2.from, &dp2, sizeof(dp2)), 0, "consumer 2 failed to start on the same ports");
+	cr_assert_eq(et_write_all(d2.to, &pp, sizeof(pp)), 0);
+	cr_assert_eq(et_write_all(d2.to, &dp1, sizeof(dp1)), 0);
+	cr_assert_eq(et_read_all(d2.from, &dp2, sizeof(dp2)), 0, "consumer 2 failed to start on the same ports");
 	cr_assert(dp2.hs == dp1.hs && dp2.nt == dp1.nt);
 	/* Only now is tx-w1 computed: P must not write consumer 1's allocation into consumer 2. */
 	for (uint32_t l = 0; l < ET_NL; l++)
@@ -620,8 +604,8 @@ static void write_consumer_restart(const char *prov)
 	cr_assert(tp.error[1] == -ECONNRESET || tp.error[1] == -ESTALE, "tx-w1 error %d", tp.error[1]);
 	cr_assert_lt(kvx_now_ns() - t0, (uint64_t)LT_TIMEOUT_MS * 1000000ull);
 	char c = 0;
-	cr_assert_eq(wr(d2.to, "c", 1), 0);
-	cr_assert_eq(rd(d2.from, &c, 1), 0);
+	cr_assert_eq(et_write_all(d2.to, "c", 1), 0);
+	cr_assert_eq(et_read_all(d2.from, &c, 1), 0);
 	cr_assert_eq(c, 'v', "bytes of the dead consumer's allocation were written into consumer 2");
 	/* A new request of consumer 2 is written byte-exact. */
 	w.transfer_id = "tx-w2";
@@ -632,7 +616,7 @@ static void write_consumer_restart(const char *prov)
 		cr_assert_eq(kvx_xfer_layer_ready(P.e, "tx-w2", l, NULL), 0);
 	cr_assert_eq(kvx_xfer_seal(P.e, "tx-w2", ET_NL), 0);
 	et_expect_done(P.e, &tp, "tx-w2", true);
-	cr_assert_eq(rd(d2.from, &c, 1), 0, "consumer 2 did not finish tx-w2");
+	cr_assert_eq(et_read_all(d2.from, &c, 1), 0, "consumer 2 did not finish tx-w2");
 	cr_assert_eq(c, 'd', "consumer 2: tx-w2 bytes wrong");
 	reap(&d2, "consumer 2");
 	et_free(&P);

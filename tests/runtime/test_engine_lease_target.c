@@ -49,22 +49,6 @@ struct result {
 
 static const char *const tids[TRIES] = {"tx-c0", "tx-c1", "tx-c2"};
 
-static int rd(int fd, void *b, size_t n)
-{
-	for (size_t got = 0; got < n;) {
-		ssize_t r = read(fd, (char *)b + got, n - got);
-		if (r <= 0)
-			return -1;
-		got += (size_t)r;
-	}
-	return 0;
-}
-
-static int wr(int fd, const void *b, size_t n)
-{
-	return write(fd, b, n) == (ssize_t)n ? 0 : -1;
-}
-
 /* A byte proxy from 127.0.0.1:port to 127.0.0.1:to (the producer's notify listener): the
  * consumer's notes reach the producer through it; while `hold` is set it stops reading from the
  * consumer's side (the bytes wait in the kernel). Its thread polls with a 5 ms timeout only to
@@ -226,12 +210,12 @@ static int write_layers(struct et_eng *P, const char *tid, const struct ports *d
 static int child_producer(int to_parent, int from_parent)
 {
 	struct ports dp;
-	if (rd(from_parent, &dp, sizeof(dp)))
+	if (et_read_all(from_parent, &dp, sizeof(dp)))
 		return 10;
 	struct et_eng P;
 	start(&P, KVX_SCHED_PRODUCER);
 	struct ports mine = {P.hs, P.nt};
-	if (wr(to_parent, &mine, sizeof(mine)))
+	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 11;
 	struct et_track t = {.n = 0};
 	et_follow(&t, "tx-0");
@@ -239,20 +223,20 @@ static int child_producer(int to_parent, int from_parent)
 	    !et_wait(P.e, &t, "tx-0", true) || t.status[0] != KVX_CPL_DONE)
 		return 12;
 	char i;
-	while (rd(from_parent, &i, 1) == 0 && i >= 0 && i < TRIES) {
+	while (et_read_all(from_parent, &i, 1) == 0 && i >= 0 && i < TRIES) {
 		size_t k = et_follow(&t, tids[(int)i]);
 		uint64_t ops0 = ops_posted(P.e);
 		if (write_layers(&P, tids[(int)i], &dp, 0))
 			return 13;
 		/* Layer 0 is posted only once the consumer's lease was found. */
-		if (!et_wait_until(P.e, &t, posted_since, &ops0) || wr(to_parent, "p", 1))
+		if (!et_wait_until(P.e, &t, posted_since, &ops0) || et_write_all(to_parent, "p", 1))
 			return 14;
 		char go;
-		if (rd(from_parent, &go, 1) || write_layers(&P, tids[(int)i], &dp, 1) ||
+		if (et_read_all(from_parent, &go, 1) || write_layers(&P, tids[(int)i], &dp, 1) ||
 		    !et_wait(P.e, &t, tids[(int)i], true))
 			return 15;
 		struct result r = {.status = t.status[k], .error = t.error[k]};
-		if (wr(to_parent, &r, sizeof(r)))
+		if (et_write_all(to_parent, &r, sizeof(r)))
 			return 16;
 	}
 	et_free(&P);
@@ -284,8 +268,8 @@ Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_sta
 	kvx_engine_get_stats(D.e, &st);
 	cr_assert_eq(st.n_lcores, 1, "the exact snapshot needs the target on the revoking poller");
 	struct ports dp = {D.hs, D.nt}, pp;
-	cr_assert_eq(wr(to, &dp, sizeof(dp)), 0);
-	cr_assert_eq(rd(from, &pp, sizeof(pp)), 0, "the producer child failed to start");
+	cr_assert_eq(et_write_all(to, &dp, sizeof(dp)), 0);
+	cr_assert_eq(et_read_all(from, &pp, sizeof(pp)), 0, "the producer child failed to start");
 	struct proxy px;
 	px_start(&px, pp.nt);
 	struct et_track td = {.n = 0};
@@ -305,9 +289,9 @@ Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_sta
 		an.local_blocks = db;
 		cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
 		size_t k = et_follow(&td, tids[(int)i]);
-		cr_assert_eq(wr(to, &i, 1), 0);
+		cr_assert_eq(et_write_all(to, &i, 1), 0);
 		char c;
-		cr_assert_eq(rd(from, &c, 1), 0, "the producer child never posted layer 0");
+		cr_assert_eq(et_read_all(from, &c, 1), 0, "the producer child never posted layer 0");
 		/* Revoke: the abort reports only after the lease word is the tombstone. From here
 		 * not one byte of the pool may change. Its release stays in the proxy. */
 		atomic_store(&px.hold, true);
@@ -317,9 +301,9 @@ Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_sta
 		for (int l = 0; l < ET_NL; l++)
 			memcpy(snap[l], D.mem[l], sizeof(snap[l]));
 		/* Layer 1 now: its writes reach the target after the revocation. */
-		cr_assert_eq(wr(to, "g", 1), 0);
+		cr_assert_eq(et_write_all(to, "g", 1), 0);
 		struct result r;
-		cr_assert_eq(rd(from, &r, sizeof(r)), 0, "the producer child failed");
+		cr_assert_eq(et_read_all(from, &r, sizeof(r)), 0, "the producer child failed");
 		atomic_store(&px.hold, false);
 		cr_assert_eq(r.status, KVX_CPL_FAILED, "P: %s status %d error %d (DONE after the revocation?)",
 			     tids[(int)i], r.status, r.error);
@@ -335,7 +319,7 @@ Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_sta
 						     "%s: a layer-1 byte landed", tids[(int)i]);
 	}
 	char q = -1;
-	cr_assert_eq(wr(to, &q, 1), 0);
+	cr_assert_eq(et_write_all(to, &q, 1), 0);
 	int wst = 0;
 	cr_assert_eq(waitpid(pid, &wst, 0), pid);
 	cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "producer child failed (status 0x%x)", wst);

@@ -74,22 +74,6 @@ struct child {
 	int to, from;
 };
 
-static int rd(int fd, void *b, size_t n)
-{
-	for (size_t got = 0; got < n;) {
-		ssize_t r = read(fd, (char *)b + got, n - got);
-		if (r <= 0)
-			return -1;
-		got += (size_t)r;
-	}
-	return 0;
-}
-
-static int wr(int fd, const void *b, size_t n)
-{
-	return write(fd, b, n) == (ssize_t)n ? 0 : -1;
-}
-
 /* ---- child: one engine in one namespace ---- */
 
 struct role {
@@ -216,15 +200,15 @@ static int child_main(const struct netns_pair *net, enum side s, enum kvx_sched_
 	p.defer_timeout_ms = PT_DEFER_MS;
 	et_start(&r.g, &p, s == SP);
 	struct res hello = {.hs = r.g.hs, .nt = r.g.nt};
-	if (wr(to_parent, &hello, sizeof(hello)))
+	if (et_write_all(to_parent, &hello, sizeof(hello)))
 		return 11;
 	struct cmd c;
-	while (rd(from_parent, &c, sizeof(c)) == 0 && c.op != 'Q') {
+	while (et_read_all(from_parent, &c, sizeof(c)) == 0 && c.op != 'Q') {
 		struct res o = {.status = -1};
 		int rc = do_cmd(&r, &c, &o);
 		if (c.op != 'V')
 			o.ok = rc;
-		if (wr(to_parent, &o, sizeof(o)))
+		if (et_write_all(to_parent, &o, sizeof(o)))
 			return 12;
 	}
 	et_free(&r.g);
@@ -256,7 +240,7 @@ static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode, const cha
 	close(b[1]);
 	t->c[s] = (struct child){.pid = pid, .to = a[1], .from = b[0]};
 	struct res hello;
-	cr_assert_eq(rd(b[0], &hello, sizeof(hello)), 0, "the %s child failed to start",
+	cr_assert_eq(et_read_all(b[0], &hello, sizeof(hello)), 0, "the %s child failed to start",
 		     s == SP ? "producer" : "consumer");
 	t->hs[s] = hello.hs;
 	t->nt[s] = hello.nt;
@@ -300,8 +284,8 @@ static struct res call(struct pt *t, enum side s, struct cmd c)
 	struct res o;
 	c.hs = t->hs[!s];
 	c.nt = t->nt[!s];
-	cr_assert_eq(wr(t->c[s].to, &c, sizeof(c)), 0);
-	cr_assert_eq(rd(t->c[s].from, &o, sizeof(o)), 0, "the %s child died (command %c %s)",
+	cr_assert_eq(et_write_all(t->c[s].to, &c, sizeof(c)), 0);
+	cr_assert_eq(et_read_all(t->c[s].from, &o, sizeof(o)), 0, "the %s child died (command %c %s)",
 		     s == SP ? "producer" : "consumer", c.op, c.tid);
 	if (c.op != 'V')
 		cr_assert_eq(o.ok, 0, "%s command %c %s: %d", s == SP ? "producer" : "consumer", c.op, c.tid, o.ok);
@@ -351,7 +335,7 @@ static void teardown(struct pt *t)
 	for (int s = 0; s < 2; s++) {
 		struct cmd q = {.op = 'Q'};
 		int wst = 0;
-		cr_assert_eq(wr(t->c[s].to, &q, sizeof(q)), 0);
+		cr_assert_eq(et_write_all(t->c[s].to, &q, sizeof(q)), 0);
 		cr_assert_eq(waitpid(t->c[s].pid, &wst, 0), t->c[s].pid);
 		cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "%s child status 0x%x", s ? "consumer" : "producer",
 			  wst);
