@@ -307,8 +307,12 @@ static void count_cb(void *arg, const struct kvx_msg_notify *m)
 	(void)arg, (void)m;
 	pthread_mutex_lock(&g_mu);
 	g_rx++;
-	pthread_cond_signal(&g_cv);
 	pthread_mutex_unlock(&g_mu);
+	/* Signal after the unlock: signalled under the mutex, the woken engine thread can find it
+	 * still held and sleep again on it (a second futex wait and wake per round trip that the
+	 * ZMQ echo's blocking zmq_recv does not pay). No wake-up is lost: the waiter checks g_rx
+	 * and enters the wait with the mutex held. */
+	pthread_cond_signal(&g_cv);
 }
 
 /* Wait until at least n replies arrived. */

@@ -23,6 +23,10 @@
 #define INBOX_BATCH 32
 #define MAX_POLL_MS 100
 #define WORK_ROUNDS 8 /* busy loop rounds between two looks at the fds */
+/* After on_notify ran, look at the inboxes for this long before sleeping, yielding the CPU
+ * between looks: the answer an application thread sends right back is then taken without a
+ * wake-up of the control lcore (kvxfer-perf notify, issue 16). */
+#define ANSWER_WAIT_NS 8000
 #define LIVE_MAX 65536u
 #define WATCH_MAX KVX_CTL_WATCH_MAX
 
@@ -261,6 +265,8 @@ int ctl_hs_recv(struct kvx_ctl *ctl);
 
 /* notify.c (control lcore) */
 void ctl_notify_send(struct kvx_ctl *ctl, struct slot *s);
+/* 1 when the caller is the loop thread of @p ctl (e.g. inside on_notify), else 0. */
+int ctl_on_loop_thread(const struct kvx_ctl *ctl);
 void ctl_terminal_add(struct kvx_ctl *ctl, const char *tid);
 void ctl_live_add(struct kvx_ctl *ctl, const char *tid, const char *host, uint16_t port);
 int ctl_notify_recv(struct kvx_ctl *ctl);

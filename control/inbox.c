@@ -113,9 +113,20 @@ struct slot *ctl_slot_get(struct kvx_ctl_inbox *ib)
 	return s;
 }
 
+static void handle_slot(struct kvx_ctl *ctl, struct kvx_ctl_inbox *ib, struct slot *s);
+
 void ctl_slot_submit(struct kvx_ctl_inbox *ib, struct slot *s)
 {
 	void *o = s;
+	/* A send from the control lcore's own thread (from on_notify, e.g. an answer): nothing to
+	 * hand over, so it goes to the DEALER now instead of on the next loop round (after the
+	 * ROUTER's final empty read and a round of the loop). Only with nothing queued before it
+	 * in this inbox, so the inbox order holds. Other kinds keep the ring: a handshake job
+	 * started here could complete (on_done) inside kvx_ctl_handshake_start(). */
+	if (s->kind == SLOT_SEND && ctl_on_loop_thread(ib->ctl) && kvx_ring_is_empty(ib->to_ctl)) {
+		handle_slot(ib->ctl, ib, s);
+		return;
+	}
 	/* Cannot fail: to_ctl holds nslots elements and only nslots slots exist. The ring's
 	 * waiter makes the enqueue wake the control lcore. */
 	kvx_ring_enqueue_burst_sp(ib->to_ctl, &o, 1, NULL);

@@ -33,6 +33,11 @@ static int watch_find(const struct kvx_ctl *ctl, int fd)
 	return -1;
 }
 
+int ctl_on_loop_thread(const struct kvx_ctl *ctl)
+{
+	return t_ctl_self == ctl;
+}
+
 /* Caller holds watch_mu. */
 static void watch_changed(struct kvx_ctl *ctl)
 {
@@ -203,6 +208,36 @@ void ctl_router_reply(void *sock, zmq_msg_t *id, const void *data, size_t len)
 /* The loop                                                                                  */
 /* ---------------------------------------------------------------------------------------- */
 
+/* Read the notify ROUTER; returns ctl_notify_recv()'s count. When notifications went to
+ * on_notify, sets *answer_by to the end of the window in which an answer is expected
+ * (ANSWER_WAIT_NS). */
+static int notify_read(struct kvx_ctl *ctl, uint64_t *answer_by)
+{
+	int k = ctl_notify_recv(ctl);
+	if (k > 0 && ctl->p.on_notify)
+		*answer_by = kvx_now_ns() + ANSWER_WAIT_NS;
+	return k;
+}
+
+/* Before sleeping, right after on_notify ran: look at the inboxes until @p answer_by, yielding
+ * the CPU between looks (the answering thread may share this CPU). Returns 1 when inbox work
+ * appeared: it is then taken without a wake-up (no eventfd write by the producer, no poll
+ * return and eventfd read here), 0 when the window passed. The answer's own way out (the
+ * ZMQ I/O thread sending what on_notify or that thread queued) also finds the control
+ * lcore's CPU awake during the window: kvxfer-perf notify measured the window as worth more
+ * on the side that answers from on_notify than on the side whose thread answers. */
+static int answer_wait(struct kvx_ctl *ctl, uint64_t answer_by)
+{
+	while (kvx_now_ns() < answer_by) {
+		if (ctl_inboxes_pending(ctl))
+			return 1;
+		if (atomic_load_explicit(&ctl->stop_req, memory_order_acquire))
+			return 0;
+		sched_yield();
+	}
+	return ctl_inboxes_pending(ctl);
+}
+
 /* The ZMQ_FD of a socket: readable when the socket's command mailbox was signalled. It is
  * edge-like (docs/runtime-notes.md §5.2): a socket whose fd fired must be read until EAGAIN (or kept
  * "due") before the loop waits on the fd again. Returns -1 on error. */
@@ -242,6 +277,7 @@ void *ctl_loop(void *arg)
 	const uint64_t spin_ns = (uint64_t)ctl->p.busy_poll_us * 1000u;
 	uint64_t last_work = kvx_now_ns();
 	unsigned busy_rounds = 0;
+	uint64_t answer_by = 0; /* 0: no answer expected */
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
 			watch_sync(ctl, &ws);
@@ -262,7 +298,7 @@ void *ctl_loop(void *arg)
 			work += (unsigned)k;
 		}
 		if (nt_due) {
-			int k = ctl_notify_recv(ctl);
+			int k = notify_read(ctl, &answer_by);
 			nt_due = k == RX_BATCH;
 			work += (unsigned)k;
 		}
@@ -280,7 +316,11 @@ void *ctl_loop(void *arg)
 		} else if (spin_ns && now - last_work < spin_ns) {
 			/* Busy-poll window: look again without sleeping (no wake-up to pay). */
 			spinning = 1;
+		} else if (answer_by && answer_wait(ctl, answer_by)) {
+			answer_by = 0;
+			continue;
 		} else {
+			answer_by = 0;
 			kvx_waiter_prepare(&ctl->waiter);
 			if (ctl_inboxes_pending(ctl) ||
 			    atomic_load_explicit(&ctl->watch_gen, memory_order_seq_cst) != ws.gen ||
@@ -326,7 +366,7 @@ void *ctl_loop(void *arg)
 			last_work = kvx_now_ns();
 		}
 		if (pfd[2].revents) {
-			nt_due = ctl_notify_recv(ctl) == RX_BATCH;
+			nt_due = notify_read(ctl, &answer_by) == RX_BATCH;
 			last_work = kvx_now_ns();
 		}
 		for (uint32_t k = 0; k < ws.n; k++) {

@@ -1059,3 +1059,216 @@ Test(control_ctl, busy_poll_window_keeps_notify_and_handshake_working)
 	coll_fini(&ca);
 	coll_fini(&cb);
 }
+
+/* ---- Answers to a notification (issue 16) ------------------------------------------------ */
+
+/* on_notify that answers `release` from the control lcore itself, through an inbox only it
+ * uses, and records the notify_tx counter around the send. */
+struct answerer {
+	struct kvx_ctl *ctl;
+	struct kvx_ctl_inbox *ib;
+	uint16_t port; /* where the answers go */
+	int rc[8];
+	uint64_t tx_before[8], tx_after[8];
+	_Atomic int n;
+};
+
+static void answer_in_callback(void *arg, const struct kvx_msg_notify *m)
+{
+	struct answerer *a = arg;
+	int i = atomic_load(&a->n);
+	if (i >= 8)
+		return;
+	struct kvx_msg_notify r;
+	memset(&r, 0, sizeof(r));
+	r.type = KVX_MSG_RELEASE;
+	memcpy(r.transfer_id, m->transfer_id, sizeof(r.transfer_id));
+	struct kvx_ctl_counters c;
+	kvx_ctl_counters_get(a->ctl, &c);
+	a->tx_before[i] = c.notify_tx;
+	a->rc[i] = kvx_ctl_send_notify(a->ib, "127.0.0.1", a->port, &r);
+	kvx_ctl_counters_get(a->ctl, &c);
+	a->tx_after[i] = c.notify_tx;
+	atomic_store(&a->n, i + 1); /* published after the fields above */
+}
+
+static int answers_done(void *arg)
+{
+	return atomic_load(&((struct answerer *)arg)->n) == 4;
+}
+
+/* A send made on the control lcore's own thread (from on_notify) is handed to its DEALER before
+ * kvx_ctl_send_notify() returns, not on a later loop round; each answer still arrives once, in
+ * order. */
+Test(control_ctl, send_from_on_notify_is_handed_to_the_dealer_before_it_returns)
+{
+	struct collector ca;
+	coll_init(&ca);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &ca);
+	struct kvx_ctl *a = tctl_start(&p);
+	struct answerer ans;
+	memset(&ans, 0, sizeof(ans));
+	tctl_params(&p, NULL);
+	p.role = KVX_CTL_ROLE_CONSUMER;
+	p.on_notify = answer_in_callback;
+	p.notify_arg = &ans;
+	struct kvx_ctl *b = NULL;
+	cr_assert_eq(kvx_ctl_create(&p, &b), 0);
+	ans.ctl = b;
+	cr_assert_eq(kvx_ctl_inbox_open(b, &ans.ib), 0);
+	cr_assert_eq(kvx_ctl_start(b), 0);
+	uint16_t an, bn;
+	kvx_ctl_bound_ports(a, NULL, &an);
+	kvx_ctl_bound_ports(b, NULL, &bn);
+	ans.port = an;
+	struct kvx_ctl_inbox *ia;
+	cr_assert_eq(kvx_ctl_inbox_open(a, &ia), 0);
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_WRITE_DONE;
+	for (int i = 0; i < 4; i++) {
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-answer-%d", i);
+		cr_assert_eq(kvx_ctl_send_notify(ia, "127.0.0.1", bn, &m), 0);
+	}
+	cr_assert(wait_until(answers_done, &ans, 10.0));
+	for (int i = 0; i < 4; i++) {
+		cr_assert_eq(ans.rc[i], 0);
+		cr_assert_eq(ans.tx_before[i], (uint64_t)i, "answer %d: sends before it", i);
+		cr_assert_eq(ans.tx_after[i], (uint64_t)i + 1, "answer %d: on the DEALER at return", i);
+	}
+	cr_assert_eq(coll_wait(&ca, 4, 10.0), 4);
+	for (int i = 0; i < 4; i++) {
+		char want[32];
+		snprintf(want, sizeof(want), "tx-answer-%d", i);
+		cr_assert_eq(ca.msgs[i].m.type, KVX_MSG_RELEASE);
+		cr_assert_str_eq(ca.msgs[i].m.transfer_id, want);
+	}
+	cr_assert_eq(CTR(b, notify_tx), 4);
+	cr_assert_eq(CTR(b, send_errors), 0);
+	kvx_ctl_inbox_close(ia);
+	kvx_ctl_destroy(a);
+	kvx_ctl_inbox_close(ans.ib);
+	kvx_ctl_destroy(b);
+	coll_fini(&ca);
+}
+
+/* Ping-pong where an application thread answers each notification as soon as on_notify has
+ * handed it over (the answer lands inside the control lcore's answer window or after it,
+ * whichever the scheduler gives): every answer goes out exactly once and in order, and a
+ * notification nobody answers does not keep the loop from serving later sends. */
+struct app_answer {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	char tid[8][KVX_MSG_ID_MAX + 1];
+	uint64_t got, taken;
+	int stop;
+};
+
+static void app_on_notify(void *arg, const struct kvx_msg_notify *m)
+{
+	struct app_answer *q = arg;
+	pthread_mutex_lock(&q->mu);
+	if (q->got - q->taken < 8)
+		memcpy(q->tid[q->got++ % 8], m->transfer_id, sizeof(q->tid[0]));
+	pthread_mutex_unlock(&q->mu);
+	pthread_cond_signal(&q->cv);
+}
+
+struct app_thread {
+	struct app_answer *q;
+	struct kvx_ctl_inbox *ib;
+	uint16_t port;
+	uint64_t answer_upto; /* answer the first answer_upto notifications only */
+	int errors;
+};
+
+static void *app_main(void *arg)
+{
+	struct app_thread *t = arg;
+	struct kvx_msg_notify r;
+	memset(&r, 0, sizeof(r));
+	r.type = KVX_MSG_RELEASE;
+	pthread_mutex_lock(&t->q->mu);
+	for (;;) {
+		while (!t->q->stop && t->q->taken == t->q->got)
+			pthread_cond_wait(&t->q->cv, &t->q->mu);
+		if (t->q->stop)
+			break;
+		uint64_t k = t->q->taken++;
+		memcpy(r.transfer_id, t->q->tid[k % 8], sizeof(r.transfer_id));
+		pthread_mutex_unlock(&t->q->mu);
+		if (k < t->answer_upto && kvx_ctl_send_notify(t->ib, "127.0.0.1", t->port, &r))
+			t->errors++;
+		pthread_mutex_lock(&t->q->mu);
+	}
+	pthread_mutex_unlock(&t->q->mu);
+	return NULL;
+}
+
+Test(control_ctl, answers_from_an_application_thread_all_go_out_in_order)
+{
+	enum { ROUNDS = 300 }; /* < COLL_MAX: the collector keeps every message */
+	struct collector ca;
+	coll_init(&ca);
+	struct kvx_ctl_params p;
+	tctl_params(&p, &ca);
+	struct kvx_ctl *a = tctl_start(&p);
+	struct app_answer q;
+	memset(&q, 0, sizeof(q));
+	pthread_mutex_init(&q.mu, NULL);
+	pthread_cond_init(&q.cv, NULL);
+	tctl_params(&p, NULL);
+	p.role = KVX_CTL_ROLE_CONSUMER;
+	p.on_notify = app_on_notify;
+	p.notify_arg = &q;
+	struct kvx_ctl *b = tctl_start(&p);
+	uint16_t an, bn;
+	kvx_ctl_bound_ports(a, NULL, &an);
+	kvx_ctl_bound_ports(b, NULL, &bn);
+	struct app_thread t = {.q = &q, .port = an, .answer_upto = ROUNDS};
+	cr_assert_eq(kvx_ctl_inbox_open(b, &t.ib), 0);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, app_main, &t), 0);
+	struct kvx_ctl_inbox *ia;
+	cr_assert_eq(kvx_ctl_inbox_open(a, &ia), 0);
+	struct kvx_msg_notify m;
+	memset(&m, 0, sizeof(m));
+	m.type = KVX_MSG_WRITE_DONE;
+	for (int i = 0; i < ROUNDS; i++) {
+		snprintf(m.transfer_id, sizeof(m.transfer_id), "tx-pp-%d", i);
+		cr_assert_eq(kvx_ctl_send_notify(ia, "127.0.0.1", bn, &m), 0);
+		cr_assert_eq(coll_wait(&ca, (size_t)i + 1, 10.0), (size_t)i + 1, "answer %d", i);
+		cr_assert_eq(ca.msgs[i].m.type, KVX_MSG_RELEASE);
+		cr_assert_str_eq(ca.msgs[i].m.transfer_id, m.transfer_id);
+	}
+	/* One more notification that nobody answers, then a send from b's inbox: it still goes
+	 * out (the loop left the answer window and serves the inbox from its sleep). */
+	strcpy(m.transfer_id, "tx-unanswered");
+	cr_assert_eq(kvx_ctl_send_notify(ia, "127.0.0.1", bn, &m), 0);
+	cr_assert(WAIT_CTR(b, notify_rx, ROUNDS + 1, 10.0));
+	pthread_mutex_lock(&q.mu);
+	q.stop = 1;
+	pthread_mutex_unlock(&q.mu);
+	pthread_cond_signal(&q.cv);
+	pthread_join(th, NULL);
+	cr_assert_eq(t.errors, 0);
+	struct kvx_msg_notify r;
+	memset(&r, 0, sizeof(r));
+	r.type = KVX_MSG_RELEASE;
+	strcpy(r.transfer_id, "tx-late");
+	cr_assert_eq(kvx_ctl_send_notify(t.ib, "127.0.0.1", an, &r), 0);
+	cr_assert_eq(coll_wait(&ca, ROUNDS + 1, 10.0), ROUNDS + 1);
+	cr_assert_str_eq(ca.msgs[ROUNDS].m.transfer_id, "tx-late");
+	/* b counts a send after zmq_send() returned: a may deliver first. */
+	cr_assert(WAIT_CTR(b, notify_tx, ROUNDS + 1, 10.0));
+	cr_assert_eq(CTR(b, notify_tx), ROUNDS + 1);
+	cr_assert_eq(CTR(a, notify_rx), ROUNDS + 1);
+	kvx_ctl_inbox_close(ia);
+	kvx_ctl_inbox_close(t.ib);
+	kvx_ctl_destroy(a);
+	kvx_ctl_destroy(b);
+	pthread_mutex_destroy(&q.mu);
+	pthread_cond_destroy(&q.cv);
+	coll_fini(&ca);
+}
