@@ -23,9 +23,10 @@
 #define INBOX_BATCH 32
 #define MAX_POLL_MS 100
 #define WORK_ROUNDS 8 /* busy loop rounds between two looks at the fds */
-/* After on_notify ran, look at the inboxes for this long before sleeping, yielding the CPU
- * between looks: the answer an application thread sends right back is then taken without a
- * wake-up of the control lcore (kvxfer-perf notify, issue 16). */
+/* After on_notify ran, keep looking (inboxes, and the sockets by a poll without timeout, the
+ * CPU yielded between looks) for this long before sleeping, at most once per sleep: the answer
+ * an application thread sends right back is then taken without a wake-up of the control lcore
+ * (kvxfer-perf notify, issue 16). 0 turns the window off. */
 #define ANSWER_WAIT_NS 8000
 #define LIVE_MAX 65536u
 #define WATCH_MAX KVX_CTL_WATCH_MAX

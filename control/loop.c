@@ -209,33 +209,16 @@ void ctl_router_reply(void *sock, zmq_msg_t *id, const void *data, size_t len)
 /* ---------------------------------------------------------------------------------------- */
 
 /* Read the notify ROUTER; returns ctl_notify_recv()'s count. When notifications went to
- * on_notify, sets *answer_by to the end of the window in which an answer is expected
- * (ANSWER_WAIT_NS). */
+ * on_notify and no answer window was opened since the loop last slept (*answer_by == 0), opens
+ * one: sets *answer_by to the end of the window in which an answer is expected
+ * (ANSWER_WAIT_NS). At most one window per sleep, so a steady stream of notifications does
+ * not turn the loop into a busy poll. */
 static int notify_read(struct kvx_ctl *ctl, uint64_t *answer_by)
 {
 	int k = ctl_notify_recv(ctl);
-	if (k > 0 && ctl->p.on_notify)
+	if (k > 0 && ctl->p.on_notify && !*answer_by)
 		*answer_by = kvx_now_ns() + ANSWER_WAIT_NS;
 	return k;
-}
-
-/* Before sleeping, right after on_notify ran: look at the inboxes until @p answer_by, yielding
- * the CPU between looks (the answering thread may share this CPU). Returns 1 when inbox work
- * appeared: it is then taken without a wake-up (no eventfd write by the producer, no poll
- * return and eventfd read here), 0 when the window passed. The answer's own way out (the
- * ZMQ I/O thread sending what on_notify or that thread queued) also finds the control
- * lcore's CPU awake during the window: kvxfer-perf notify measured the window as worth more
- * on the side that answers from on_notify than on the side whose thread answers. */
-static int answer_wait(struct kvx_ctl *ctl, uint64_t answer_by)
-{
-	while (kvx_now_ns() < answer_by) {
-		if (ctl_inboxes_pending(ctl))
-			return 1;
-		if (atomic_load_explicit(&ctl->stop_req, memory_order_acquire))
-			return 0;
-		sched_yield();
-	}
-	return ctl_inboxes_pending(ctl);
 }
 
 /* The ZMQ_FD of a socket: readable when the socket's command mailbox was signalled. It is
@@ -277,7 +260,8 @@ void *ctl_loop(void *arg)
 	const uint64_t spin_ns = (uint64_t)ctl->p.busy_poll_us * 1000u;
 	uint64_t last_work = kvx_now_ns();
 	unsigned busy_rounds = 0;
-	uint64_t answer_by = 0; /* 0: no answer expected */
+	/* Answer window: 0 = none open, 1 = used up until the loop next sleeps, else its end (ns). */
+	uint64_t answer_by = 0;
 	while (!atomic_load_explicit(&ctl->stop_req, memory_order_acquire)) {
 		if (atomic_load_explicit(&ctl->watch_gen, memory_order_acquire) != ws.gen)
 			watch_sync(ctl, &ws);
@@ -316,11 +300,15 @@ void *ctl_loop(void *arg)
 		} else if (spin_ns && now - last_work < spin_ns) {
 			/* Busy-poll window: look again without sleeping (no wake-up to pay). */
 			spinning = 1;
-		} else if (answer_by && answer_wait(ctl, answer_by)) {
-			answer_by = 0;
-			continue;
+		} else if (answer_by > 1 && now < answer_by) {
+			/* Answer window (ANSWER_WAIT_NS): on_notify just ran, so an answer is likely
+			 * on its way into an inbox. Look again without sleeping, as in the busy-poll
+			 * window (sockets by a poll without timeout, the CPU yielded between looks):
+			 * the answer is then taken without a wake-up (no eventfd write by its
+			 * producer, no poll return and eventfd read here). */
+			spinning = 1;
 		} else {
-			answer_by = 0;
+			answer_by = 1; /* window used up until the loop sleeps */
 			kvx_waiter_prepare(&ctl->waiter);
 			if (ctl_inboxes_pending(ctl) ||
 			    atomic_load_explicit(&ctl->watch_gen, memory_order_seq_cst) != ws.gen ||
@@ -350,6 +338,8 @@ void *ctl_loop(void *arg)
 			pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
 		int rc = poll(pfd, n, timeout);
+		if (prepared)
+			answer_by = 0; /* slept: the next notification may open a window again */
 		if (rc > 0 && pfd[0].revents)
 			kvx_waiter_finish(&ctl->waiter);
 		else if (prepared)
