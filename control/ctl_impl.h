@@ -28,6 +28,8 @@
  * an application thread sends right back is then taken without a wake-up of the control lcore
  * (kvxfer-perf notify, issue 16). 0 turns the window off. */
 #define ANSWER_WAIT_NS 8000
+/* ... only after the loop slept at least this long (a lone request, not a stream). */
+#define ANSWER_IDLE_NS 20000
 #define LIVE_MAX 65536u
 #define WATCH_MAX KVX_CTL_WATCH_MAX
 

@@ -337,9 +337,13 @@ void *ctl_loop(void *arg)
 			jobs[nj++] = j;
 			pfd[n++] = (struct pollfd){.fd = fd, .events = POLLIN};
 		}
+		uint64_t t_sleep = prepared ? kvx_now_ns() : 0;
 		int rc = poll(pfd, n, timeout);
+		/* Slept: the next notification may open a window again, unless the sleep was short
+		 * (a stream of notifications, where the window would only burn CPU the stream
+		 * needs: kvxfer-perf notify's windowed throughput). */
 		if (prepared)
-			answer_by = 0; /* slept: the next notification may open a window again */
+			answer_by = kvx_now_ns() - t_sleep >= ANSWER_IDLE_NS ? 0 : 1;
 		if (rc > 0 && pfd[0].revents)
 			kvx_waiter_finish(&ctl->waiter);
 		else if (prepared)
