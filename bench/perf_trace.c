@@ -71,13 +71,16 @@ static void usage(FILE *f)
 "  --runs N             --server: serve N runs, one after the other (default 1; 0 = until\n"
 "                       stopped); each run prints its summary and the exit code says if any failed\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
-"                       first half of the lcores and the consumer the rest (CPU sets kept)\n"
+"                       first half of the lcores and the consumer the rest (CPU sets kept);\n"
+"                       --local default: one each, on CPUs of their own (two CPUs: 0 and 1;\n"
+"                       more: the second and third, the first left to the control lcores)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
 "  --verify, --no-verify  check the per-page stamps of every transferred block: a stale,\n"
-"                       foreign or misplaced page is caught (default on with --local)\n"
+"                       foreign or misplaced page is caught (default on with --local);\n"
+"                       --no-verify: the producer stamps nothing either (engine cost alone)\n"
 "  --verify-bytes       fill and check every transferred byte instead (slower)\n"
 "  --pool-blocks N      KV blocks per side, made resident at start (default: the largest\n"
 "                       request + 25%%, at most a quarter of the available memory)\n"
@@ -1090,6 +1093,16 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			lc[0] = lbuf[0];
 			lc[1] = lbuf[1];
 		}
+	} else if (o->local && o->control_lcore == UINT32_MAX) {
+		/* No -l: one polling lcore per role, on CPUs of their own (trace_default_lcores()). */
+		cpu_set_t present, allowed;
+		if (!kvx_lcore_host_cpus(&present, &allowed)) {
+			CPU_AND(&allowed, &allowed, &present);
+			if (trace_default_lcores(&allowed, lbuf) == 2) {
+				lc[0] = lbuf[0];
+				lc[1] = lbuf[1];
+			}
+		}
 	}
 	if (o->local && (o->lcores || o->control_lcore != UINT32_MAX)) {
 		/* What each role's engine will be given. */
@@ -1236,9 +1249,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		D.m.name, D.m.mla ? "MLA" : "split K/V", D.n, o->trace, o->write_mode ? "WRITE" : "READ",
 		hp->transport, hp->pool_blocks, (double)hp->pool_blocks * (double)D.block_bytes / 1e9,
 		hp->prefault_ms / 1e3, hc->prefault_ms / 1e3);
-	if (o->lcores && o->local)
-		fprintf(stderr, "kvxfer-perf trace: polling lcores: producer %s, consumer %s\n",
-			lc[0] ? lc[0] : o->lcores, lc[1] ? lc[1] : o->lcores);
+	if ((o->lcores || lc[0]) && o->local)
+		fprintf(stderr, "kvxfer-perf trace: polling lcores: producer %s, consumer %s%s\n",
+			lc[0] ? lc[0] : o->lcores, lc[1] ? lc[1] : o->lcores,
+			o->lcores ? "" : " (default: a CPU each, set with -l)");
 
 	/* Replay. */
 	struct perf_progress prog;
