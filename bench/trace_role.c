@@ -97,10 +97,13 @@ static unsigned char *block_ptr(struct role *R, uint32_t layer, uint32_t plane, 
 	return R->layer[layer] + ((uint64_t)plane * R->nb + id) * R->block_len;
 }
 
-/* Fill (producer) the planes of prompt positions [hit, blocks) of one layer. Device pools are
- * written through a host block and kvx_mem copies (the CPU does not touch device memory). */
+/* Fill (producer) the planes of prompt positions [hit, blocks) of one layer (nothing with
+ * --no-verify). Device pools are written through a host block and kvx_mem copies (the CPU does
+ * not touch device memory). */
 static void fill_layer(struct role *R, const struct rx *x, uint32_t layer)
 {
+	if (!R->o->verify)
+		return; /* --no-verify: nothing reads the stamps, and the figure is the engine's alone */
 	for (uint64_t pos = x->hit; pos < x->blocks; pos++)
 		for (uint32_t p = 0; p < R->m.planes; p++) {
 			struct perf_pattern_key k = {.request = x->idx, .layer = layer, .plane = p, .block = pos};
