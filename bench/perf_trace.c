@@ -1377,6 +1377,8 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		c.reported[s] = true;
 		c.lcore_util[s] = st->lcore_util;
 		c.engine_cpu_s[s] = st->engine_cpu_s;
+		c.n_lcores[s] = st->n_lcores < 16 ? st->n_lcores : 16;
+		memcpy(c.lcore_bytes[s], st->lcore_bytes, sizeof(c.lcore_bytes[s]));
 		c.verify_bad += st->verify_bad;
 		if (st->ctl_sent == UINT64_MAX || st->ctl_recv == UINT64_MAX || st->ctl_dropped == UINT64_MAX)
 			continue;

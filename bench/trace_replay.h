@@ -219,6 +219,9 @@ struct trace_msg_stats {
 	char transport[24];      /**< kvx_engine_transport_name() at the end: provider in use. */
 	double engine_cpu_s;     /**< CPU seconds of the engine's threads (the role process minus
 	                              its main thread, which fills and checks) since the role began. */
+	uint32_t n_lcores;       /**< Polling lcores of the engine (entries of lcore_bytes). */
+	uint32_t pad2;
+	uint64_t lcore_bytes[16]; /**< Bytes moved by the ops each polling lcore posted. */
 };
 
 /** Send one message (blocking, handles short writes). @return 0 or -errno. */

@@ -183,6 +183,19 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 			fprintf(f, " %s %.1f%%", side[i], 100.0 * c->lcore_util[i]);
 	}
 	fputc('\n', f);
+	/* Which polling lcores moved the bytes: each one's share of its side's total. */
+	fprintf(f, "  %-22s", "bytes per lcore");
+	for (int i = 0; i < 2; i++) {
+		uint64_t tot = 0;
+		for (uint32_t k = 0; k < c->n_lcores[i]; k++)
+			tot += c->lcore_bytes[i][k];
+		fprintf(f, " %s", side[i]);
+		if (!c->n_lcores[i])
+			fputs(" n/a", f);
+		for (uint32_t k = 0; k < c->n_lcores[i]; k++)
+			fprintf(f, "%s%.0f%%", k ? "/" : " ", tot ? 100.0 * (double)c->lcore_bytes[i][k] / (double)tot : 0.0);
+	}
+	fputc('\n', f);
 	fprintf(f, "  %-22s", "engine CPU s");
 	for (int i = 0; i < 2; i++) {
 		if (c->engine_cpu_s[i] < 0)
@@ -349,6 +362,14 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 	json_object_set_new(sum, "engine_cpu_s",
 			    json_pack("[o,o]", frac_json(c->engine_cpu_s[0]), frac_json(c->engine_cpu_s[1])));
 	json_object_set_new(sum, "engine_cpu_s_per_gb", frac_json(cpg));
+	json_t *lb = json_array();
+	for (int i = 0; i < 2; i++) {
+		json_t *a = c->n_lcores[i] ? json_array() : json_null();
+		for (uint32_t k = 0; k < c->n_lcores[i]; k++)
+			json_array_append_new(a, json_integer((json_int_t)c->lcore_bytes[i][k]));
+		json_array_append_new(lb, a);
+	}
+	json_object_set_new(sum, "lcore_bytes", lb);
 	if (c->peer_cma) {
 		/* --peer cma: the streaming process_vm_readv/writev loop over the same bytes. */
 		bool ok = !c->peer_status && c->peer_wall_s > 0;

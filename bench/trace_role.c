@@ -537,6 +537,8 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 					    .ctl_dropped = st.late_notifications,
 					    .verify_bad = R->verify_bad,
 					    .pool_exhausted = perf_pool_exhausted(R->pool)};
+		for (uint32_t i = 0; i < st.n_lcores && s.n_lcores < KVX_ARRAY_SIZE(s.lcore_bytes); i++)
+			s.lcore_bytes[s.n_lcores++] = st.lcores[i].bytes;
 		if (st.n_lcores) {
 			double u = 0;
 			for (uint32_t i = 0; i < st.n_lcores; i++)
