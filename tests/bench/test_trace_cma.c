@@ -45,6 +45,12 @@ static void side_init(struct side *s, int who)
 					  .layer = s->layer};
 }
 
+static void side_free(struct side *s)
+{
+	for (uint32_t l = 0; l < LAYERS; l++)
+		free(s->layer[l]);
+}
+
 static unsigned char *blk(struct side *s, uint32_t l, uint32_t p, uint32_t b)
 {
 	return s->layer[l] + (p * NB + b) * BL;
@@ -165,6 +171,7 @@ Test(bench_trace_cma, read_lands_the_target_blocks_paired_from_the_end_in_merged
 	trace_cma_log_free(&log);
 	cr_assert_null(log.e);
 	free(info);
+	side_free(&me);
 }
 
 Test(bench_trace_cma, write_lands_the_initiator_blocks_on_the_target_ids)
@@ -184,6 +191,7 @@ Test(bench_trace_cma, write_lands_the_initiator_blocks_on_the_target_ids)
 	cr_assert_eq(child_finish(&c), 0, "target blocks that differ from the expected WRITE");
 	trace_cma_log_free(&log);
 	free(info);
+	side_free(&me);
 }
 
 Test(bench_trace_cma, split_runs_make_one_range_each)
@@ -207,6 +215,7 @@ Test(bench_trace_cma, split_runs_make_one_range_each)
 	child_finish(&c);
 	trace_cma_log_free(&log);
 	free(info);
+	side_free(&me);
 }
 
 Test(bench_trace_cma, bad_info_and_ids_outside_the_pool_are_refused_before_moving)
@@ -240,4 +249,5 @@ Test(bench_trace_cma, bad_info_and_ids_outside_the_pool_are_refused_before_movin
 	trace_cma_log_free(&log);
 	trace_cma_log_free(&bad);
 	free(info);
+	side_free(&me);
 }
