@@ -404,6 +404,43 @@ Test(runtime_engine, idle_pollers_make_no_wakeup_until_a_submission)
 	close(ls);
 }
 
+Test(runtime_engine, busy_pollers_scan_deadlines_silent_producer_times_out)
+{
+	/* --idle busy: the pollers never sleep; the deadline scan timer still runs in their loop. */
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(ls, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(ls, 8), 0);
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+	uint16_t port = ntohs(a.sin_port);
+	struct kvx_engine_params dp;
+	struct eng D;
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.idle = KVX_ENGINE_IDLE_BUSY;
+	dp.transfer_timeout_ms = 300;
+	dp.handshake_timeout_ms = 3000;
+	eng_start(&D, &dp, 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-busy",
+				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
+				    .local_blocks = (uint32_t[]){1},
+				    .remote_blocks = (uint32_t[]){1},
+				    .n = 1};
+	uint64_t t0 = kvx_now_ns();
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen s = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-busy", &s, true, 20000000000ull));
+	cr_assert_eq(s.transfer, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(s.error, -ETIMEDOUT);
+	cr_assert_geq(s.at_ns - t0, 300000000ull, "reported before the transfer timeout");
+	uint64_t sl, wk;
+	poller_sleeps(D.e, &sl, &wk);
+	cr_assert_eq(sl, 0, "a busy poller never sleeps");
+	eng_free(&D);
+	close(ls);
+}
+
 Test(runtime_engine, e_consumer_abort_keeps_blocks_until_producer_terminal)
 {
 	struct kvx_engine_params pp, dp;
