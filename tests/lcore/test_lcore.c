@@ -713,7 +713,10 @@ Test(lcore, adaptive_timer_wakes_only_when_due_and_restarts_no_spin)
 
 /* Producer rounds against a loop that goes back to sleep after one empty poll: every enqueue
  * races with the consumer's prepare / re-check / sleep. No sleep cap: a lost wake-up would hang
- * its round, and the round's deadline turns that into a failure. */
+ * its round, and the round's deadline turns that into a failure. The producer runs on another
+ * CPU than the lcore where there is one (on the lcore's CPU it would only ever enqueue while
+ * the consumer is preempted, never inside its prepare window), and the rounds go on until at
+ * least MIN_WAKES of them found the consumer asleep or preparing to sleep. */
 static void no_lost_wake_rounds(bool with_wait_fd)
 {
 	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
@@ -725,32 +728,45 @@ static void no_lost_wake_rounds(bool with_wait_fd)
 		cr_assert_geq(wfd, 0);
 		cr_assert_eq(kvx_lcore_add_wait_fd(lc, wfd), 0);
 	}
+	cpu_set_t lc_cpus, mine, other;
+	kvx_lcore_cpus(lc, &lc_cpus);
+	cr_assert_eq(sched_getaffinity(0, sizeof(mine), &mine), 0);
+	CPU_ZERO(&other);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &mine) && !CPU_ISSET(c, &lc_cpus))
+			CPU_SET(c, &other);
+	bool parallel = CPU_COUNT(&other) > 0 && sched_setaffinity(0, sizeof(other), &other) == 0;
 	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 1, .backoff_polls = 1,
 					   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
 	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
 	cr_assert_eq(kvx_poller_register(lc, ring_poll, &rp, "inbox", NULL), 0);
 	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
-	enum { ROUNDS = 20000 };
-	uint64_t seed = 0x9e3779b97f4a7c15ull, w0 = kvx_waiter_wake_count(kvx_lcore_waiter(lc));
-	for (uintptr_t round = 1; round <= ROUNDS; round++) {
+	enum { ROUNDS = 20000, MIN_WAKES = 200, MAX_ROUNDS = 1000000 };
+	uint64_t seed = 0x9e3779b97f4a7c15ull, w0 = kvx_waiter_wake_count(kvx_lcore_waiter(lc)), wakes = 0;
+	uintptr_t round;
+	for (round = 1; round <= ROUNDS || (parallel && wakes < MIN_WAKES); round++) {
+		cr_assert(round <= MAX_ROUNDS, "%d rounds, only %lu met a sleeping consumer", MAX_ROUNDS,
+			  (unsigned long)wakes);
 		seed ^= seed << 13;
 		seed ^= seed >> 7;
 		seed ^= seed << 17;
-		/* 0-4095 pause hints: land before, inside or after the consumer's prepare. */
-		for (uint64_t k = seed & 4095; k; k--)
+		/* Mostly 0-127 pause hints (the consumer's way from its last dequeue to the sleep
+		 * is a few microseconds), one round in eight 0-4095: land before, inside or after
+		 * its prepare. */
+		for (uint64_t k = (seed & 7) == 0 ? (seed >> 3) & 4095 : (seed >> 3) & 127; k; k--)
 			kvx_lcore_pause_impl();
 		cr_assert_eq(kvx_ring_enqueue_sp(rp.r, (void *)round), 0);
 		uint64_t dl = kvx_now_ns() + ET_ROUND_NS;
 		while (atomic_load_explicit(&rp.got, memory_order_acquire) != round) {
-			cr_assert(kvx_now_ns() < dl, "round %lu of %d: the submission was never seen (lost wake-up)",
-				  (unsigned long)round, ROUNDS);
+			cr_assert(kvx_now_ns() < dl, "round %lu: the submission was never seen (lost wake-up)",
+				  (unsigned long)round);
 			sched_yield();
 		}
+		wakes = kvx_waiter_wake_count(kvx_lcore_waiter(lc)) - w0;
 	}
-	uint64_t wakes = kvx_waiter_wake_count(kvx_lcore_waiter(lc)) - w0;
-	cr_log_info("%d rounds, %lu of them woke a sleeping (or preparing) consumer", ROUNDS, (unsigned long)wakes);
-	cr_assert_geq(wakes, 1, "no round met a sleeping consumer: the race was not exercised");
-	cr_assert_eq(atomic_load(&rp.last), ROUNDS);
+	cr_log_info("%lu rounds (producer %s the lcore's CPU), %lu of them woke a sleeping (or preparing) consumer",
+		    (unsigned long)(round - 1), parallel ? "off" : "on", (unsigned long)wakes);
+	cr_assert_eq(atomic_load(&rp.last), round - 1);
 	kvx_lcore_stop(lc);
 	cr_assert_eq(kvx_lcore_wait(lc), 0);
 	kvx_lcore_set_destroy(set);
