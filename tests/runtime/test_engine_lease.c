@@ -19,6 +19,7 @@
  *    written into the new process (item 3). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -204,9 +205,11 @@ static void reap(struct et_child *c, const char *who)
  * stopped may be DONE, and then with the bytes served before the abort; that attempt proves
  * nothing, so the case repeats with a new transfer id until one was caught in flight. Without
  * the second lease read D would end DONE every time. */
-/* Attempts to stop D between its copies: a readiness-driven tcp consumer mostly finishes a
- * 2-block READ before its own SIGSTOP lands (then DONE under its lease, and the next attempt;
- * about 1 in 20 is caught). One byte per attempt number on the pipe, RB_END ends the child. */
+/* Attempts to stop D between its copies: a readiness-driven tcp consumer may finish a 2-block
+ * READ before its own SIGSTOP lands (then DONE under its lease, and the next attempt). With the
+ * child on one CPU one of the first few is caught; with its poller on a CPU of its own, none of
+ * 250 was in 3 of 10 runs once idle pollers stopped waking every 1 ms. One byte per attempt
+ * number on the pipe, RB_END ends the child. */
 #define RB_TRIES 250
 #define RB_END 255
 
@@ -233,6 +236,19 @@ static int child_reader(void *arg, int to_parent, int from_parent)
 	struct et_ports pp;
 	if (et_read_all(from_parent, &pp, sizeof(pp)))
 		return 10;
+	/* One CPU for the whole child: its poller then advances only while this thread, which
+	 * spins below until the first data op is posted, is off the CPU, so its SIGSTOP lands
+	 * before the read ends (with the poller on another, idle CPU a 2-block read mostly won). */
+	cpu_set_t cpus;
+	if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) {
+		for (int c = 0; c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, &cpus)) {
+				CPU_ZERO(&cpus);
+				CPU_SET(c, &cpus);
+				(void)sched_setaffinity(0, sizeof(cpus), &cpus);
+				break;
+			}
+	}
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ, prov, 0, 0, false);
 	struct et_track td = {.n = 0};
