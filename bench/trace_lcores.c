@@ -54,3 +54,17 @@ int trace_split_lcores(const char *list, char out[2][TRACE_LCORES_MAX], char *er
 	}
 	return 2;
 }
+
+int trace_default_lcores(const cpu_set_t *allowed, char out[2][TRACE_LCORES_MAX])
+{
+	int cpus[3], a = 0;
+	for (int c = 0; c < CPU_SETSIZE && a < 3; c++)
+		if (CPU_ISSET(c, allowed))
+			cpus[a++] = c;
+	if (a < 2)
+		return 0;
+	int first = a >= 3 ? 1 : 0;
+	for (int s = 0; s < 2; s++)
+		snprintf(out[s], TRACE_LCORES_MAX, "%d", cpus[first + s]);
+	return 2;
+}

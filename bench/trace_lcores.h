@@ -8,6 +8,7 @@
  * every DPDK form (`0-3`, `1,2@(5-7)`, `(0,1)@0`, `0@(0,1)`) splits the same way the engine
  * would read it.
  */
+#include <sched.h>
 #include <stddef.h>
 
 /** Capacity of one role's lcore string, bytes including the NUL. */
@@ -28,5 +29,22 @@
  * @retval -ENOSPC   A role's string does not fit TRACE_LCORES_MAX bytes.
  */
 int trace_split_lcores(const char *list, char out[2][TRACE_LCORES_MAX], char *err, size_t errlen);
+
+/**
+ * The polling lcores of `--local` without `-l`: each role's engine gets one polling lcore, on a
+ * CPU of its own, as the producer and the consumer would have on two hosts (and as
+ * bench/compare.sh pins iperf3's client and server). Without this, both engines take their
+ * default lcore (the second allowed CPU) and the two data paths share one CPU. With three or
+ * more CPUs, the first is left to the control lcores and the role processes' main threads (the
+ * engine's default control CPU): producer on the second CPU, consumer on the third; with two,
+ * producer on the first, consumer on the second.
+ *
+ * @param allowed    CPUs the roles may use (this process's affinity and present CPUs).
+ * @param[out] out   Array[2] strings: [0] producer, [1] consumer, `-l` form (`ID`); written only
+ *                   when split.
+ * @return           2 when split; 0 when @p allowed has fewer than two CPUs (each engine keeps
+ *                   its default).
+ */
+int trace_default_lcores(const cpu_set_t *allowed, char out[2][TRACE_LCORES_MAX]);
 
 #endif /* KVX_BENCH_TRACE_LCORES_H */

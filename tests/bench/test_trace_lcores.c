@@ -82,3 +82,49 @@ Test(bench_trace_lcores, bad_list_is_einval_with_the_parser_message)
 	cr_assert_neq(err[0], '\0', "no message");
 	cr_assert_eq(trace_split_lcores("(0,1", out, err, sizeof(err)), -EINVAL);
 }
+
+/* --local without -l: one polling lcore per role, on different CPUs of the allowed set. */
+Test(bench_trace_lcores, default_gives_each_role_a_cpu_of_its_own)
+{
+	char out[2][TRACE_LCORES_MAX];
+	cpu_set_t s;
+	CPU_ZERO(&s);
+	CPU_SET(0, &s);
+	CPU_SET(1, &s);
+	cr_assert_eq(trace_default_lcores(&s, out), 2);
+	cr_assert_str_eq(out[0], "0");
+	cr_assert_str_eq(out[1], "1");
+	/* Three or more: the first CPU stays with the control lcores. */
+	CPU_ZERO(&s);
+	CPU_SET(2, &s);
+	CPU_SET(5, &s);
+	CPU_SET(7, &s);
+	CPU_SET(9, &s);
+	cr_assert_eq(trace_default_lcores(&s, out), 2);
+	cr_assert_str_eq(out[0], "5");
+	cr_assert_str_eq(out[1], "7");
+	/* Each string is a valid one-lcore -l list on that CPU. */
+	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
+	cr_assert(cfg);
+	for (int r = 0; r < 2; r++) {
+		kvx_lcore_cfg_init(cfg);
+		cr_assert_eq(kvx_lcore_parse_opt(cfg, "-l", out[r], NULL, 0), 1);
+		cr_assert_eq(cfg->n_lcores, 1);
+		cr_assert_eq(CPU_COUNT(&cfg->lcores[0].cpus), 1);
+		cr_assert(CPU_ISSET(r ? 7 : 5, &cfg->lcores[0].cpus));
+	}
+	free(cfg);
+}
+
+Test(bench_trace_lcores, default_with_one_cpu_leaves_the_engines_defaults)
+{
+	char out[2][TRACE_LCORES_MAX] = {"untouched", "untouched"};
+	cpu_set_t s;
+	CPU_ZERO(&s);
+	CPU_SET(3, &s);
+	cr_assert_eq(trace_default_lcores(&s, out), 0);
+	cr_assert_str_eq(out[0], "untouched");
+	CPU_ZERO(&s);
+	cr_assert_eq(trace_default_lcores(&s, out), 0);
+	cr_assert_str_eq(out[1], "untouched");
+}

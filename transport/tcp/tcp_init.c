@@ -273,6 +273,7 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 				c->pay_dev = true;
 			}
 			c->rx_start += TCP_RESP;
+			c->big = want >= TCP_DIRECT;
 			if (want) {
 				c->in_pay = true;
 				c->pay_left = want;
@@ -283,9 +284,10 @@ static int ich_rx(struct tcp_ep *e, struct ich *c)
 			}
 			continue;
 		}
-		/* Need more bytes in the rx buffer. */
-		int n = tcp_rx_fill(c->fd, c->rx, &c->rx_start, &c->rx_end, TCP_RXBUF, &c->rd_ok,
-				    &e->base.cnt);
+		/* Need more bytes in the rx buffer; after a large READ payload, the next header
+		 * alone (its payload then goes direct). */
+		int n = tcp_rx_fill(c->fd, c->rx, &c->rx_start, &c->rx_end,
+				    !c->in_pay && c->big ? TCP_RESP : TCP_RXBUF, &c->rd_ok, &e->base.cnt);
 		if (n <= 0)
 			return n < 0 ? n : work;
 	}

@@ -99,7 +99,10 @@
 #define TCP_CHQ 512u              /* chunks queued or in flight per channel */
 #define TCP_WINDOW (8u << 20)     /* payload bytes in flight per channel */
 #define TCP_RXBUF (64u << 10)
-#define TCP_DIRECT (16u << 10)    /* payloads at least this long bypass the rx buffer */
+#define TCP_DIRECT (16u << 10)    /* payloads at least this long bypass the rx buffer; after
+                                     such a payload the next header is read alone (at most
+                                     TCP_REQ + TCP_COND bytes), so the payload behind it goes
+                                     straight to its destination instead of through rx */
 #define TCP_IOV 64
 #define TCP_TQ 256u               /* responses queued per target connection */
 #define TCP_HELLO_SLOTS 64
@@ -213,6 +216,8 @@ struct ich {
 	uint32_t seq;
 	uint8_t *rx;         /* Array[TCP_RXBUF] */
 	uint32_t rx_start, rx_end;
+	bool big;            /* the last response had a payload of at least TCP_DIRECT, so the
+	                        next header is read alone (TCP_DIRECT) */
 	bool in_pay;
 	bool pay_dev;        /* the payload being received goes to a bounce buffer (pay_b) */
 	uint32_t pay_left;
@@ -250,6 +255,7 @@ struct tconn {
 	bool rd_ok, wr_ok; /* readiness flags (file comment) */
 	uint8_t *rx; /* Array[TCP_RXBUF] */
 	uint32_t rx_start, rx_end;
+	bool big;       /* the last request carried a WRITE payload of at least TCP_DIRECT */
 	int state;
 	uint8_t *dst;   /* WRITE payload destination, NULL = discard */
 	uint32_t pay_left, cur_seq, cur_len;

@@ -354,6 +354,7 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 		xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
 	else
 		xport_cnt_add(&c->base.cnt, reqs_served, 1);
+	t->big = op == REQ_WRITE && clen >= TCP_DIRECT;
 	if (op == REQ_READ) {
 		if (st) {
 			tq_push(t, st, seq, NULL, 0, -1);
@@ -457,7 +458,9 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 				continue;
 			}
 		}
-		int n = tcp_rx_fill(t->fd, t->rx, &t->rx_start, &t->rx_end, budget ? TCP_RXBUF : 0,
+		/* A stream of large WRITEs: the next header alone (its payload then goes direct). */
+		uint32_t max = t->state == TC_HDR && t->big ? TCP_REQ + TCP_COND : TCP_RXBUF;
+		int n = tcp_rx_fill(t->fd, t->rx, &t->rx_start, &t->rx_end, budget ? max : 0,
 				    &t->rd_ok, &c->base.cnt);
 		if (n <= 0)
 			return n < 0 ? n : work;
