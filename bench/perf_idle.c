@@ -1,21 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvxfer-perf idle: what an idle engine costs and how fast an idle poller starts.
  *   1. engine idle CPU: one engine (adaptive idle policy, the default) started with one layer
- *      and no peer, left alone for --seconds; CPU time of all its threads (process CPU clock
- *      minus this measuring thread's) over wall time, in % of one core;
+ *      and no peer, left alone for --seconds. Two figures over the same window: CPU time of all
+ *      its threads (process CPU clock minus this measuring thread's) over wall time, and the
+ *      same from the kernel's per-thread tick counters (/proc/self/task/TID/stat utime+stime,
+ *      what `pidstat -t` reads), each in % of one core, with the threads that used any; plus
+ *      how many idle sleeps of its polling lcores ended in the window (a wake-up each).
  *   2. first post from idle: an lcore running the engine's poll loop with the engine's idle
- *      parameters (adaptive, 1 ms longest sleep) and a ring attached to its waiter, as the
- *      engine's submission ring is. Each sample waits until the lcore sleeps (plus a random
- *      0-2 ms), enqueues a timestamp, and the poller records now - timestamp when it dequeues
- *      it: the delay from a submission to the poll that posts it. p50/p99/p99.9/max.
- * The targets of issue 16 are absolute (idle < 2 % of a core, first post p99 < 50 us), so there
- * is no peer; the load of the machine (uptime) belongs next to the figures. */
+ *      parameters (adaptive, no sleep cap) and a ring attached to its waiter, as the engine's
+ *      submission ring is. Each sample waits until the lcore sleeps (plus a random 0-2 ms),
+ *      enqueues a timestamp, and the poller records now - timestamp when it dequeues it: the
+ *      delay from a submission to the poll that posts it. p50/p99/p99.9/max.
+ *   3. peer: the floor that the machine sets on (2): a plain thread blocked in ppoll(2) on an
+ *      eventfd, on the lcore's CPUs, woken by an eventfd write, measured the same way. Samples
+ *      of (2) and (3) alternate, so both see the same load.
+ * The targets of issue 16 are absolute (idle < 2 % of a core, first post p99 < 50 us); the
+ * peer says how much of the first-post delay is the kernel's (or the VM's) wake-up of an idle
+ * CPU, and the load of the machine (uptime) belongs next to the figures. */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,8 +53,84 @@ static void sleep_ns(uint64_t ns)
 		;
 }
 
+/* ---- per-thread kernel tick counters (what pidstat -t reads) -------------------------------- */
+
+enum { MAX_TASKS = 64 };
+
+struct task_ticks {
+	int tid;
+	char comm[20];
+	uint64_t ticks; /* utime + stime, clock ticks */
+};
+
+/* One thread's comm and utime+stime from /proc/self/task/TID/stat: 0, or -1. */
+static int read_task(int tid, struct task_ticks *t)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	char *l = strchr(buf, '('), *r = strrchr(buf, ')'); /* comm may hold spaces */
+	if (!l || !r || r < l)
+		return -1;
+	size_t cl = (size_t)(r - l - 1) < sizeof(t->comm) - 1 ? (size_t)(r - l - 1) : sizeof(t->comm) - 1;
+	memcpy(t->comm, l + 1, cl);
+	t->comm[cl] = '\0';
+	unsigned long ut = 0, st = 0;
+	/* after ')': state(3) ppid pgrp session tty_nr tpgid flags minflt cminflt majflt cmajflt
+	 * utime(14) stime(15) */
+	if (sscanf(r + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	t->tid = tid;
+	t->ticks = ut + st;
+	return 0;
+}
+
+/* Every thread of this process: count (at most MAX_TASKS). */
+static unsigned read_tasks(struct task_ticks *out)
+{
+	DIR *d = opendir("/proc/self/task");
+	unsigned n = 0;
+	if (!d)
+		return 0;
+	for (struct dirent *de; n < MAX_TASKS && (de = readdir(d));) {
+		int tid = atoi(de->d_name);
+		if (tid > 0 && read_task(tid, &out[n]) == 0)
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+struct idle_result {
+	double pct;            /* process CPU clock minus the measuring thread's, % of one core */
+	double ticks_pct;      /* the same threads' /proc ticks, % of one core */
+	uint64_t poll_sleeps;  /* polling lcores' idle sleeps that ended in the window */
+	uint64_t poll_wakeups; /* of those, ended by a wake (not a timer) */
+	unsigned n_busy;       /* threads[] entries */
+	struct task_ticks threads[MAX_TASKS]; /* engine threads with ticks in the window (delta) */
+};
+
+static void engine_sleeps(struct kvx_engine *e, uint64_t *sleeps, uint64_t *wakeups)
+{
+	struct kvx_engine_stats *st = calloc(1, sizeof(*st));
+	*sleeps = *wakeups = 0;
+	if (!st)
+		return;
+	kvx_engine_get_stats(e, st);
+	for (uint32_t i = 0; i < st->n_lcores; i++) {
+		*sleeps += st->lcores[i].sleeps;
+		*wakeups += st->lcores[i].wakeups;
+	}
+	free(st);
+}
+
 /* 1. CPU of an idle engine's threads, % of one core. */
-static int engine_idle(const struct idle_cfg *c, double *pct)
+static int engine_idle(const struct idle_cfg *c, struct idle_result *res)
 {
 	struct kvx_engine_params p;
 	kvx_engine_params_init(&p);
@@ -79,17 +166,53 @@ static int engine_idle(const struct idle_cfg *c, double *pct)
 		return rc;
 	}
 	sleep_ns(200000000ull); /* let start-up settle before the window */
-	uint64_t p0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), t0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+	static struct task_ticks t0[MAX_TASKS], t1[MAX_TASKS];
+	uint64_t s0, w0s;
+	engine_sleeps(e, &s0, &w0s);
+	unsigned n0 = read_tasks(t0);
+	uint64_t p0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), th0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
 	uint64_t w0 = kvx_now_ns();
 	sleep_ns((uint64_t)c->seconds * 1000000000ull);
 	uint64_t wall = kvx_now_ns() - w0;
-	uint64_t cpu = (clock_ns(CLOCK_PROCESS_CPUTIME_ID) - p0) - (clock_ns(CLOCK_THREAD_CPUTIME_ID) - t0);
-	*pct = 100.0 * (double)cpu / (double)wall;
+	uint64_t cpu = (clock_ns(CLOCK_PROCESS_CPUTIME_ID) - p0) - (clock_ns(CLOCK_THREAD_CPUTIME_ID) - th0);
+	unsigned n1 = read_tasks(t1);
+	uint64_t s1, w1s;
+	engine_sleeps(e, &s1, &w1s);
+	res->pct = 100.0 * (double)cpu / (double)wall;
+	res->poll_sleeps = s1 - s0;
+	res->poll_wakeups = w1s - w0s;
+	/* Ticks of every thread but this one (a thread started in the window counts whole). */
+	uint64_t ticks = 0;
+	int self = getpid();
+	res->n_busy = 0;
+	for (unsigned i = 0; i < n1; i++) {
+		if (t1[i].tid == self)
+			continue;
+		uint64_t before = 0;
+		for (unsigned j = 0; j < n0; j++)
+			if (t0[j].tid == t1[i].tid)
+				before = t0[j].ticks;
+		uint64_t d = t1[i].ticks - before;
+		ticks += d;
+		if (d) {
+			res->threads[res->n_busy] = t1[i];
+			res->threads[res->n_busy++].ticks = d;
+		}
+	}
+	double tck = (double)sysconf(_SC_CLK_TCK) * (double)wall / 1e9;
+	res->ticks_pct = 100.0 * (double)ticks / tck;
 	kvx_engine_stop(e);
 	kvx_engine_destroy(e);
 	free(mem);
 	return 0;
 }
+
+static double ticks_pct(uint64_t ticks, uint32_t seconds)
+{
+	return 100.0 * (double)ticks / ((double)sysconf(_SC_CLK_TCK) * (double)seconds);
+}
+
+/* ---- 2. first post from idle, and 3. its eventfd peer ------------------------------------------ */
 
 struct wake_poller {
 	struct kvx_ring *r;
@@ -110,18 +233,73 @@ static int wake_poll(void *arg)
 	return KVX_POLL_BUSY;
 }
 
+/* The peer: a thread that blocks in ppoll(2) on an eventfd, nothing else. */
+struct efd_peer {
+	int efd;
+	uint32_t n;
+	uint64_t *lat;           /* Array[n]: written by the peer thread only */
+	_Atomic uint64_t t_sent; /* main: the sample's timestamp, stored before the write */
+	_Atomic uint32_t armed;  /* peer: 1 just before it blocks; main waits for it */
+	_Atomic uint32_t got;    /* peer: samples recorded (release) */
+	_Atomic bool stop;
+};
+
+static void *efd_peer_thread(void *arg)
+{
+	struct efd_peer *pe = arg;
+	for (uint32_t i = 0; i < pe->n;) {
+		atomic_store_explicit(&pe->armed, 1, memory_order_seq_cst);
+		struct pollfd pf = {.fd = pe->efd, .events = POLLIN};
+		int r = ppoll(&pf, 1, NULL, NULL);
+		atomic_store_explicit(&pe->armed, 0, memory_order_relaxed);
+		if (atomic_load_explicit(&pe->stop, memory_order_acquire))
+			break;
+		uint64_t v;
+		/* Woken and the wake consumed, as the lcore drains its waiter before it polls. */
+		if (r <= 0 || read(pe->efd, &v, sizeof(v)) != (ssize_t)sizeof(v))
+			continue;
+		pe->lat[i] = kvx_now_ns() - atomic_load_explicit(&pe->t_sent, memory_order_acquire);
+		atomic_store_explicit(&pe->got, ++i, memory_order_release);
+	}
+	return NULL;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 	return x < y ? -1 : x > y;
 }
 
-struct wake_result {
+struct pctl {
 	double p50_us, p99_us, p999_us, max_us;
+};
+
+static struct pctl percentiles(uint64_t *v, uint32_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_u64);
+	size_t i99 = (size_t)((double)n * 0.99), i999 = (size_t)((double)n * 0.999);
+	return (struct pctl){.p50_us = (double)v[n / 2] / 1e3,
+			     .p99_us = (double)v[i99 < n ? i99 : n - 1] / 1e3,
+			     .p999_us = (double)v[i999 < n ? i999 : n - 1] / 1e3,
+			     .max_us = (double)v[n - 1] / 1e3};
+}
+
+struct wake_result {
+	struct pctl lc, peer;
+	uint32_t n_lc, n_peer;
 	uint64_t sleeps, wakeups;
 };
 
-/* 2. Submission -> poll latency of a sleeping adaptive lcore. */
+static uint64_t next_rand(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* 2 and 3: submission -> poll latency of a sleeping adaptive lcore, and the eventfd peer's,
+ * samples alternating. */
 static int first_post(const struct idle_cfg *c, struct wake_result *res)
 {
 	static struct kvx_lcore_cfg cfg;
@@ -138,11 +316,16 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 		return rc;
 	}
 	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	uint32_t n_peer = c->samples / 2, n_lc = c->samples - n_peer;
 	struct kvx_ring_params rp = {.name = "submit", .count = 64, .elem_size = 8};
-	struct wake_poller w = {.lat = calloc(c->samples, sizeof(uint64_t))};
+	struct wake_poller w = {.lat = calloc(n_lc, sizeof(uint64_t))};
+	struct efd_peer pe = {.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), .n = n_peer,
+			      .lat = calloc(n_peer ? n_peer : 1, sizeof(uint64_t))};
+	pthread_t pt;
+	bool peer_started = false;
 	/* The engine's poller parameters (kvx_engine_start). */
-	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = 1000000ull};
-	rc = w.lat ? kvx_ring_create(&rp, &w.r) : -ENOMEM;
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
+	rc = w.lat && pe.lat && pe.efd >= 0 ? kvx_ring_create(&rp, &w.r) : -ENOMEM;
 	if (!rc) {
 		kvx_ring_set_waiter(w.r, kvx_lcore_waiter(lc));
 		rc = kvx_lcore_set_idle(lc, &ip);
@@ -151,43 +334,80 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 		rc = kvx_poller_register(lc, wake_poll, &w, "submit", NULL);
 	if (!rc)
 		rc = kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL);
+	if (!rc && n_peer) {
+		/* On the lcore's CPUs: the same wake-up path as the lcore's. */
+		pthread_attr_t attr;
+		cpu_set_t cpus;
+		kvx_lcore_cpus(lc, &cpus);
+		pthread_attr_init(&attr);
+		pthread_attr_setaffinity_np(&attr, sizeof(cpus), &cpus);
+		rc = -pthread_create(&pt, &attr, efd_peer_thread, &pe);
+		pthread_attr_destroy(&attr);
+		peer_started = rc == 0;
+	}
 	if (rc) {
 		fprintf(stderr, "kvxfer-perf idle: first-post lcore: %s\n", kvx_strerror(rc));
 		goto out;
 	}
 	uint64_t seed = 0x2545f4914f6cdd1dull;
-	for (uint32_t i = 0; i < c->samples; i++) {
-		while (!atomic_load_explicit(&kvx_lcore_waiter(lc)->sleeping, memory_order_acquire))
-			sleep_ns(100000);
-		seed ^= seed << 13;
-		seed ^= seed >> 7;
-		seed ^= seed << 17;
-		sleep_ns(seed % 2000000ull); /* land anywhere in the lcore's sleep */
-		uint64_t t = kvx_now_ns();
-		if (!kvx_ring_enqueue_elem_burst_sp(w.r, &t, 1, NULL)) {
-			rc = -ENOBUFS;
-			break;
+	uint32_t i_lc = 0, i_peer = 0;
+	for (uint32_t i = 0; i < c->samples && !rc; i++) {
+		bool peer = i % 2 == 1 && i_peer < n_peer;
+		if (peer) {
+			while (!atomic_load_explicit(&pe.armed, memory_order_acquire))
+				sleep_ns(100000);
+		} else {
+			while (!atomic_load_explicit(&kvx_lcore_waiter(lc)->sleeping, memory_order_acquire))
+				sleep_ns(100000);
 		}
-		while (atomic_load_explicit(&w.got, memory_order_acquire) != i + 1)
-			sleep_ns(20000);
+		sleep_ns(next_rand(&seed) % 2000000ull); /* land anywhere in the sleep */
+		uint64_t t = kvx_now_ns();
+		if (peer) {
+			uint64_t one = 1;
+			atomic_store_explicit(&pe.t_sent, t, memory_order_release);
+			if (write(pe.efd, &one, sizeof(one)) != (ssize_t)sizeof(one)) {
+				rc = -errno;
+				break;
+			}
+			i_peer++;
+			while (atomic_load_explicit(&pe.got, memory_order_acquire) != i_peer)
+				sleep_ns(20000);
+		} else {
+			if (!kvx_ring_enqueue_elem_burst_sp(w.r, &t, 1, NULL)) {
+				rc = -ENOBUFS;
+				break;
+			}
+			i_lc++;
+			while (atomic_load_explicit(&w.got, memory_order_acquire) != i_lc)
+				sleep_ns(20000);
+		}
 	}
 	struct kvx_lcore_stats st;
 	kvx_lcore_stats_get(lc, &st);
 	kvx_lcore_stop(lc);
 	kvx_lcore_wait(lc);
 	if (!rc) {
-		uint32_t n = c->samples;
-		qsort(w.lat, n, sizeof(*w.lat), cmp_u64);
-		res->p50_us = (double)w.lat[n / 2] / 1e3;
-		res->p99_us = (double)w.lat[(size_t)((double)n * 0.99) < n ? (size_t)((double)n * 0.99) : n - 1] / 1e3;
-		res->p999_us = (double)w.lat[(size_t)((double)n * 0.999) < n ? (size_t)((double)n * 0.999) : n - 1] / 1e3;
-		res->max_us = (double)w.lat[n - 1] / 1e3;
+		res->n_lc = i_lc;
+		res->n_peer = i_peer;
+		res->lc = percentiles(w.lat, i_lc);
+		if (i_peer)
+			res->peer = percentiles(pe.lat, i_peer);
 		res->sleeps = st.sleeps;
 		res->wakeups = st.wakeups;
 	}
 out:
+	if (peer_started) {
+		uint64_t one = 1;
+		atomic_store_explicit(&pe.stop, true, memory_order_release);
+		if (write(pe.efd, &one, sizeof(one)) < 0)
+			perror("kvxfer-perf idle: peer stop");
+		pthread_join(pt, NULL);
+	}
 	kvx_lcore_set_destroy(set);
 	kvx_ring_destroy(w.r);
+	if (pe.efd >= 0)
+		close(pe.efd);
+	free(pe.lat);
 	free(w.lat);
 	return rc;
 }
@@ -196,15 +416,23 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvxfer-perf idle [--seconds S] [--samples N] [--transport tcp|shm] [--json FILE]\n"
 		   "CPU of an idle engine (adaptive idle policy) in %% of one core, and the delay from a\n"
-		   "submission to the poll that posts it on an idle poller (p50/p99/p99.9/max, us).\n"
+		   "submission to the poll that posts it on an idle poller (p50/p99/p99.9/max, us), next to\n"
+		   "a plain thread woken from ppoll(2) by an eventfd write (the peer), samples alternating.\n"
 		   "  --seconds S     idle window (default 20)\n"
-		   "  --samples N     first-post samples, each from a sleeping poller (default 1000)\n"
+		   "  --samples N     wake samples, each from a sleeping thread, half of them the peer's\n"
+		   "                  (default 2000)\n"
 		   "  --transport T   engine transport (default tcp)\n");
+}
+
+static void json_pctl(FILE *f, const char *name, uint32_t n, const struct pctl *p)
+{
+	fprintf(f, "\"%s\":{\"samples\":%u,\"p50_us\":%.3f,\"p99_us\":%.3f,\"p999_us\":%.3f,\"max_us\":%.3f", name, n,
+		p->p50_us, p->p99_us, p->p999_us, p->max_us);
 }
 
 int kvx_perf_idle_main(int argc, char **argv)
 {
-	struct idle_cfg c = {.transport = "tcp", .seconds = 20, .samples = 1000};
+	struct idle_cfg c = {.transport = "tcp", .seconds = 20, .samples = 2000};
 	static const struct option opts[] = {
 		{"seconds", required_argument, 0, 's'}, {"samples", required_argument, 0, 'n'},
 		{"transport", required_argument, 0, 't'}, {"json", required_argument, 0, 'j'},
@@ -236,30 +464,53 @@ int kvx_perf_idle_main(int argc, char **argv)
 		default: usage(stderr); return 2;
 		}
 	}
-	double pct = 0;
+	static struct idle_result ir;
 	struct wake_result wr = {0};
-	if (engine_idle(&c, &pct) || first_post(&c, &wr))
+	if (engine_idle(&c, &ir) || first_post(&c, &wr))
 		return 1;
 	printf("# kvxfer-perf idle: engine transport %s, adaptive idle, %u s window; first post: %u samples "
-	       "from a sleeping poller (engine idle parameters)\n",
-	       c.transport, c.seconds, c.samples);
-	printf("%-28s %10s\n", "idle engine CPU", "% of core");
-	printf("%-28s %10.3f\n", "all engine threads", pct);
+	       "from a sleeping poller (engine idle parameters), %u from a thread sleeping in ppoll (peer)\n",
+	       c.transport, c.seconds, wr.n_lc, wr.n_peer);
+	printf("%-28s %10s %10s %12s %12s\n", "idle engine CPU", "% of core", "% (ticks)", "poll sleeps",
+	       "poll wakeups");
+	printf("%-28s %10.3f %10.3f %12llu %12llu\n", "all engine threads", ir.pct, ir.ticks_pct,
+	       (unsigned long long)ir.poll_sleeps, (unsigned long long)ir.poll_wakeups);
+	for (unsigned i = 0; i < ir.n_busy; i++)
+		printf("  %-26s %10s %10.3f\n", ir.threads[i].comm, "", ticks_pct(ir.threads[i].ticks, c.seconds));
 	printf("%-28s %9s %9s %9s %9s %9s %9s\n", "first post from idle", "p50 us", "p99 us", "p99.9 us", "max us",
 	       "sleeps", "wakeups");
-	printf("%-28s %9.1f %9.1f %9.1f %9.1f %9llu %9llu\n", "submit -> poll", wr.p50_us, wr.p99_us, wr.p999_us,
-	       wr.max_us, (unsigned long long)wr.sleeps, (unsigned long long)wr.wakeups);
+	printf("%-28s %9.1f %9.1f %9.1f %9.1f %9llu %9llu\n", "submit -> poll", wr.lc.p50_us, wr.lc.p99_us,
+	       wr.lc.p999_us, wr.lc.max_us, (unsigned long long)wr.sleeps, (unsigned long long)wr.wakeups);
+	if (wr.n_peer)
+		printf("%-28s %9.1f %9.1f %9.1f %9.1f\n", "peer: eventfd -> ppoll", wr.peer.p50_us, wr.peer.p99_us,
+		       wr.peer.p999_us, wr.peer.max_us);
+	if (wr.n_peer && wr.peer.p99_us > 0)
+		printf("%-28s %9.2f %9.2f\n", "ratio kvxfer / peer", wr.lc.p50_us / wr.peer.p50_us,
+		       wr.lc.p99_us / wr.peer.p99_us);
 	if (c.json) {
 		FILE *f = fopen(c.json, "w");
 		if (!f) {
 			fprintf(stderr, "kvxfer-perf idle: cannot write %s: %s\n", c.json, strerror(errno));
 			return 1;
 		}
-		fprintf(f, "{\"command\":\"idle\",\"engine\":{\"transport\":\"%s\",\"seconds\":%u,\"cpu_pct_of_core\":%.4f},"
-			   "\"first_post\":{\"samples\":%u,\"p50_us\":%.3f,\"p99_us\":%.3f,\"p999_us\":%.3f,"
-			   "\"max_us\":%.3f,\"sleeps\":%llu,\"wakeups\":%llu}}\n",
-			c.transport, c.seconds, pct, c.samples, wr.p50_us, wr.p99_us, wr.p999_us, wr.max_us,
-			(unsigned long long)wr.sleeps, (unsigned long long)wr.wakeups);
+		fprintf(f, "{\"command\":\"idle\",\"engine\":{\"transport\":\"%s\",\"seconds\":%u,\"cpu_pct_of_core\":%.4f,"
+			   "\"ticks_pct_of_core\":%.4f,\"poll_sleeps\":%llu,\"poll_wakeups\":%llu,\"threads\":[",
+			c.transport, c.seconds, ir.pct, ir.ticks_pct, (unsigned long long)ir.poll_sleeps,
+			(unsigned long long)ir.poll_wakeups);
+		for (unsigned i = 0; i < ir.n_busy; i++)
+			fprintf(f, "%s{\"comm\":\"%s\",\"ticks_pct_of_core\":%.4f}", i ? "," : "", ir.threads[i].comm,
+				ticks_pct(ir.threads[i].ticks, c.seconds));
+		fprintf(f, "]},");
+		json_pctl(f, "first_post", wr.n_lc, &wr.lc);
+		fprintf(f, ",\"sleeps\":%llu,\"wakeups\":%llu},", (unsigned long long)wr.sleeps,
+			(unsigned long long)wr.wakeups);
+		if (wr.n_peer) {
+			json_pctl(f, "peer_eventfd", wr.n_peer, &wr.peer);
+			fprintf(f, "},\"ratio_p50\":%.4f,\"ratio_p99\":%.4f}\n", wr.lc.p50_us / wr.peer.p50_us,
+				wr.lc.p99_us / wr.peer.p99_us);
+		} else {
+			fprintf(f, "\"peer_eventfd\":null,\"ratio_p50\":null,\"ratio_p99\":null}\n");
+		}
 		if (fclose(f)) {
 			fprintf(stderr, "kvxfer-perf idle: write %s failed\n", c.json);
 			return 1;

@@ -80,6 +80,10 @@ static int lcore_new(struct kvx_lcore_set *set, const struct kvx_lcore_map *m, e
 		lcore_free(lc);
 		return rc == EAGAIN ? -EAGAIN : -rc;
 	}
+	/* Named for ps/top/pidstat -t: "kvx-lcore-ID", "kvx-ctl-ID" (15 characters at most). */
+	char name[16];
+	snprintf(name, sizeof(name), "kvx-%s-%u", role == KVX_LCORE_ROLE_CONTROL ? "ctl" : "lcore", m->lcore_id % 100000u);
+	(void)pthread_setname_np(lc->thread, name);
 	pthread_mutex_lock(&lc->mu);
 	while (!lc->thread_started)
 		pthread_cond_wait(&lc->cv, &lc->mu);
@@ -484,8 +488,14 @@ static int lcore_sleep(struct kvx_lcore *lc, uint64_t timeout_ns)
 		tsp = &ts;
 	}
 	int r = ppoll(pf, 1 + lc->n_wait_fd, tsp, NULL);
-	bool woken = kvx_waiter_finish(&lc->waiter);
-	return woken || r > 0 ? 1 : 0;
+	/* Drain the eventfd only when it polled readable: no read(2) after a timer or a wait fd.
+	 * A waker that swapped sleeping to 0 and writes after this leaves it readable; the next
+	 * sleep then returns at once (a stale wake, never a lost one). */
+	if (r > 0 && (pf[0].revents & POLLIN))
+		(void)kvx_waiter_finish(&lc->waiter);
+	else
+		kvx_waiter_cancel(&lc->waiter);
+	return r > 0 ? 1 : 0;
 }
 
 int kvx_lcore_poll_loop(void *arg)
@@ -503,8 +513,6 @@ int kvx_lcore_poll_loop(void *arg)
 		if (lc->timers && kvx_timer_heap_next_ns(lc->timers) <= now) {
 			unsigned ran = kvx_timer_heap_run(lc->timers, now);
 			st_add(&lc->st_timers_run, ran);
-			if (ran)
-				busy = KVX_POLL_BUSY;
 			now = kvx_now_ns();
 		}
 		kvx_rcu_quiescent();
@@ -518,6 +526,9 @@ int kvx_lcore_poll_loop(void *arg)
 		}
 		st_add(&lc->st_idle_ns, now - t_prev);
 		t_prev = now;
+		/* Timers that ran are not work by themselves: what a callback started is found by
+		 * the re-check before the sleep below (BUSY there restarts the spin), so a periodic
+		 * timer on an idle lcore costs one wake, its callback and two polls, no spin. */
 		empty++;
 		uint32_t spin = lc->idle.spin_polls ? lc->idle.spin_polls : KVX_LCORE_SPIN_POLLS;
 		uint32_t backoff = lc->idle.backoff_polls ? lc->idle.backoff_polls : KVX_LCORE_BACKOFF_POLLS;

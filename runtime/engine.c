@@ -519,7 +519,10 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		if ((rc = eng_poller_wait_init(e, po)))
 			return rc;
 		if (e->p.idle == KVX_ENGINE_IDLE_ADAPTIVE) {
-			struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = 1000000ull};
+			/* No periodic wake: the deadline scan timer (poller.c) bounds a sleep only
+			 * while there is something to time out. */
+			struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE,
+							   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
 			kvx_lcore_set_idle(po->lc, &ip);
 		}
 	}
@@ -638,6 +641,7 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 		free(po->owned);
 		if (po->wfd >= 0)
 			close(po->wfd);
+		kvx_timer_heap_destroy(po->timers);
 		free(po);
 	}
 	kvx_xfer_table_destroy(e->reg);
@@ -698,6 +702,8 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 		struct kvx_engine_lcore_stats *o = &st->lcores[st->n_lcores++];
 		o->lcore_id = kvx_lcore_id(po->lc);
 		o->utilization = ls.util_pct / 100.0;
+		o->sleeps = ls.sleeps;
+		o->wakeups = ls.wakeups;
 		o->bytes = atomic_load_explicit(&po->st_bytes, memory_order_relaxed);
 		o->ops = atomic_load_explicit(&po->st_ops, memory_order_relaxed);
 		o->transfers = atomic_load_explicit(&po->st_transfers, memory_order_relaxed);

@@ -284,7 +284,10 @@ struct poller {
 	int wfd;
 	bool ctx_wait; /* poller 0: a context's progress fd is in wfd */
 	bool gated;    /* this poll found a layer gate closed (polled, no fd wakes it) */
-	uint64_t next_scan_ns;
+	/* The lcore's timer heap (kvx_lcore_attach_timers()) and its one timer: the deadline scan,
+	 * armed only while the poller has live transfers or connections with ops outstanding. */
+	struct kvx_timer_heap *timers;
+	struct kvx_timer scan;
 	uint32_t n_fence_pending;
 	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;

@@ -1141,8 +1141,26 @@ static void rehs_scan(struct poller *po)
 			hs_ask(po, c->pr);
 }
 
+/* Deadline scan period while a poller has live transfers or ops outstanding: how late a
+ * transfer timeout, a quarantine or an owed re-handshake is noticed. */
+#define SCAN_NS 1000000ull
+
+static void scan_tick(struct kvx_timer *t, void *arg)
+{
+	(void)t;
+	struct poller *po = arg;
+	scan_timeouts(po, kvx_now_ns());
+	rehs_scan(po);
+}
+
 int eng_poller_wait_init(struct kvx_engine *e, struct poller *po)
 {
+	int rc = kvx_timer_heap_create(4, &po->timers);
+	if (rc)
+		return rc;
+	kvx_timer_init(&po->scan, scan_tick, po);
+	if ((rc = kvx_lcore_attach_timers(po->lc, po->timers)))
+		return rc;
 	po->wfd = epoll_create1(EPOLL_CLOEXEC);
 	if (po->wfd < 0)
 		return -errno;
@@ -1218,16 +1236,14 @@ int eng_poll_fn(void *arg)
 				busy |= kvx_xport_progress(e->xctx[i]) > 0;
 		fence_confirm(po, cut);
 	}
-	uint64_t now = kvx_now_ns();
-	if (now >= po->next_scan_ns) {
-		po->next_scan_ns = now + 1000000ull;
-		scan_timeouts(po, now);
-		rehs_scan(po);
-	}
-	/* Idle sleeps are capped at 1 ms (kvx_engine_start), which bounds how late a deadline is
-	 * noticed. Sockets wake the sleep through po->wfd: with ops waiting on them, or live
-	 * transfers the tcp target serves, sleep at once instead of spinning; not while a layer
-	 * gate (a flag or a device event, polled) holds a write back. */
+	/* Deadlines: the scan timer bounds the lcore's sleep (it has no other cap, kvx_engine_start)
+	 * while there is something to time out; an idle poller arms nothing and sleeps until its
+	 * rings (waiter), its readiness fds (po->wfd) or a stop wake it. */
+	if ((po->n_live || po->plist) && !kvx_timer_is_armed(&po->scan))
+		(void)kvx_timer_arm(po->timers, &po->scan, kvx_now_ns() + SCAN_NS); /* heap holds 4 */
+	/* Sockets wake the sleep through po->wfd: with ops waiting on them, or live transfers the
+	 * tcp target serves, sleep at once instead of spinning; not while a layer gate (a flag or
+	 * a device event, polled at each scan) holds a write back. */
 	if (busy)
 		return KVX_POLL_BUSY;
 	return (wait || (po->ctx_wait && po->n_live)) && !po->gated ? KVX_POLL_WAIT : KVX_POLL_IDLE;

@@ -333,6 +333,10 @@ struct kvx_engine_lcore_stats {
 	uint64_t transfers;      /**< Transfers finished on this lcore. */
 	uint64_t failures;       /**< Transfers that failed or timed out. */
 	double utilization;      /**< Busy polls / all polls since start, 0..1. */
+	uint64_t sleeps;         /**< Idle sleeps ended since start (adaptive policy): an idle
+	                              engine with nothing due adds none. */
+	uint64_t wakeups;        /**< Of those, ended by a submission, a control message, a socket
+	                              or a stop (the others by its deadline scan timer). */
 };
 
 /** Per peer statistics. */

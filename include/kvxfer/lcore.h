@@ -77,6 +77,10 @@ enum kvx_lcore_idle {
 #define KVX_LCORE_BACKOFF_POLLS 64u
 /** Default longest sleep of an adaptive lcore without any wake, ns (100 ms). */
 #define KVX_LCORE_MAX_SLEEP_NS 100000000ull
+/** kvx_lcore_idle_params.max_sleep_ns: no cap. The sleep ends only on a wake (a ring producer,
+ *  kvx_lcore_wake(), kvx_lcore_stop()), a readable wait fd or the attached heap's next timer
+ *  deadline: an lcore with nothing due makes no periodic wake-up at all. */
+#define KVX_LCORE_SLEEP_NO_CAP UINT64_MAX
 
 /** Role of an lcore in a set. */
 enum kvx_lcore_role {
@@ -597,7 +601,8 @@ struct kvx_lcore_idle_params {
 	uint32_t spin_polls;        /**< Empty polls spun before backoff (0 = KVX_LCORE_SPIN_POLLS). */
 	uint32_t backoff_polls;     /**< Empty polls with sched_yield before sleeping
 	                                 (0 = KVX_LCORE_BACKOFF_POLLS). */
-	uint64_t max_sleep_ns;      /**< Longest sleep without a wake, ns (0 = KVX_LCORE_MAX_SLEEP_NS). */
+	uint64_t max_sleep_ns;      /**< Longest sleep without a wake, ns (0 = KVX_LCORE_MAX_SLEEP_NS,
+	                                 KVX_LCORE_SLEEP_NO_CAP = until a wake, a wait fd or a timer). */
 };
 
 /**
@@ -636,7 +641,8 @@ struct kvx_lcore_stats {
 	uint64_t busy_ns;     /**< Time in busy iterations, ns. */
 	uint64_t idle_ns;     /**< Time in idle iterations, backoff and sleep included, ns. */
 	uint64_t sleeps;      /**< Times the loop slept on its waiter (ADAPTIVE). */
-	uint64_t wakeups;     /**< Sleeps ended by an eventfd wake (the others timed out). */
+	uint64_t wakeups;     /**< Sleeps ended by the waiter's eventfd or a readable wait fd (the
+	                           others timed out: a timer deadline or max_sleep_ns). */
 	uint64_t timers_run;  /**< Timer callbacks run by the loop (attached heap). */
 	double util_pct;      /**< 100 * busy_ns / (busy_ns + idle_ns); 0 if no time yet. */
 };
@@ -699,7 +705,9 @@ struct kvx_timer_heap;
 /**
  * Attach a timer heap to an lcore: its poll loop runs expired timers every iteration and
  * bounds its sleeps by the next deadline. The heap stays owned by the caller and is then
- * used only by that lcore's thread.
+ * used only by that lcore's thread. Timers that ran do not count as work: work a callback
+ * started is found by the pollers' re-check before the next sleep (and restarts the spin
+ * then), so a periodic timer on an idle lcore costs one wake, its callback and two polls.
  *
  * @param lc        Lcore; not NULL.
  * @param heap      Heap, or NULL to detach.

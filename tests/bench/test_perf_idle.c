@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * kvxfer-perf idle through the real binary: it starts a real engine, reports its idle CPU, and
- * takes every first-post sample from a sleeping poller (so the poller slept at least once per
- * sample and the samples are as many as asked). No speed is asserted.
+ * kvxfer-perf idle through the real binary: it starts a real engine, reports its idle CPU (two
+ * ways) and its pollers' wake-ups, and takes every first-post sample from a sleeping poller or
+ * from the sleeping eventfd peer, alternately (so each sample ends a sleep and the samples are
+ * as many as asked). No speed is asserted.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,15 +36,29 @@ Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_
 	cr_assert_str_eq(json_string_value(json_object_get(e, "transport")), "tcp");
 	cr_assert(json_is_real(json_object_get(e, "cpu_pct_of_core")));
 	cr_assert_geq(json_real_value(json_object_get(e, "cpu_pct_of_core")), 0.0);
-	cr_assert_eq(json_integer_value(json_object_get(fp, "samples")), 25);
+	cr_assert(json_is_real(json_object_get(e, "ticks_pct_of_core")));
+	cr_assert(json_is_array(json_object_get(e, "threads")));
+	json_int_t psl = json_integer_value(json_object_get(e, "poll_sleeps"));
+	json_int_t pwk = json_integer_value(json_object_get(e, "poll_wakeups"));
+	cr_assert(json_is_integer(json_object_get(e, "poll_sleeps")) && pwk <= psl, "%lld wakeups, %lld sleeps",
+		  (long long)pwk, (long long)psl);
+	/* 25 samples alternate: 13 from the lcore, 12 from the eventfd peer. */
+	cr_assert_eq(json_integer_value(json_object_get(fp, "samples")), 13);
 	json_int_t sleeps = json_integer_value(json_object_get(fp, "sleeps"));
 	json_int_t wakeups = json_integer_value(json_object_get(fp, "wakeups"));
-	cr_assert_geq(sleeps, 25, "each sample starts from a sleep: %lld sleeps", (long long)sleeps);
-	cr_assert(wakeups >= 1 && wakeups <= sleeps, "%lld wakeups for %lld sleeps", (long long)wakeups,
-		  (long long)sleeps);
+	cr_assert_geq(sleeps, 13, "each sample starts from a sleep: %lld sleeps", (long long)sleeps);
+	/* No sleep cap and no timer: every sleep ended by a wake. */
+	cr_assert_eq(wakeups, sleeps, "%lld wakeups for %lld sleeps", (long long)wakeups, (long long)sleeps);
 	double p50 = json_real_value(json_object_get(fp, "p50_us")), p99 = json_real_value(json_object_get(fp, "p99_us"));
 	double mx = json_real_value(json_object_get(fp, "max_us"));
 	cr_assert(p50 > 0 && p50 <= p99 && p99 <= mx, "percentiles out of order: %f %f %f", p50, p99, mx);
+	json_t *pe = json_object_get(j, "peer_eventfd");
+	cr_assert_eq(json_integer_value(json_object_get(pe, "samples")), 12);
+	p50 = json_real_value(json_object_get(pe, "p50_us"));
+	p99 = json_real_value(json_object_get(pe, "p99_us"));
+	mx = json_real_value(json_object_get(pe, "max_us"));
+	cr_assert(p50 > 0 && p50 <= p99 && p99 <= mx, "peer percentiles out of order: %f %f %f", p50, p99, mx);
+	cr_assert(json_is_real(json_object_get(j, "ratio_p99")));
 	json_decref(j);
 	unlink(json);
 	unlink(log);

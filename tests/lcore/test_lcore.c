@@ -22,6 +22,9 @@ TestSuite(lcore, .timeout = 60.0);
 
 static char g_err[KVX_LCORE_ERRLEN];
 
+/* One no-lost-wake-up round's deadline: only a lost wake-up (no sleep cap) can exceed it. */
+#define ET_ROUND_NS 10000000000ull
+
 /* Poll a condition with a bounded deadline (not a sleep used as synchronisation). */
 #define WAIT_UNTIL(cond, timeout_ms)                                                             \
 	({                                                                                       \
@@ -580,6 +583,206 @@ Test(lcore, adaptive_sleep_is_bounded_by_attached_timer)
 	cr_assert_not(kvx_timer_is_armed(&t));
 	kvx_lcore_set_destroy(set);
 	kvx_timer_heap_destroy(h);
+}
+
+/* The thread's scheduler state from /proc/self/task/TID/stat: 'S' while it is blocked in a
+ * syscall (the loop blocks only in its sleep's ppoll), 'R' while it runs or is runnable. */
+static char task_state(pid_t tid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	FILE *f = fopen(path, "re");
+	cr_assert_not_null(f);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')');
+	cr_assert_not_null(p);
+	return p[2];
+}
+
+/* Asleep: the flag is up and the thread is blocked (the re-check poll after the flag is done). */
+static bool blocked_asleep(struct kvx_lcore *lc)
+{
+	return atomic_load(&kvx_lcore_waiter(lc)->sleeping) == 1 && task_state(kvx_lcore_tid(lc)) == 'S';
+}
+
+Test(lcore, adaptive_no_cap_with_nothing_due_makes_no_wakeup)
+{
+	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	struct counting_poller cp = {.rp = {.r = ring_for(lc)}};
+	int wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); /* a wait fd, as an engine poller has */
+	cr_assert_geq(wfd, 0);
+	struct kvx_timer_heap *h;
+	cr_assert_eq(kvx_timer_heap_create(0, &h), 0);
+	cr_assert_eq(kvx_lcore_attach_timers(lc, h), 0); /* attached, nothing armed */
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 100, .backoff_polls = 10,
+					   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_lcore_add_wait_fd(lc, wfd), 0);
+	cr_assert_eq(kvx_poller_register(lc, counting_poll, &cp, "inbox", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000), "never went to sleep");
+	struct kvx_lcore_stats st0, st;
+	kvx_lcore_stats_get(lc, &st0);
+	uint64_t c0 = atomic_load(&cp.calls);
+	/* An observation window for the absence of wake-ups (nothing waits on it). */
+	struct timespec window = {1, 500000000};
+	nanosleep(&window, NULL);
+	kvx_lcore_stats_get(lc, &st);
+	cr_assert_eq(st.sleeps, st0.sleeps, "%lu sleeps ended with nothing due", (unsigned long)(st.sleeps - st0.sleeps));
+	cr_assert_eq(st.wakeups, st0.wakeups);
+	cr_assert_eq(st.loops, st0.loops, "the loop went round %lu times", (unsigned long)(st.loops - st0.loops));
+	cr_assert_eq(atomic_load(&cp.calls), c0, "the poller was called while nothing was due");
+	cr_assert(blocked_asleep(lc));
+	/* One producer: exactly one wake-up, then asleep again with no other. */
+	cr_assert_eq(kvx_ring_enqueue_sp(cp.rp.r, (void *)1), 0);
+	cr_assert(WAIT_UNTIL(atomic_load(&cp.rp.got) == 1, 10000), "not woken by the producer");
+	cr_assert(WAIT_UNTIL((kvx_lcore_stats_get(lc, &st), st.sleeps == st0.sleeps + 1) && blocked_asleep(lc), 20000));
+	cr_assert_eq(st.wakeups, st0.wakeups + 1);
+	cr_assert_eq(st.timers_run, 0);
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	kvx_lcore_set_destroy(set);
+	kvx_timer_heap_destroy(h);
+	kvx_ring_destroy(cp.rp.r);
+	close(wfd);
+}
+
+struct rearm_timer {
+	struct kvx_timer_heap *h;
+	_Atomic uint64_t fired;
+	uint64_t period_ns;
+	uint32_t left; /* re-arms after this fire */
+};
+
+static void rearm_cb(struct kvx_timer *t, void *arg)
+{
+	struct rearm_timer *rt = arg;
+	atomic_fetch_add(&rt->fired, 1);
+	if (rt->left) {
+		rt->left--;
+		cr_assert_eq(kvx_timer_arm(rt->h, t, kvx_now_ns() + rt->period_ns), 0);
+	}
+}
+
+Test(lcore, adaptive_timer_wakes_only_when_due_and_restarts_no_spin)
+{
+	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	struct counting_poller cp = {.rp = {.r = ring_for(lc)}};
+	struct kvx_timer_heap *h;
+	cr_assert_eq(kvx_timer_heap_create(0, &h), 0);
+	/* Five fires 20 ms apart (a timer the loop runs: the engine's deadline scan), then none. */
+	struct rearm_timer rt = {.h = h, .period_ns = 20000000ull, .left = 4};
+	struct kvx_timer t;
+	kvx_timer_init(&t, rearm_cb, &rt);
+	cr_assert_eq(kvx_timer_arm(h, &t, kvx_now_ns() + rt.period_ns), 0);
+	cr_assert_eq(kvx_lcore_attach_timers(lc, h), 0);
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 100, .backoff_polls = 10,
+					   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_poller_register(lc, counting_poll, &cp, "inbox", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	cr_assert(WAIT_UNTIL(atomic_load(&rt.fired) == 5 && !kvx_timer_is_armed(&t) && blocked_asleep(lc), 20000),
+		  "five fires, then asleep with nothing armed");
+	struct kvx_lcore_stats st0, st;
+	kvx_lcore_stats_get(lc, &st0);
+	uint64_t c0 = atomic_load(&cp.calls);
+	struct timespec window = {1, 0}; /* observation window for the absence of wake-ups */
+	nanosleep(&window, NULL);
+	kvx_lcore_stats_get(lc, &st);
+	cr_assert_eq(st.sleeps, st0.sleeps, "woke with no timer armed");
+	cr_assert_eq(atomic_load(&cp.calls), c0);
+	cr_assert_eq(atomic_load(&rt.fired), 5);
+	cr_assert_eq(st.timers_run, 5);
+	cr_assert_eq(st.wakeups, 0, "every sleep ended at a timer deadline, none by a wake");
+	/* Before the first sleep: 100 spins, 10 yields, the poll that decides to sleep and its
+	 * re-check (112 polls). After each timed wake: the poll that wakes and the re-check, no
+	 * spin restarted by the timer (that would add 110 polls per fire). A fire that fell due
+	 * while the loop was still spinning (a loaded machine) has no sleep of its own. */
+	cr_assert(st.sleeps >= 1 && st.sleeps <= 5, "%lu sleeps for 5 fires", (unsigned long)st.sleeps);
+	cr_assert_leq(c0, 112 + 2 * 5, "%lu polls: the timers restarted the spin", (unsigned long)c0);
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	kvx_lcore_set_destroy(set);
+	kvx_timer_heap_destroy(h);
+	kvx_ring_destroy(cp.rp.r);
+}
+
+/* Producer rounds against a loop that goes back to sleep after one empty poll: every enqueue
+ * races with the consumer's prepare / re-check / sleep. No sleep cap: a lost wake-up would hang
+ * its round, and the round's deadline turns that into a failure. The producer runs on another
+ * CPU than the lcore where there is one (on the lcore's CPU it would only ever enqueue while
+ * the consumer is preempted, never inside its prepare window), and the rounds go on until at
+ * least MIN_WAKES of them found the consumer asleep or preparing to sleep. */
+static void no_lost_wake_rounds(bool with_wait_fd)
+{
+	struct kvx_lcore_set *set = make_set(1, KVX_LCORE_DEFAULT_F_NO_CONTROL, KVX_LCORE_IDLE_ADAPTIVE);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	struct ring_poller rp = {.r = ring_for(lc)};
+	int wfd = -1;
+	if (with_wait_fd) { /* the ppoll over waiter + wait fds path (engine pollers) */
+		wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		cr_assert_geq(wfd, 0);
+		cr_assert_eq(kvx_lcore_add_wait_fd(lc, wfd), 0);
+	}
+	cpu_set_t lc_cpus, mine, other;
+	kvx_lcore_cpus(lc, &lc_cpus);
+	cr_assert_eq(sched_getaffinity(0, sizeof(mine), &mine), 0);
+	CPU_ZERO(&other);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &mine) && !CPU_ISSET(c, &lc_cpus))
+			CPU_SET(c, &other);
+	bool parallel = CPU_COUNT(&other) > 0 && sched_setaffinity(0, sizeof(other), &other) == 0;
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .spin_polls = 1, .backoff_polls = 1,
+					   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_poller_register(lc, ring_poll, &rp, "inbox", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	enum { ROUNDS = 20000, MIN_WAKES = 200, MAX_ROUNDS = 1000000 };
+	uint64_t seed = 0x9e3779b97f4a7c15ull, w0 = kvx_waiter_wake_count(kvx_lcore_waiter(lc)), wakes = 0;
+	uintptr_t round;
+	for (round = 1; round <= ROUNDS || (parallel && wakes < MIN_WAKES); round++) {
+		cr_assert(round <= MAX_ROUNDS, "%d rounds, only %lu met a sleeping consumer", MAX_ROUNDS,
+			  (unsigned long)wakes);
+		seed ^= seed << 13;
+		seed ^= seed >> 7;
+		seed ^= seed << 17;
+		/* Mostly 0-127 pause hints (the consumer's way from its last dequeue to the sleep
+		 * is a few microseconds), one round in eight 0-4095: land before, inside or after
+		 * its prepare. */
+		for (uint64_t k = (seed & 7) == 0 ? (seed >> 3) & 4095 : (seed >> 3) & 127; k; k--)
+			kvx_lcore_pause_impl();
+		cr_assert_eq(kvx_ring_enqueue_sp(rp.r, (void *)round), 0);
+		uint64_t dl = kvx_now_ns() + ET_ROUND_NS;
+		while (atomic_load_explicit(&rp.got, memory_order_acquire) != round) {
+			cr_assert(kvx_now_ns() < dl, "round %lu: the submission was never seen (lost wake-up)",
+				  (unsigned long)round);
+			sched_yield();
+		}
+		wakes = kvx_waiter_wake_count(kvx_lcore_waiter(lc)) - w0;
+	}
+	cr_log_info("%lu rounds (producer %s the lcore's CPU), %lu of them woke a sleeping (or preparing) consumer",
+		    (unsigned long)(round - 1), parallel ? "off" : "on", (unsigned long)wakes);
+	cr_assert_eq(atomic_load(&rp.last), round - 1);
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	kvx_lcore_set_destroy(set);
+	kvx_ring_destroy(rp.r);
+	if (wfd >= 0)
+		close(wfd);
+}
+
+Test(lcore, adaptive_no_lost_wakeup_submit_while_going_to_sleep)
+{
+	no_lost_wake_rounds(false);
+}
+
+Test(lcore, adaptive_no_lost_wakeup_submit_while_going_to_sleep_with_wait_fd)
+{
+	no_lost_wake_rounds(true);
 }
 
 Test(lcore, explicit_wake_and_stop_from_any_thread)

@@ -12,6 +12,7 @@
 #else
 #include <criterion/criterion.h>
 #endif
+#include <dirent.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,6 +301,142 @@ Test(runtime_engine, d_silent_producer_times_out_and_sends_nothing)
 	cr_assert_eq(st.notifications_sent, 0);
 	cr_assert_eq(st.transfers_timed_out, 1);
 	cr_assert_eq(s.released, 1);
+	eng_free(&D);
+	close(ls);
+}
+
+/* Every polling lcore thread of this process (named "kvx-lcore-N", lcore/lcore.c) is blocked
+ * ('S' in /proc/self/task/TID/stat; a poll loop blocks only in its idle sleep). Counts them. */
+static bool pollers_blocked(unsigned *n_out)
+{
+	DIR *d = opendir("/proc/self/task");
+	cr_assert_not_null(d);
+	bool all = true;
+	unsigned n = 0;
+	for (struct dirent *de; (de = readdir(d));) {
+		if (de->d_name[0] == '.')
+			continue;
+		char path[64], buf[512];
+		snprintf(path, sizeof(path), "/proc/self/task/%d/stat", atoi(de->d_name));
+		FILE *f = fopen(path, "re");
+		if (!f)
+			continue; /* a thread that just exited */
+		size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[len] = '\0';
+		const char *l = strchr(buf, '('), *r = strrchr(buf, ')');
+		if (!l || !r || strncmp(l + 1, "kvx-lcore-", 10))
+			continue;
+		n++;
+		all &= r[2] == 'S';
+	}
+	closedir(d);
+	*n_out = n;
+	return all && n;
+}
+
+static bool pollers_blocked_within(uint64_t timeout_ns, unsigned *n)
+{
+	uint64_t end = kvx_now_ns() + timeout_ns;
+	while (!pollers_blocked(n)) {
+		if (kvx_now_ns() >= end)
+			return false;
+		usleep(1000);
+	}
+	return true;
+}
+
+static void poller_sleeps(struct kvx_engine *e, uint64_t *sleeps, uint64_t *wakeups)
+{
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(e, &st);
+	*sleeps = *wakeups = 0;
+	for (uint32_t i = 0; i < st.n_lcores; i++) {
+		*sleeps += st.lcores[i].sleeps;
+		*wakeups += st.lcores[i].wakeups;
+	}
+}
+
+Test(runtime_engine, idle_pollers_make_no_wakeup_until_a_submission)
+{
+	int ls = socket(AF_INET, SOCK_STREAM, 0); /* a producer that never speaks (as in d) */
+	cr_assert_geq(ls, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(ls, 8), 0);
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+	uint16_t port = ntohs(a.sin_port);
+	struct kvx_engine_params dp;
+	struct eng D;
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.transfer_timeout_ms = 300;
+	dp.handshake_timeout_ms = 3000;
+	eng_start(&D, &dp, 0);
+	unsigned n;
+	cr_assert(pollers_blocked_within(20000000000ull, &n), "the idle pollers never went to sleep");
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(D.e, &st);
+	cr_assert_eq(n, st.n_lcores, "one blocked thread per polling lcore");
+	uint64_t s0, w0, s1, w1;
+	poller_sleeps(D.e, &s0, &w0);
+	/* An observation window for the absence of wake-ups (nothing waits on it). No sleep cap,
+	 * no deadline to scan: an idle poller's sleep never ends by itself. */
+	usleep(1500000);
+	poller_sleeps(D.e, &s1, &w1);
+	cr_assert_eq(s1, s0, "%llu sleeps of idle pollers ended in 1.5 s", (unsigned long long)(s1 - s0));
+	cr_assert_eq(w1, w0);
+	cr_assert(pollers_blocked(&n));
+	/* A submission wakes its poller at once (the submission ring's waiter); the transfer's
+	 * deadline is then scanned without any cap on the sleeps (it times out, as in d). */
+	struct kvx_engine_read r = {.transfer_id = "tx-idle",
+				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
+				    .local_blocks = (uint32_t[]){1},
+				    .remote_blocks = (uint32_t[]){1},
+				    .n = 1};
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen s = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-idle", &s, true, 20000000000ull));
+	cr_assert_eq(s.transfer, KVX_CPL_TIMED_OUT);
+	poller_sleeps(D.e, &s1, &w1);
+	cr_assert_geq(w1, w0 + 1, "the submission did not end its poller's sleep");
+	eng_free(&D);
+	close(ls);
+}
+
+Test(runtime_engine, busy_pollers_scan_deadlines_silent_producer_times_out)
+{
+	/* --idle busy: the pollers never sleep; the deadline scan timer still runs in their loop. */
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	cr_assert_geq(ls, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(listen(ls, 8), 0);
+	socklen_t al = sizeof(a);
+	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+	uint16_t port = ntohs(a.sin_port);
+	struct kvx_engine_params dp;
+	struct eng D;
+	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
+	dp.idle = KVX_ENGINE_IDLE_BUSY;
+	dp.transfer_timeout_ms = 300;
+	dp.handshake_timeout_ms = 3000;
+	eng_start(&D, &dp, 0);
+	struct kvx_engine_read r = {.transfer_id = "tx-busy",
+				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
+				    .local_blocks = (uint32_t[]){1},
+				    .remote_blocks = (uint32_t[]){1},
+				    .n = 1};
+	uint64_t t0 = kvx_now_ns();
+	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
+	struct seen s = {.transfer = -1};
+	cr_assert(wait_for(D.e, "tx-busy", &s, true, 20000000000ull));
+	cr_assert_eq(s.transfer, KVX_CPL_TIMED_OUT);
+	cr_assert_eq(s.error, -ETIMEDOUT);
+	cr_assert_geq(s.at_ns - t0, 300000000ull, "reported before the transfer timeout");
+	uint64_t sl, wk;
+	poller_sleeps(D.e, &sl, &wk);
+	cr_assert_eq(sl, 0, "a busy poller never sleeps");
 	eng_free(&D);
 	close(ls);
 }
