@@ -65,9 +65,11 @@ Test(transport_shm, connect_without_ptrace_permission_is_eperm_naming_sysctl, .i
 		target(sv[1]);
 	}
 	close(sv[1]);
-	/* The initiator: same uid as the target, no CAP_SYS_PTRACE. */
+	/* The initiator: same uid as the target, no CAP_SYS_PTRACE; dumpable again after the uid
+	 * change, so the target may read its busy word at accept (the refusal is one-way). */
 	cr_assert_eq(setresgid(NOBODY, NOBODY, NOBODY), 0);
 	cr_assert_eq(setresuid(NOBODY, NOBODY, NOBODY), 0);
+	cr_assert_eq(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
 	struct kvx_xport_ctx *ctx = NULL;
 	cr_assert_eq(kvx_xport_open("shm", NULL, &ctx), 0);
 	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
