@@ -680,6 +680,7 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	st->duplicates_rejected = e->st_dup;
 	st->fences = atomic_load_explicit(&m->st_fences, memory_order_relaxed);
 	st->peer_resets = atomic_load_explicit(&m->st_peer_resets, memory_order_relaxed);
+	st->writer_holds = atomic_load_explicit(&m->st_writer_holds, memory_order_relaxed);
 	/* xctx[] is fixed once started; the counters are atomics of the target's progress poller. */
 	for (uint32_t k = 0; k < e->n_xctx; k++) {
 		struct kvx_xport_counters xc;

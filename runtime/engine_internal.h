@@ -375,6 +375,7 @@ struct kvx_engine {
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
 	/* Counters: relaxed adds by the pollers and the control thread; read by any thread. */
+	_Atomic uint64_t st_writer_holds; /* pollers: D WRITE releases put off (poller.c report()) */
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;
 	uint64_t st_dup, st_nobufs; /* app thread */

@@ -215,6 +215,7 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 		if (!x->busy_hold) {
 			x->busy_hold = true;
 			po->n_busy_hold++;
+			atomic_fetch_add_explicit(&e->st_writer_holds, 1, memory_order_relaxed);
 		}
 	} else if (release_now && x->busy_hold) {
 		x->busy_hold = false;

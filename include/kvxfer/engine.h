@@ -357,6 +357,9 @@ struct kvx_engine_stats {
 	uint64_t notifications_received; /**< Valid notifications received. */
 	uint64_t fences;                /**< Fences: target endpoints torn down at a P READ defer timeout or a D WRITE quarantine expiry. */
 	uint64_t peer_resets;           /**< Peers whose endpoint entered error state (re-handshaken). */
+	uint64_t writer_holds;          /**< D WRITE block releases put off because a producer's shm copy
+	                                     under the revoked lease was still running (its busy word,
+	                                     docs/protocol.md §5.11); released at a later tick. */
 	uint64_t data_auth_refused;     /**< tcp data plane: connections to this engine's data listener
 	                                     closed because their hello did not name an endpoint of it
 	                                     or did not prove the endpoint's secret (the transport's

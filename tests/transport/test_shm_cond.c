@@ -178,7 +178,7 @@ static void *poll_thread(void *arg)
 Test(transport_shm_cond, owner_sees_copy_in_flight_until_it_returns_then_later_copy_is_stale)
 {
 	skip_unless_available("shm");
-	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK); /* poll() needs it */
 	if (uffd < 0)
 		cr_skip_test("userfaultfd unavailable (%s): cannot hold a copy in flight", strerror(errno));
 	struct uffdio_api api = {.api = UFFD_API};
