@@ -42,11 +42,13 @@
  * meanwhile, docs/architecture.md §3.2). A WRITE consumer whose quarantine (below) ends
  * without the producer's answer fences its writers the same way before the blocks come back
  * when a transport without per-op lease checks carries them (verbs; tcp refuses a late write
- * at the target instead), counted in stats.fences too. shm
- * cannot be fenced by the target (the consumer reads with process_vm_readv under the
- * same-host, same-user trust model, docs/architecture.md §3): there the release relies on the consumer
- * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
- * transfer_timeout_ms.
+ * at the target instead), counted in stats.fences too. shm cannot be fenced by the target (a
+ * peer copies with process_vm_readv/writev under the same-host, same-user trust model,
+ * docs/architecture.md §3), so its writers check the consumer's lease word right before every
+ * copy and publish the copy in a busy word of their own; a WRITE consumer hands revoked blocks
+ * back only once no writer's busy word shows its revoked lease (stats.writer_holds counts the
+ * releases put off; docs/protocol.md §5.11). A P READ over shm still relies on the consumer's
+ * own lease reads (its DONE needs the lease unchanged after its last read).
  *
  * Block leases (docs/protocol.md §5.11, docs/architecture.md §3.1): the owner of the memory grants
  * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
