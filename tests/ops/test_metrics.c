@@ -31,6 +31,35 @@ static bool have_curl(void)
 	return system("command -v curl >/dev/null 2>&1") == 0;
 }
 
+/* Skip the test without curl; else parameters for a producer and a consumer in @p mode
+ * (et_params() defaults), each with a metrics endpoint on an ephemeral loopback port where
+ * asked. The caller adjusts them and starts the engines. */
+static void metrics_params(struct kvx_engine_params *pp, struct kvx_engine_params *dp, enum kvx_sched_mode mode,
+			   bool p_metrics, bool d_metrics)
+{
+	if (!have_curl())
+		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
+	et_params(pp, KVX_SCHED_PRODUCER, mode);
+	et_params(dp, KVX_SCHED_CONSUMER, mode);
+	if (p_metrics)
+		pp->metrics_addr = "127.0.0.1:0";
+	if (d_metrics)
+		dp->metrics_addr = "127.0.0.1:0";
+}
+
+/* A free loopback port at the time of the call (a caller that binds it retries on -EADDRINUSE;
+ * one that connects to it finds nothing listening). */
+static uint16_t free_port(void)
+{
+	int s = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
+	cr_assert_eq(getsockname(s, (struct sockaddr *)&a, &al), 0);
+	close(s);
+	return ntohs(a.sin_port);
+}
+
 /* GET http://ADDR/PATH with curl; body into @p buf; returns the HTTP code, or -curl_exit. */
 static int scrape(const char *addr, const char *path, char *buf, size_t cap)
 {
@@ -86,13 +115,8 @@ static void wait_value(struct et_eng *g, struct et_track *t, const char *addr, c
 
 Test(ops_metrics, counters_move_with_transfers_and_failures)
 {
-	if (!have_curl())
-		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
 	struct kvx_engine_params pp, dp;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	pp.metrics_addr = "127.0.0.1:0";
-	dp.metrics_addr = "127.0.0.1:0";
+	metrics_params(&pp, &dp, KVX_SCHED_MODE_READ, true, true);
 	dp.handshake_timeout_ms = 300;
 	dp.transfer_timeout_ms = 2000;
 	struct et_eng P, D;
@@ -114,18 +138,8 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 
 	/* One READ of 3 blocks. */
 	const uint32_t pb[3] = {1, 2, 3}, db[3] = {5, 6, 7};
-	struct kvx_engine_serve sv = {.transfer_id = "tx-m1", .local_blocks = pb, .n = 3};
-	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
-	struct kvx_engine_read r = {.transfer_id = "tx-m1",
-				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
-				    .local_blocks = db, .remote_blocks = pb, .n = 3};
-	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
 	struct et_track td = {0}, tp = {0};
-	et_follow(&td, "tx-m1");
-	et_follow(&tp, "tx-m1");
-	size_t i = et_expect_done(D.e, &td, "tx-m1", false);
-	et_expect_done(P.e, &tp, "tx-m1", true);
-	et_expect_blocks(&D, db, pb, 3, true);
+	size_t i = et_read_done(&P, &tp, &D, &td, "tx-m1", db, pb, 3, true);
 
 	wait_value(&D, &td, da, "kvxfer_transfers_total{outcome=\"done\"}", 1);
 	cr_assert_eq(value(g_body, "kvxfer_transfer_duration_seconds_count{outcome=\"done\"}"), 1, "%s", g_body);
@@ -178,16 +192,8 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	cr_assert_eq(value(g_body, "kvxfer_control_peer_frames_total{source=\"127.0.0.1\",kind=\"malformed\"}"), 0);
 
 	/* A READ from a port where nothing answers: not done, counted with its reason. */
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t al = sizeof(a);
-	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(getsockname(s, (struct sockaddr *)&a, &al), 0);
-	close(s);
-	uint16_t dead = ntohs(a.sin_port);
-	struct kvx_engine_read bad = {.transfer_id = "tx-m2",
-				      .peer = {.host = "127.0.0.1", .handshake_port = dead, .notify_port = dead},
-				      .local_blocks = db, .remote_blocks = pb, .n = 3};
+	uint16_t dead = free_port();
+	struct kvx_engine_read bad = {.transfer_id = "tx-m2", .peer = et_peer(dead, dead), .local_blocks = db, .remote_blocks = pb, .n = 3};
 	cr_assert_eq(kvx_xfer_read(D.e, &bad), 0);
 	size_t j = et_follow(&td, "tx-m2");
 	cr_assert(et_wait(D.e, &td, "tx-m2", false));
@@ -211,18 +217,6 @@ Test(ops_metrics, counters_move_with_transfers_and_failures)
 	cr_assert_eq(scrape(da, "/metrics", g_body, sizeof(g_body)), -7);
 	et_free(&D);
 	et_free(&P);
-}
-
-/* A free loopback port at the time of the call (the caller retries on -EADDRINUSE). */
-static uint16_t free_port(void)
-{
-	int s = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t al = sizeof(a);
-	cr_assert_eq(bind(s, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(getsockname(s, (struct sockaddr *)&a, &al), 0);
-	close(s);
-	return ntohs(a.sin_port);
 }
 
 /* A peer that holds no endpoint secret of the target: it connects to the tcp data listener at
@@ -254,12 +248,8 @@ static ssize_t refused_session(uint16_t port, const uint8_t *hello)
 
 Test(ops_metrics, refused_data_connections_are_counted)
 {
-	if (!have_curl())
-		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
 	struct kvx_engine_params pp, dp;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	pp.metrics_addr = "127.0.0.1:0";
+	metrics_params(&pp, &dp, KVX_SCHED_MODE_READ, true, false);
 	struct et_eng P, D;
 	int rc = -EADDRINUSE;
 	for (int i = 0; i < 20 && rc == -EADDRINUSE; i++) {
@@ -296,17 +286,7 @@ Test(ops_metrics, refused_data_connections_are_counted)
 
 	/* A real consumer's data connections prove the secret: READ 2 blocks, not counted. */
 	const uint32_t pb[2] = {4, 9}, db[2] = {1, 2};
-	struct kvx_engine_serve sv = {.transfer_id = "tx-auth", .local_blocks = pb, .n = 2};
-	cr_assert_eq(kvx_xfer_serve(P.e, &sv), 0);
-	struct kvx_engine_read r = {.transfer_id = "tx-auth",
-				    .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
-				    .local_blocks = db, .remote_blocks = pb, .n = 2};
-	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
-	et_follow(&td, "tx-auth");
-	et_follow(&tp, "tx-auth");
-	et_expect_done(D.e, &td, "tx-auth", false);
-	et_expect_done(P.e, &tp, "tx-auth", true);
-	et_expect_blocks(&D, db, pb, 2, true);
+	et_read_done(&P, &tp, &D, &td, "tx-auth", db, pb, 2, true);
 	wait_value(&P, &tp, pa, "kvxfer_transfers_total{outcome=\"done\"}", 1);
 	cr_assert_eq(value(g_body, data), 2, "%s", g_body);
 	et_free(&D);
@@ -318,12 +298,8 @@ Test(ops_metrics, pool_and_quarantine_gauges)
 	/* WRITE, one transfer object: D announces and aborts before P begins. P holds the
 	 * allocation and may still write, so D's blocks stay quarantined (defer timeout 60 s) and
 	 * the transfer keeps the only object until P answers. */
-	if (!have_curl())
-		cr_skip_test("curl is not installed (scripts/install-deps.sh installs it)");
 	struct kvx_engine_params pp, dp;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	dp.metrics_addr = "127.0.0.1:0";
+	metrics_params(&pp, &dp, KVX_SCHED_MODE_WRITE, false, true);
 	dp.defer_timeout_ms = 60000;
 	dp.max_transfers = 1;
 	struct et_eng P, D;
@@ -337,9 +313,8 @@ Test(ops_metrics, pool_and_quarantine_gauges)
 	cr_assert_eq(value(g_body, "kvxfer_transfer_pool_full_total"), 0, "%s", g_body);
 
 	const uint32_t dst[2] = {4, 5}, src[2] = {1, 2};
-	struct kvx_engine_announce an = {.transfer_id = "tx-q",
-					 .peer = {.host = "127.0.0.1", .handshake_port = P.hs, .notify_port = P.nt},
-					 .local_blocks = dst, .n = 2};
+	struct kvx_engine_announce an = {.transfer_id = "tx-q", .peer = et_peer(P.hs, P.nt), .local_blocks = dst,
+					 .n = 2};
 	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
 	cr_assert_eq(kvx_xfer_abort(D.e, "tx-q"), 0);
 	struct et_track td = {0}, tp = {0};
@@ -360,9 +335,7 @@ Test(ops_metrics, pool_and_quarantine_gauges)
 	cr_assert_eq(value(g_body, "kvxfer_transfers_quarantined"), 1, "%s", g_body);
 
 	/* P begins late: it sees the release, writes nothing and answers; D's blocks come out. */
-	struct kvx_engine_write w = {.transfer_id = "tx-q",
-				     .peer = {.host = "127.0.0.1", .handshake_port = D.hs, .notify_port = D.nt},
-				     .local_blocks = src, .n = 2};
+	struct kvx_engine_write w = {.transfer_id = "tx-q", .peer = et_peer(D.hs, D.nt), .local_blocks = src, .n = 2};
 	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
 	et_follow(&tp, "tx-q");
 	cr_assert(et_wait(P.e, &tp, "tx-q", true));

@@ -3,9 +3,11 @@
 #include "engine_test_util.h"
 
 #include <criterion/criterion.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -193,14 +195,20 @@ size_t et_expect_done(struct kvx_engine *e, struct et_track *t, const char *tid,
 	return k;
 }
 
-uint64_t et_bytes_moved(struct kvx_engine *e)
+/* Sum over the engine's lcores of their byte counters (ops false) or data-op counters (true). */
+static uint64_t lcore_sum(struct kvx_engine *e, bool ops)
 {
 	struct kvx_engine_stats st;
 	kvx_engine_get_stats(e, &st);
-	uint64_t b = 0;
+	uint64_t n = 0;
 	for (uint32_t i = 0; i < st.n_lcores; i++)
-		b += st.lcores[i].bytes;
-	return b;
+		n += ops ? st.lcores[i].ops : st.lcores[i].bytes;
+	return n;
+}
+
+uint64_t et_bytes_moved(struct kvx_engine *e)
+{
+	return lcore_sum(e, false);
 }
 
 void et_dealer_open(struct et_dealer *d, uint16_t port)
@@ -245,4 +253,135 @@ int et_read_all(int fd, void *b, size_t n)
 int et_write_all(int fd, const void *b, size_t n)
 {
 	return write(fd, b, n) == (ssize_t)n ? 0 : -1;
+}
+
+struct kvx_engine_peer et_peer(uint16_t hs, uint16_t nt)
+{
+	return (struct kvx_engine_peer){.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt};
+}
+
+void et_fill(struct et_eng *g, uint8_t v)
+{
+	for (uint32_t l = 0; l < ET_NL; l++)
+		memset(g->mem[l], v, 2 * ET_NB * ET_BLOCK);
+}
+
+/* Block b of g, in both planes of every layer, is v (src < 0) or the pattern of block src. */
+static bool block_holds(const struct et_eng *g, uint32_t b, int64_t src, uint8_t v)
+{
+	for (uint32_t l = 0; l < ET_NL; l++)
+		for (uint32_t pl = 0; pl < 2; pl++) {
+			uint8_t want = src >= 0 ? et_pattern(l, pl, (uint32_t)src) : v;
+			const uint8_t *p = et_block(g, l, pl, b);
+			for (uint32_t k = 0; k < ET_BLOCK; k++)
+				if (p[k] != want)
+					return false;
+		}
+	return true;
+}
+
+bool et_block_is(const struct et_eng *g, uint32_t b, uint8_t v)
+{
+	return block_holds(g, b, -1, v);
+}
+
+bool et_block_is_pattern(const struct et_eng *g, uint32_t b, uint32_t src)
+{
+	return block_holds(g, b, src, 0);
+}
+
+uint64_t et_ops_posted(struct kvx_engine *e)
+{
+	return lcore_sum(e, true);
+}
+
+bool et_notes_at_least(struct kvx_engine *e, void *arg)
+{
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(e, &st);
+	return st.notifications_received >= *(const uint64_t *)arg;
+}
+
+int et_write_layers(struct kvx_engine *e, const char *tid)
+{
+	for (uint32_t l = 0; l < ET_NL; l++) {
+		int rc = kvx_xfer_layer_ready(e, tid, l, NULL);
+		if (rc)
+			return rc;
+	}
+	return kvx_xfer_seal(e, tid, ET_NL);
+}
+
+size_t et_read_done(struct et_eng *p, struct et_track *tp, struct et_eng *d, struct et_track *td, const char *tid,
+		    const uint32_t *dst, const uint32_t *src, size_t n, bool others_zero)
+{
+	struct kvx_engine_serve sv = {.transfer_id = tid, .local_blocks = src, .n = n};
+	cr_assert_eq(kvx_xfer_serve(p->e, &sv), 0, "serve %s", tid);
+	et_follow(tp, tid);
+	struct kvx_engine_read r = {.transfer_id = tid, .peer = et_peer(p->hs, p->nt), .local_blocks = dst,
+				    .remote_blocks = src, .n = n};
+	cr_assert_eq(kvx_xfer_read(d->e, &r), 0, "read %s", tid);
+	et_follow(td, tid);
+	size_t k = et_expect_done(d->e, td, tid, false);
+	et_expect_done(p->e, tp, tid, true);
+	et_expect_blocks(d, dst, src, n, others_zero);
+	return k;
+}
+
+struct et_ports et_ports_of(const struct et_eng *g)
+{
+	return (struct et_ports){.hs = g->hs, .nt = g->nt};
+}
+
+void et_child_spawn(struct et_child *c, et_child_fn fn, void *arg)
+{
+	int down[2], up[2];
+	cr_assert_eq(pipe(down), 0);
+	cr_assert_eq(pipe(up), 0);
+	fflush(NULL); /* nothing buffered is written twice */
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(down[1]);
+		close(up[0]);
+		_exit(fn(arg, up[1], down[0]));
+	}
+	close(down[0]);
+	close(up[1]);
+	*c = (struct et_child){.pid = pid, .to = down[1], .from = up[0]};
+}
+
+void et_child_send(const struct et_child *c, const void *b, size_t n)
+{
+	cr_assert_eq(et_write_all(c->to, b, n), 0, "write to child %d failed", (int)c->pid);
+}
+
+void et_child_recv(const struct et_child *c, void *b, size_t n, const char *what)
+{
+	cr_assert_eq(et_read_all(c->from, b, n), 0, "%s", what);
+}
+
+static void child_close(struct et_child *c)
+{
+	close(c->to);
+	close(c->from);
+	c->pid = 0;
+}
+
+void et_child_kill9(struct et_child *c)
+{
+	int wst = 0;
+	cr_assert_eq(kill(c->pid, SIGKILL), 0);
+	cr_assert_eq(waitpid(c->pid, &wst, 0), c->pid);
+	cr_assert(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL, "child %d: status 0x%x", (int)c->pid, wst);
+	child_close(c);
+}
+
+void et_child_join(struct et_child *c, const char *who)
+{
+	int wst = 0;
+	cr_assert_eq(waitpid(c->pid, &wst, 0), c->pid);
+	cr_assert(WIFEXITED(wst), "%s crashed (status 0x%x)", who, wst);
+	cr_assert_eq(WEXITSTATUS(wst), 0, "%s exit code %d", who, WEXITSTATUS(wst));
+	child_close(c);
 }

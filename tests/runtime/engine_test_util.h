@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kvxfer/control.h"
 #include "kvxfer/engine.h"
@@ -107,5 +108,81 @@ void et_dealer_close(struct et_dealer *d);
 int et_read_all(int fd, void *b, size_t n);
 /** Write @p n bytes to @p fd in one write(): 0, or -1. */
 int et_write_all(int fd, const void *b, size_t n);
+
+/* ---- Blocks, counters and conditions that several engine tests check ---- */
+
+/** Peer on 127.0.0.1 with handshake port @p hs and notify port @p nt. */
+struct kvx_engine_peer et_peer(uint16_t hs, uint16_t nt);
+
+/** Set every byte of every layer of @p g (both planes, all ET_NB blocks) to @p v. */
+void et_fill(struct et_eng *g, uint8_t v);
+
+/** Whether every byte of block @p b, in both planes of every layer of @p g, is @p v. */
+bool et_block_is(const struct et_eng *g, uint32_t b, uint8_t v);
+
+/** Whether block @p b of @p g holds the pattern of block @p src of a patterned engine
+ * (et_pattern() per layer and plane), in both planes of every layer. */
+bool et_block_is_pattern(const struct et_eng *g, uint32_t b, uint32_t src);
+
+/** Data ops the engine's pollers posted so far, summed over its lcores (a lease read is not a
+ * data op). App thread. */
+uint64_t et_ops_posted(struct kvx_engine *e);
+
+/** et_wait_until() predicate: the engine received at least `*(const uint64_t *)arg`
+ * notifications in all (kvx_engine_stats.notifications_received). */
+bool et_notes_at_least(struct kvx_engine *e, void *arg);
+
+/** WRITE producer: make every layer of @p tid ready (kvx_xfer_layer_ready(), no event), then
+ * seal it after ET_NL layers. Returns 0 or the first failing call's negative errno. */
+int et_write_layers(struct kvx_engine *e, const char *tid);
+
+/** One whole READ between two loopback engines: @p p serves @p src, @p d reads them into
+ * @p dst, both as @p tid (followed in @p tp and @p td). Asserts that D ends DONE, that P ends
+ * DONE with its blocks released, and that D's blocks dst[i] hold P's pattern of src[i]
+ * (with others_zero: and every other block of D is zero). Returns D's tracker index. */
+size_t et_read_done(struct et_eng *p, struct et_track *tp, struct et_eng *d, struct et_track *td, const char *tid,
+		    const uint32_t *dst, const uint32_t *src, size_t n, bool others_zero);
+
+/* ---- Engines in child processes ----
+ * A test that runs an engine in a forked child talks to it over two pipes: the child runs
+ * fn(arg, to_parent, from_parent) and exits with its return value (0 = success; a non-zero
+ * code names the step that failed). The parent does the asserting: it checks the child's
+ * messages and its exit status. */
+
+/** Bound handshake and notify ports of an engine, as one side sends them to the other. */
+struct et_ports {
+	uint16_t hs, nt;
+};
+
+/** The bound ports of @p g. */
+struct et_ports et_ports_of(const struct et_eng *g);
+
+/** A child process and the parent's ends of its two pipes. */
+struct et_child {
+	pid_t pid;
+	int to;   /* parent -> child */
+	int from; /* child -> parent */
+};
+
+/** Body of a child process: the exit code (0 = success). */
+typedef int (*et_child_fn)(void *arg, int to_parent, int from_parent);
+
+/** Fork a child that runs fn(arg, ...) and _exit()s with its result (@p arg is the parent's
+ * pointer, valid in the child's copy of the address space). Asserts on pipe/fork failure. */
+void et_child_spawn(struct et_child *c, et_child_fn fn, void *arg);
+
+/** Send @p n bytes to the child (asserts). */
+void et_child_send(const struct et_child *c, const void *b, size_t n);
+
+/** Read exactly @p n bytes from the child; asserts with message @p what (e.g. "the producer
+ * child failed to start") when it exited or the pipe failed first. */
+void et_child_recv(const struct et_child *c, void *b, size_t n, const char *what);
+
+/** SIGKILL the child, reap it (asserts it died of SIGKILL) and close its pipes. */
+void et_child_kill9(struct et_child *c);
+
+/** Wait for the child to exit (it was told to by the test's own protocol), assert that it
+ * exited with 0 (message names @p who and the status otherwise), close its pipes. */
+void et_child_join(struct et_child *c, const char *who);
 
 #endif /* KVX_TESTS_ENGINE_TEST_UTIL_H */

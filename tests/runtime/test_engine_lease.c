@@ -42,35 +42,11 @@ static void need(const char *prov)
 		cr_skip_test("%s unavailable: %s", prov, why);
 }
 
-static struct kvx_engine_peer peer_of(uint16_t hs, uint16_t nt)
-{
-	return (struct kvx_engine_peer){.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt};
-}
-
-static void fill(struct et_eng *g, uint8_t v)
-{
-	for (int l = 0; l < ET_NL; l++)
-		memset(g->mem[l], v, 2 * ET_NB * ET_BLOCK);
-}
-
-/* Every plane of every layer of block b holds v. */
-static bool block_is(const struct et_eng *g, uint32_t b, uint8_t v)
-{
-	for (uint32_t l = 0; l < ET_NL; l++)
-		for (uint32_t pl = 0; pl < 2; pl++) {
-			const uint8_t *p = et_block(g, l, pl, b);
-			for (uint32_t k = 0; k < ET_BLOCK; k++)
-				if (p[k] != v)
-					return false;
-		}
-	return true;
-}
-
 /* The whole pool of g holds v. */
 static bool all_is(const struct et_eng *g, uint8_t v)
 {
 	for (uint32_t b = 0; b < ET_NB; b++)
-		if (!block_is(g, b, v))
+		if (!et_block_is(g, b, v))
 			return false;
 	return true;
 }
@@ -97,7 +73,7 @@ static size_t serve(struct et_eng *p, struct et_track *t, const char *tid, const
 static size_t read_from(struct et_eng *d, struct et_track *t, uint16_t hs, uint16_t nt, const char *tid,
 			const uint32_t *dst, const uint32_t *src, size_t n)
 {
-	struct kvx_engine_read r = {.transfer_id = tid, .peer = peer_of(hs, nt), .local_blocks = dst,
+	struct kvx_engine_read r = {.transfer_id = tid, .peer = et_peer(hs, nt), .local_blocks = dst,
 				    .remote_blocks = src, .n = n};
 	cr_assert_eq(kvx_xfer_read(d->e, &r), 0, "read %s", tid);
 	return et_follow(t, tid);
@@ -127,17 +103,13 @@ static void abort_after_serve(const char *prov)
 	struct et_track tp = {.n = 0}, td = {.n = 0};
 	const uint32_t pb[2] = {1, 2}, db[2] = {5, 6};
 	/* A first transfer connects D (the handshake is not part of the race below). */
-	serve(&P, &tp, "tx-0", pb, 2);
-	read_from(&D, &td, P.hs, P.nt, "tx-0", db, pb, 2);
-	et_expect_done(D.e, &td, "tx-0", false);
-	et_expect_done(P.e, &tp, "tx-0", true);
-	et_expect_blocks(&D, db, pb, 2, true);
-	fill(&D, 0);
+	et_read_done(&P, &tp, &D, &td, "tx-0", db, pb, 2, true);
+	et_fill(&D, 0);
 	/* Serve, abort at once; once P has its blocks back it reuses them for another request. */
 	serve(&P, &tp, "tx-1", pb, 2);
 	cr_assert_eq(kvx_xfer_abort(P.e, "tx-1"), 0);
 	expect_end(P.e, &tp, "tx-1", true, KVX_CPL_ABORTED, -ECANCELED);
-	fill(&P, 0xee);
+	et_fill(&P, 0xee);
 	serve(&P, &tp, "tx-2", pb, 2);
 	/* D got tx-1's block ids before the abort (the proxy forwarded them): its read fails, and
 	 * not one byte of the reused blocks reached it. It finds the lease revoked and asks P,
@@ -148,7 +120,7 @@ static void abort_after_serve(const char *prov)
 	/* The request that reuses them reads them fine. */
 	read_from(&D, &td, P.hs, P.nt, "tx-2", db, pb, 2);
 	et_expect_done(D.e, &td, "tx-2", false);
-	cr_assert(block_is(&D, 5, 0xee) && block_is(&D, 6, 0xee));
+	cr_assert(et_block_is(&D, 5, 0xee) && et_block_is(&D, 6, 0xee));
 	et_expect_done(P.e, &tp, "tx-2", true);
 	struct kvx_engine_stats st;
 	kvx_engine_get_stats(D.e, &st);
@@ -180,7 +152,7 @@ Test(runtime_lease, tcp_read_without_lease_moves_no_byte)
 	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
 	dp.transfer_timeout_ms = 5000; /* tx-early (handshake + grant + read) must fit on a loaded machine */
 	et_start(&D, &dp, false);
-	fill(&D, 0x5c);
+	et_fill(&D, 0x5c);
 	struct et_track tp = {.n = 0}, td = {.n = 0};
 	const uint32_t pb[3] = {1, 2, 3}, db[3] = {9, 10, 11}, de[3] = {12, 13, 14};
 	read_from(&D, &td, P.hs, P.nt, "tx-early", de, pb, 3);
@@ -192,9 +164,9 @@ Test(runtime_lease, tcp_read_without_lease_moves_no_byte)
 	cr_assert_eq(td.error[1], -ETIMEDOUT);
 	cr_assert_eq(td.bytes[1], 0, "tx-other moved bytes without a lease");
 	for (uint32_t i = 0; i < 3; i++)
-		cr_assert(block_is(&D, db[i], 0x5c), "a read without a lease changed block %u", db[i]);
+		cr_assert(et_block_is(&D, db[i], 0x5c), "a read without a lease changed block %u", db[i]);
 	for (uint32_t b = 0; b < 9; b++)
-		cr_assert(block_is(&D, b, 0x5c), "block %u changed", b);
+		cr_assert(et_block_is(&D, b, 0x5c), "block %u changed", b);
 	et_expect_blocks(&D, de, pb, 3, false);
 	et_expect_done(P.e, &tp, "tx-early", true);
 	et_free(&D);
@@ -203,54 +175,23 @@ Test(runtime_lease, tcp_read_without_lease_moves_no_byte)
 
 /* ---- restart cases: the restarted role in child processes ---- */
 
-struct ports {
-	uint16_t hs, nt;
+/* What a child of these cases gets at fork: the provider and its incarnation (gen). */
+struct role_arg {
+	const char *prov;
+	int gen;
 };
 
-struct child {
-	pid_t pid;
-	int to, from; /* pipes: parent -> child, child -> parent */
-};
-
-static void spawn(struct child *c, int (*fn)(const char *prov, int gen, int to_parent, int from_parent),
-		  const char *prov, int gen)
+static void spawn(struct et_child *c, et_child_fn fn, const char *prov, int gen)
 {
-	int a[2], b[2];
-	cr_assert_eq(pipe(a), 0);
-	cr_assert_eq(pipe(b), 0);
-	fflush(NULL);
-	c->pid = fork();
-	cr_assert_geq(c->pid, 0);
-	if (c->pid == 0) {
-		close(a[1]);
-		close(b[0]);
-		_exit(fn(prov, gen, b[1], a[0]));
-	}
-	close(a[0]);
-	close(b[1]);
-	c->to = a[1];
-	c->from = b[0];
+	struct role_arg a = {.prov = prov, .gen = gen};
+	et_child_spawn(c, fn, &a);
 }
 
-static void kill9(struct child *c)
+/* Tell a child that waits for one last byte to finish, and join it. */
+static void reap(struct et_child *c, const char *who)
 {
-	int wst = 0;
-	cr_assert_eq(kill(c->pid, SIGKILL), 0);
-	cr_assert_eq(waitpid(c->pid, &wst, 0), c->pid);
-	cr_assert(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
-	close(c->to);
-	close(c->from);
-}
-
-static void reap(struct child *c, const char *who)
-{
-	int wst = 0;
-	cr_assert_eq(et_write_all(c->to, "x", 1), 0);
-	cr_assert_eq(waitpid(c->pid, &wst, 0), c->pid);
-	cr_assert(WIFEXITED(wst), "%s crashed", who);
-	cr_assert_eq(WEXITSTATUS(wst), 0, "%s exit code %d", who, WEXITSTATUS(wst));
-	close(c->to);
-	close(c->from);
+	et_child_send(c, "x", 1);
+	et_child_join(c, who);
 }
 
 /* The lease is revoked between the copies of one transfer: D (a child process) submits its
@@ -283,29 +224,20 @@ struct rb_seen {
 	bool old; /* every byte of D's destination blocks is P's original 0x5a */
 };
 
-/* Data ops D's pollers posted so far (a lease read is not one). */
-static uint64_t ops_posted(struct kvx_engine *e)
-{
-	struct kvx_engine_stats st;
-	kvx_engine_get_stats(e, &st);
-	uint64_t n = 0;
-	for (uint32_t i = 0; i < st.n_lcores; i++)
-		n += st.lcores[i].ops;
-	return n;
-}
-
 /* Consumer child: reads tx-0 to connect, then per attempt byte i reads tx-h<i> and stops:
  * gen 1 once its first data op is posted, gen 0 right after the submission. */
-static int child_reader(const char *prov, int gen, int to_parent, int from_parent)
+static int child_reader(void *arg, int to_parent, int from_parent)
 {
-	struct ports pp;
+	const char *prov = ((const struct role_arg *)arg)->prov;
+	int gen = ((const struct role_arg *)arg)->gen;
+	struct et_ports pp;
 	if (et_read_all(from_parent, &pp, sizeof(pp)))
 		return 10;
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ, prov, 0, 0, false);
 	struct et_track td = {.n = 0};
 	const uint32_t pb[2] = {3, 4}, db[2] = {7, 8};
-	struct kvx_engine_read r = {.transfer_id = "tx-0", .peer = peer_of(pp.hs, pp.nt), .local_blocks = db,
+	struct kvx_engine_read r = {.transfer_id = "tx-0", .peer = et_peer(pp.hs, pp.nt), .local_blocks = db,
 				    .remote_blocks = pb, .n = 2};
 	if (kvx_xfer_read(D.e, &r))
 		return 11;
@@ -316,22 +248,22 @@ static int child_reader(const char *prov, int gen, int to_parent, int from_paren
 		return 13;
 	unsigned char i;
 	while (et_read_all(from_parent, &i, 1) == 0 && i < RB_TRIES) {
-		fill(&D, 0);
+		et_fill(&D, 0);
 		r.transfer_id = rb_tid(i);
 		size_t k = et_follow(&td, r.transfer_id);
-		uint64_t ops0 = ops_posted(D.e);
+		uint64_t ops0 = et_ops_posted(D.e);
 		if (kvx_xfer_read(D.e, &r))
 			return 14;
 		/* Its first data op is posted only once its lease was found: stop right then (the
 		 * parent resumes us once P revoked the lease and reused the blocks). */
 		uint64_t end = kvx_now_ns() + ET_DEADLINE_NS;
-		while (gen == 1 && ops_posted(D.e) == ops0 && kvx_now_ns() < end)
+		while (gen == 1 && et_ops_posted(D.e) == ops0 && kvx_now_ns() < end)
 			;
 		raise(SIGSTOP);
 		if (!et_wait(D.e, &td, r.transfer_id, false))
 			return 15;
 		struct rb_seen s = {.status = td.status[k], .error = td.error[k],
-				    .old = block_is(&D, 7, 0x5a) && block_is(&D, 8, 0x5a)};
+				    .old = et_block_is(&D, 7, 0x5a) && et_block_is(&D, 8, 0x5a)};
 		if (et_write_all(to_parent, &s, sizeof(s)))
 			return 16;
 	}
@@ -342,23 +274,23 @@ static int child_reader(const char *prov, int gen, int to_parent, int from_paren
 static void revoked_between_copies(const char *prov, bool at_first_op)
 {
 	need(prov);
-	struct child d;
+	struct et_child d;
 	spawn(&d, child_reader, prov, at_first_op ? 1 : 0);
 	struct et_eng P;
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ, prov, 0, 0, true);
 	struct et_track tp = {.n = 0};
 	const uint32_t pb[2] = {3, 4};
 	serve(&P, &tp, "tx-0", pb, 2);
-	struct ports pp = {P.hs, P.nt};
+	struct et_ports pp = et_ports_of(&P);
 	char c;
-	cr_assert_eq(et_write_all(d.to, &pp, sizeof(pp)), 0);
-	cr_assert_eq(et_read_all(d.from, &c, 1), 0, "the consumer child failed to read tx-0");
+	et_child_send(&d, &pp, sizeof(pp));
+	et_child_recv(&d, &c, 1, "the consumer child failed to read tx-0");
 	et_expect_done(P.e, &tp, "tx-0", true);
 	int caught = 0;
 	for (unsigned char i = 0; i < RB_TRIES && !caught; i++) {
-		fill(&P, 0x5a);
+		et_fill(&P, 0x5a);
 		size_t k = serve(&P, &tp, rb_tid(i), pb, 2);
-		cr_assert_eq(et_write_all(d.to, &i, 1), 0);
+		et_child_send(&d, &i, 1);
 		int wst = 0;
 		cr_assert_eq(waitpid(d.pid, &wst, WUNTRACED), d.pid);
 		cr_assert(WIFSTOPPED(wst), "consumer child not stopped (status 0x%x)", wst);
@@ -367,10 +299,10 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 		int rc = kvx_xfer_abort(P.e, rb_tid(i));
 		cr_assert(rc == 0 || rc == -ENOENT, "abort: %d", rc);
 		cr_assert(et_wait(P.e, &tp, rb_tid(i), true), "%s never ended on P", rb_tid(i));
-		fill(&P, 0xee);
+		et_fill(&P, 0xee);
 		cr_assert_eq(kill(d.pid, SIGCONT), 0);
 		struct rb_seen s;
-		cr_assert_eq(et_read_all(d.from, &s, sizeof(s)), 0, "the consumer child failed after resuming");
+		et_child_recv(&d, &s, sizeof(s), "the consumer child failed after resuming");
 		if (s.status == KVX_CPL_DONE) {
 			/* Ended under its lease before D stopped: the bytes served before the abort. */
 			cr_assert(s.old, "%s DONE with bytes of the reused blocks", rb_tid(i));
@@ -385,12 +317,8 @@ static void revoked_between_copies(const char *prov, bool at_first_op)
 	}
 	cr_assert_eq(caught, 1, "no attempt of %d was caught in flight", RB_TRIES);
 	unsigned char q = RB_END;
-	cr_assert_eq(et_write_all(d.to, &q, 1), 0);
-	int wst = 0;
-	cr_assert_eq(waitpid(d.pid, &wst, 0), d.pid);
-	cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "consumer child failed (status 0x%x)", wst);
-	close(d.to);
-	close(d.from);
+	et_child_send(&d, &q, 1);
+	et_child_join(&d, "consumer child");
 	et_free(&P);
 }
 
@@ -410,9 +338,11 @@ Test(runtime_lease, shm_lease_revoked_between_copies_fails_transfer)
 /* READ producer, incarnation gen (1: ephemeral ports; 2: the ports the parent sends, after
  * gen 1 was killed). gen 1 serves tx-1 {1,2} and tx-2 {3,4} with its pattern; gen 2 fills its
  * pool with 0xb2 and serves tx-3 {3,4}, then reports tx-3's terminal status. */
-static int child_producer(const char *prov, int gen, int to_parent, int from_parent)
+static int child_producer(void *arg, int to_parent, int from_parent)
 {
-	struct ports at = {0, 0};
+	const char *prov = ((const struct role_arg *)arg)->prov;
+	int gen = ((const struct role_arg *)arg)->gen;
+	struct et_ports at = {0, 0};
 	if (gen == 2 && et_read_all(from_parent, &at, sizeof(at)))
 		return 10;
 	struct et_eng P;
@@ -423,10 +353,10 @@ static int child_producer(const char *prov, int gen, int to_parent, int from_par
 		serve(&P, &t, "tx-1", b12, 2);
 		serve(&P, &t, "tx-2", b34, 2);
 	} else {
-		fill(&P, 0xb2);
+		et_fill(&P, 0xb2);
 		serve(&P, &t, "tx-3", b34, 2);
 	}
-	struct ports mine = {P.hs, P.nt};
+	struct et_ports mine = et_ports_of(&P);
 	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 11;
 	if (gen == 1) {
@@ -448,11 +378,11 @@ static int child_producer(const char *prov, int gen, int to_parent, int from_par
 static void read_producer_restart(const char *prov)
 {
 	need(prov);
-	struct child p1, p2;
+	struct et_child p1, p2;
 	spawn(&p1, child_producer, prov, 1);
 	spawn(&p2, child_producer, prov, 2);
-	struct ports pp;
-	cr_assert_eq(et_read_all(p1.from, &pp, sizeof(pp)), 0, "producer 1 failed to start");
+	struct et_ports pp;
+	et_child_recv(&p1, &pp, sizeof(pp), "producer 1 failed to start");
 	struct et_eng D;
 	struct kvx_engine_params dp;
 	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
@@ -466,10 +396,10 @@ static void read_producer_restart(const char *prov)
 	et_expect_blocks(&D, db, b12, 2, true);
 	/* Producer 1 dies with tx-2 served; producer 2 comes up on the same ports and serves
 	 * another request (tx-3) from the same block ids. */
-	kill9(&p1);
-	cr_assert_eq(et_write_all(p2.to, &pp, sizeof(pp)), 0);
-	struct ports pp2;
-	cr_assert_eq(et_read_all(p2.from, &pp2, sizeof(pp2)), 0, "producer 2 failed to start on the same ports");
+	et_child_kill9(&p1);
+	et_child_send(&p2, &pp, sizeof(pp));
+	struct et_ports pp2;
+	et_child_recv(&p2, &pp2, sizeof(pp2), "producer 2 failed to start on the same ports");
 	cr_assert(pp2.hs == pp.hs && pp2.nt == pp.nt);
 	/* D reads tx-2 with producer 1's block ids: never from producer 2's memory. Producer 2
 	 * never grants a lease for it, so D ends at its deadline (fnotify's failure notifications
@@ -479,13 +409,13 @@ static void read_producer_restart(const char *prov)
 	cr_assert_eq(td.status[1], KVX_CPL_TIMED_OUT, "tx-2: status %d error %d", td.status[1], td.error[1]);
 	cr_assert_eq(td.error[1], -ETIMEDOUT);
 	cr_assert_eq(td.bytes[1], 0);
-	cr_assert(block_is(&D, 7, 0) && block_is(&D, 8, 0), "producer 2's bytes reached tx-2's blocks");
+	cr_assert(et_block_is(&D, 7, 0) && et_block_is(&D, 8, 0), "producer 2's bytes reached tx-2's blocks");
 	/* Producer 2's own request reads fine, and producer 2 sees it done. */
 	read_from(&D, &td, pp.hs, pp.nt, "tx-3", db2, b34, 2);
 	et_expect_done(D.e, &td, "tx-3", false);
-	cr_assert(block_is(&D, 7, 0xb2) && block_is(&D, 8, 0xb2));
+	cr_assert(et_block_is(&D, 7, 0xb2) && et_block_is(&D, 8, 0xb2));
 	char st = -1;
-	cr_assert_eq(et_read_all(p2.from, &st, 1), 0, "producer 2 did not report tx-3");
+	et_child_recv(&p2, &st, 1, "producer 2 did not report tx-3");
 	cr_assert_eq(st, KVX_CPL_DONE, "producer 2: tx-3 status %d", st);
 	reap(&p2, "producer 2");
 	et_free(&D);
@@ -505,15 +435,17 @@ Test(runtime_lease, shm_read_producer_kill9_restart_same_ports)
  * the parent, fills its pool with 0x5c, reports its ports. gen 1 announces tx-w0 {5,6} and tx-w1
  * {3,4} and is killed. gen 2 waits until the parent says tx-w1 ended at P, checks that its pool is untouched
  * ('v' / 'X'), then announces tx-w2 {3,4} and reports whether P's blocks {1,2} landed ('d'). */
-static int child_consumer(const char *prov, int gen, int to_parent, int from_parent)
+static int child_consumer(void *arg, int to_parent, int from_parent)
 {
-	struct ports p, at = {0, 0};
+	const char *prov = ((const struct role_arg *)arg)->prov;
+	int gen = ((const struct role_arg *)arg)->gen;
+	struct et_ports p, at = {0, 0};
 	if (et_read_all(from_parent, &p, sizeof(p)) || (gen == 2 && et_read_all(from_parent, &at, sizeof(at))))
 		return 10;
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE, prov, at.hs, at.nt, false);
-	fill(&D, 0x5c);
-	struct ports mine = {D.hs, D.nt};
+	et_fill(&D, 0x5c);
+	struct et_ports mine = et_ports_of(&D);
 	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 11;
 	uint32_t db[2] = {3, 4};
@@ -522,9 +454,9 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 	if (gen == 1) {
 		/* tx-w0 first: the producer's connection to this incarnation is up before tx-w1. */
 		uint32_t db0[2] = {5, 6};
-		struct kvx_engine_announce a0 = {.transfer_id = "tx-w0", .peer = peer_of(p.hs, p.nt),
+		struct kvx_engine_announce a0 = {.transfer_id = "tx-w0", .peer = et_peer(p.hs, p.nt),
 						 .local_blocks = db0, .n = 2};
-		struct kvx_engine_announce a = {.transfer_id = "tx-w1", .peer = peer_of(p.hs, p.nt),
+		struct kvx_engine_announce a = {.transfer_id = "tx-w1", .peer = et_peer(p.hs, p.nt),
 						.local_blocks = db, .n = 2};
 		if (kvx_xfer_announce(D.e, &a0) || kvx_xfer_announce(D.e, &a))
 			return 12;
@@ -536,17 +468,11 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 	c = all_is(&D, 0x5c) ? 'v' : 'X';
 	if (et_write_all(to_parent, &c, 1))
 		return 15;
-	struct kvx_engine_announce a = {.transfer_id = "tx-w2", .peer = peer_of(p.hs, p.nt), .local_blocks = db, .n = 2};
+	struct kvx_engine_announce a = {.transfer_id = "tx-w2", .peer = et_peer(p.hs, p.nt), .local_blocks = db, .n = 2};
 	et_follow(&t, "tx-w2");
 	if (kvx_xfer_announce(D.e, &a) || !et_wait(D.e, &t, "tx-w2", false) || t.status[0] != KVX_CPL_DONE)
 		return 16;
-	bool ok = true;
-	for (uint32_t i = 0; i < 2; i++)
-		for (uint32_t l = 0; l < ET_NL; l++)
-			for (uint32_t pl = 0; pl < 2; pl++)
-				for (uint32_t k = 0; k < ET_BLOCK; k++)
-					ok &= et_block(&D, l, pl, db[i])[k] == et_pattern(l, pl, 1 + i);
-	c = ok ? 'd' : 'X';
+	c = et_block_is_pattern(&D, db[0], 1) && et_block_is_pattern(&D, db[1], 2) ? 'd' : 'X';
 	if (et_write_all(to_parent, &c, 1))
 		return 17;
 	(void)et_read_all(from_parent, &c, 1);
@@ -554,33 +480,24 @@ static int child_consumer(const char *prov, int gen, int to_parent, int from_par
 	return 0;
 }
 
-static bool got_notifications(struct kvx_engine *e, void *arg)
-{
-	struct kvx_engine_stats st;
-	kvx_engine_get_stats(e, &st);
-	return st.notifications_received >= *(const uint64_t *)arg;
-}
-
 static void write_consumer_restart(const char *prov)
 {
 	need(prov);
-	struct child d1, d2;
+	struct et_child d1, d2;
 	spawn(&d1, child_consumer, prov, 1);
 	spawn(&d2, child_consumer, prov, 2);
 	struct et_eng P;
 	start(&P, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE, prov, 0, 0, true);
-	struct ports pp = {P.hs, P.nt}, dp1, dp2;
-	cr_assert_eq(et_write_all(d1.to, &pp, sizeof(pp)), 0);
-	cr_assert_eq(et_read_all(d1.from, &dp1, sizeof(dp1)), 0, "consumer 1 failed to start");
+	struct et_ports pp = et_ports_of(&P), dp1, dp2;
+	et_child_send(&d1, &pp, sizeof(pp));
+	et_child_recv(&d1, &dp1, sizeof(dp1), "consumer 1 failed to start");
 	struct et_track tp = {.n = 0};
 	const uint32_t src[2] = {1, 2};
 	/* tx-w0 connects P to consumer 1 (a handshake in flight at the kill would only time out). */
-	struct kvx_engine_write w = {.transfer_id = "tx-w0", .peer = peer_of(dp1.hs, dp1.nt), .local_blocks = src, .n = 2};
+	struct kvx_engine_write w = {.transfer_id = "tx-w0", .peer = et_peer(dp1.hs, dp1.nt), .local_blocks = src, .n = 2};
 	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
 	et_follow(&tp, "tx-w0");
-	for (uint32_t l = 0; l < ET_NL; l++)
-		cr_assert_eq(kvx_xfer_layer_ready(P.e, "tx-w0", l, NULL), 0);
-	cr_assert_eq(kvx_xfer_seal(P.e, "tx-w0", ET_NL), 0);
+	cr_assert_eq(et_write_layers(P.e, "tx-w0"), 0);
 	et_expect_done(P.e, &tp, "tx-w0", true);
 	w.transfer_id = "tx-w1";
 	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
@@ -588,35 +505,31 @@ static void write_consumer_restart(const char *prov)
 	/* Consumer 1's remote_blocks of tx-w1 reached P; then it dies, and consumer 2 takes its
 	 * ports. */
 	uint64_t two = 2;
-	cr_assert(et_wait_until(P.e, &tp, got_notifications, &two), "remote_blocks never reached P");
-	kill9(&d1);
-	cr_assert_eq(et_write_all(d2.to, &pp, sizeof(pp)), 0);
-	cr_assert_eq(et_write_all(d2.to, &dp1, sizeof(dp1)), 0);
-	cr_assert_eq(et_read_all(d2.from, &dp2, sizeof(dp2)), 0, "consumer 2 failed to start on the same ports");
+	cr_assert(et_wait_until(P.e, &tp, et_notes_at_least, &two), "remote_blocks never reached P");
+	et_child_kill9(&d1);
+	et_child_send(&d2, &pp, sizeof(pp));
+	et_child_send(&d2, &dp1, sizeof(dp1));
+	et_child_recv(&d2, &dp2, sizeof(dp2), "consumer 2 failed to start on the same ports");
 	cr_assert(dp2.hs == dp1.hs && dp2.nt == dp1.nt);
 	/* Only now is tx-w1 computed: P must not write consumer 1's allocation into consumer 2. */
-	for (uint32_t l = 0; l < ET_NL; l++)
-		cr_assert_eq(kvx_xfer_layer_ready(P.e, "tx-w1", l, NULL), 0);
-	cr_assert_eq(kvx_xfer_seal(P.e, "tx-w1", ET_NL), 0);
+	cr_assert_eq(et_write_layers(P.e, "tx-w1"), 0);
 	uint64_t t0 = kvx_now_ns();
 	cr_assert(et_wait(P.e, &tp, "tx-w1", true));
 	cr_assert_eq(tp.status[1], KVX_CPL_FAILED, "tx-w1 status %d error %d", tp.status[1], tp.error[1]);
 	cr_assert(tp.error[1] == -ECONNRESET || tp.error[1] == -ESTALE, "tx-w1 error %d", tp.error[1]);
 	cr_assert_lt(kvx_now_ns() - t0, (uint64_t)LT_TIMEOUT_MS * 1000000ull);
 	char c = 0;
-	cr_assert_eq(et_write_all(d2.to, "c", 1), 0);
-	cr_assert_eq(et_read_all(d2.from, &c, 1), 0);
+	et_child_send(&d2, "c", 1);
+	et_child_recv(&d2, &c, 1, "consumer 2 did not check its pool");
 	cr_assert_eq(c, 'v', "bytes of the dead consumer's allocation were written into consumer 2");
 	/* A new request of consumer 2 is written byte-exact. */
 	w.transfer_id = "tx-w2";
-	w.peer = peer_of(dp2.hs, dp2.nt);
+	w.peer = et_peer(dp2.hs, dp2.nt);
 	cr_assert_eq(kvx_xfer_write_begin(P.e, &w), 0);
 	et_follow(&tp, "tx-w2");
-	for (uint32_t l = 0; l < ET_NL; l++)
-		cr_assert_eq(kvx_xfer_layer_ready(P.e, "tx-w2", l, NULL), 0);
-	cr_assert_eq(kvx_xfer_seal(P.e, "tx-w2", ET_NL), 0);
+	cr_assert_eq(et_write_layers(P.e, "tx-w2"), 0);
 	et_expect_done(P.e, &tp, "tx-w2", true);
-	cr_assert_eq(et_read_all(d2.from, &c, 1), 0, "consumer 2 did not finish tx-w2");
+	et_child_recv(&d2, &c, 1, "consumer 2 did not finish tx-w2");
 	cr_assert_eq(c, 'd', "consumer 2: tx-w2 bytes wrong");
 	reap(&d2, "consumer 2");
 	et_free(&P);

@@ -21,18 +21,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine_test_util.h"
@@ -44,10 +43,6 @@ TestSuite(runtime_lease_target, .timeout = 180.0);
 #define LT_TIMEOUT_MS 30000u
 #define TRIES 3
 #define POISON 0x77
-
-struct ports {
-	uint16_t hs, nt;
-};
 
 struct result {
 	int status, error;
@@ -168,11 +163,6 @@ static void px_stop(struct proxy *p)
 	close(p->lfd);
 }
 
-static struct kvx_engine_peer peer_of(uint16_t hs, uint16_t nt)
-{
-	return (struct kvx_engine_peer){.host = "127.0.0.1", .handshake_port = hs, .notify_port = nt};
-}
-
 static const char *g_prov = "tcp"; /* the data transport of both engines (set before the fork) */
 
 static void start(struct et_eng *g, enum kvx_sched_role role)
@@ -184,26 +174,15 @@ static void start(struct et_eng *g, enum kvx_sched_role role)
 	et_start(g, &p, role == KVX_SCHED_PRODUCER);
 }
 
-/* Data ops the engine's pollers posted so far (lease reads are not counted). */
-static uint64_t ops_posted(struct kvx_engine *e)
-{
-	struct kvx_engine_stats st;
-	kvx_engine_get_stats(e, &st);
-	uint64_t n = 0;
-	for (uint32_t i = 0; i < st.n_lcores; i++)
-		n += st.lcores[i].ops;
-	return n;
-}
-
 static bool posted_since(struct kvx_engine *e, void *arg)
 {
-	return ops_posted(e) > *(const uint64_t *)arg;
+	return et_ops_posted(e) > *(const uint64_t *)arg;
 }
 
-static int write_layers(struct et_eng *P, const char *tid, const struct ports *d, uint32_t from)
+static int write_layers(struct et_eng *P, const char *tid, const struct et_ports *d, uint32_t from)
 {
 	static const uint32_t src[2] = {1, 2};
-	struct kvx_engine_write w = {.transfer_id = tid, .peer = peer_of(d->hs, d->nt), .local_blocks = src,
+	struct kvx_engine_write w = {.transfer_id = tid, .peer = et_peer(d->hs, d->nt), .local_blocks = src,
 				     .n = 2};
 	if (from == 0 && kvx_xfer_write_begin(P->e, &w))
 		return -1;
@@ -216,14 +195,15 @@ static int write_layers(struct et_eng *P, const char *tid, const struct ports *d
 /* Producer child: writes tx-0 whole (connects), then per attempt byte i writes tids[i]: layer 0,
  * stop once it is posted, then layer 1 and seal; reports the transfer's end once its blocks are
  * back (every op of it terminal). */
-static int child_producer(int to_parent, int from_parent)
+static int child_producer(void *arg, int to_parent, int from_parent)
 {
-	struct ports dp;
+	(void)arg;
+	struct et_ports dp;
 	if (et_read_all(from_parent, &dp, sizeof(dp)))
 		return 10;
 	struct et_eng P;
 	start(&P, KVX_SCHED_PRODUCER);
-	struct ports mine = {P.hs, P.nt};
+	struct et_ports mine = et_ports_of(&P);
 	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 11;
 	struct et_track t = {.n = 0};
@@ -234,7 +214,7 @@ static int child_producer(int to_parent, int from_parent)
 	char i;
 	while (et_read_all(from_parent, &i, 1) == 0 && i >= 0 && i < TRIES) {
 		size_t k = et_follow(&t, tids[(int)i]);
-		uint64_t ops0 = ops_posted(P.e);
+		uint64_t ops0 = et_ops_posted(P.e);
 		if (write_layers(&P, tids[(int)i], &dp, 0))
 			return 13;
 		/* Layer 0 is posted only once the consumer's lease was found. */
@@ -258,51 +238,38 @@ static void revokes_mid_transfer(const char *prov)
 	if (kvx_xport_provider_probe(prov, why, sizeof(why)))
 		cr_skip_test("%s unavailable: %s", prov, why);
 	g_prov = prov;
-	int a[2], b[2];
-	cr_assert_eq(pipe(a), 0);
-	cr_assert_eq(pipe(b), 0);
-	fflush(NULL);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(a[1]);
-		close(b[0]);
-		_exit(child_producer(b[1], a[0]));
-	}
-	close(a[0]);
-	close(b[1]);
-	int to = a[1], from = b[0];
+	struct et_child p;
+	et_child_spawn(&p, child_producer, NULL);
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER);
 	struct kvx_engine_stats st;
 	kvx_engine_get_stats(D.e, &st);
 	if (!strcmp(prov, "tcp"))
 		cr_assert_eq(st.n_lcores, 1, "the exact snapshot needs the target on the revoking poller");
-	struct ports dp = {D.hs, D.nt}, pp;
-	cr_assert_eq(et_write_all(to, &dp, sizeof(dp)), 0);
-	cr_assert_eq(et_read_all(from, &pp, sizeof(pp)), 0, "the producer child failed to start");
+	struct et_ports dp = et_ports_of(&D), pp;
+	et_child_send(&p, &dp, sizeof(dp));
+	et_child_recv(&p, &pp, sizeof(pp), "the producer child failed to start");
 	struct proxy px;
 	px_start(&px, pp.nt);
 	struct et_track td = {.n = 0};
 	const uint32_t d0[2] = {0, 1};
 	/* The consumer's notes go through the proxy; the handshake goes straight to the producer. */
-	struct kvx_engine_announce an = {.transfer_id = "tx-0", .peer = peer_of(pp.hs, px.port), .local_blocks = d0,
+	struct kvx_engine_announce an = {.transfer_id = "tx-0", .peer = et_peer(pp.hs, px.port), .local_blocks = d0,
 					 .n = 2};
 	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
 	et_follow(&td, "tx-0");
 	et_expect_done(D.e, &td, "tx-0", false);
 	static uint8_t snap[ET_NL][2 * ET_NB * ET_BLOCK];
 	for (char i = 0; i < TRIES; i++) {
-		for (int l = 0; l < ET_NL; l++)
-			memset(D.mem[l], POISON, 2 * ET_NB * ET_BLOCK);
+		et_fill(&D, POISON);
 		const uint32_t db[2] = {2 + 2 * (uint32_t)i, 3 + 2 * (uint32_t)i};
 		an.transfer_id = tids[(int)i];
 		an.local_blocks = db;
 		cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
 		size_t k = et_follow(&td, tids[(int)i]);
-		cr_assert_eq(et_write_all(to, &i, 1), 0);
+		et_child_send(&p, &i, 1);
 		char c;
-		cr_assert_eq(et_read_all(from, &c, 1), 0, "the producer child never posted layer 0");
+		et_child_recv(&p, &c, 1, "the producer child never posted layer 0");
 		/* Revoke: the abort reports only after the lease word is the tombstone. From here
 		 * not one byte of the pool may change. Its release stays in the proxy. */
 		atomic_store(&px.hold, true);
@@ -312,9 +279,9 @@ static void revokes_mid_transfer(const char *prov)
 		for (int l = 0; l < ET_NL; l++)
 			memcpy(snap[l], D.mem[l], sizeof(snap[l]));
 		/* Layer 1 now: its writes reach the target after the revocation. */
-		cr_assert_eq(et_write_all(to, "g", 1), 0);
+		et_child_send(&p, "g", 1);
 		struct result r;
-		cr_assert_eq(et_read_all(from, &r, sizeof(r)), 0, "the producer child failed");
+		et_child_recv(&p, &r, sizeof(r), "the producer child failed");
 		atomic_store(&px.hold, false);
 		cr_assert_eq(r.status, KVX_CPL_FAILED, "P: %s status %d error %d (DONE after the revocation?)",
 			     tids[(int)i], r.status, r.error);
@@ -330,12 +297,8 @@ static void revokes_mid_transfer(const char *prov)
 						     "%s: a layer-1 byte landed", tids[(int)i]);
 	}
 	char q = -1;
-	cr_assert_eq(et_write_all(to, &q, 1), 0);
-	int wst = 0;
-	cr_assert_eq(waitpid(pid, &wst, 0), pid);
-	cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "producer child failed (status 0x%x)", wst);
-	close(to);
-	close(from);
+	et_child_send(&p, &q, 1);
+	et_child_join(&p, "producer child");
 	px_stop(&px);
 	et_free(&D);
 }
@@ -415,9 +378,10 @@ static void paged_free(struct et_eng *g)
 /* Producer child of the held copy: as child_producer() for one try, its layer 1 in a page of
  * its own that goes missing under userfaultfd before the try. Pipe: ports, "p" (layer 0
  * posted), "f" (the layer-1 copy is held), result; from the parent: ports, try, "g", "r". */
-static int child_held(int to_parent, int from_parent)
+static int child_held(void *arg, int to_parent, int from_parent)
 {
-	struct ports dp;
+	(void)arg;
+	struct et_ports dp;
 	if (et_read_all(from_parent, &dp, sizeof(dp)))
 		return 20;
 	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK); /* poll() needs it */
@@ -438,7 +402,7 @@ static int child_held(int to_parent, int from_parent)
 	memcpy(keep, l1, lb);
 	if (et_start_layers(&P))
 		return 23;
-	struct ports mine = {P.hs, P.nt};
+	struct et_ports mine = et_ports_of(&P);
 	if (et_write_all(to_parent, &mine, sizeof(mine)))
 		return 24;
 	struct et_track t = {.n = 0};
@@ -454,7 +418,7 @@ static int child_held(int to_parent, int from_parent)
 	if (et_read_all(from_parent, &i, 1) || i != 0)
 		return 27;
 	size_t k = et_follow(&t, tids[0]);
-	uint64_t ops0 = ops_posted(P.e);
+	uint64_t ops0 = et_ops_posted(P.e);
 	if (write_layers(&P, tids[0], &dp, 0) || !et_wait_until(P.e, &t, posted_since, &ops0) ||
 	    et_write_all(to_parent, "p", 1))
 		return 28;
@@ -489,20 +453,8 @@ Test(runtime_lease_target, shm_write_copy_in_flight_at_revocation_holds_blocks_u
 	close(probe);
 	const size_t lb = 2 * ET_NB * ET_BLOCK;
 	cr_assert_leq(lb, (size_t)sysconf(_SC_PAGESIZE));
-	int a[2], b[2];
-	cr_assert_eq(pipe(a), 0);
-	cr_assert_eq(pipe(b), 0);
-	fflush(NULL);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(a[1]);
-		close(b[0]);
-		_exit(child_held(b[1], a[0]));
-	}
-	close(a[0]);
-	close(b[1]);
-	int to = a[1], from = b[0];
+	struct et_child ch;
+	et_child_spawn(&ch, child_held, NULL);
 	struct et_eng D;
 	struct kvx_engine_params p;
 	et_params(&p, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
@@ -510,12 +462,12 @@ Test(runtime_lease_target, shm_write_copy_in_flight_at_revocation_holds_blocks_u
 	p.transfer_timeout_ms = LT_TIMEOUT_MS;
 	p.defer_timeout_ms = 200;
 	et_start(&D, &p, false);
-	struct ports dp = {D.hs, D.nt}, pp;
-	cr_assert_eq(et_write_all(to, &dp, sizeof(dp)), 0);
-	cr_assert_eq(et_read_all(from, &pp, sizeof(pp)), 0, "the producer child failed to start");
+	struct et_ports dp = et_ports_of(&D), pp;
+	et_child_send(&ch, &dp, sizeof(dp));
+	et_child_recv(&ch, &pp, sizeof(pp), "the producer child failed to start");
 	struct et_track td = {.n = 0};
 	const uint32_t d0[2] = {0, 1};
-	struct kvx_engine_announce an = {.transfer_id = "tx-0", .peer = peer_of(pp.hs, pp.nt), .local_blocks = d0,
+	struct kvx_engine_announce an = {.transfer_id = "tx-0", .peer = et_peer(pp.hs, pp.nt), .local_blocks = d0,
 					 .n = 2};
 	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
 	et_follow(&td, "tx-0");
@@ -528,10 +480,10 @@ Test(runtime_lease_target, shm_write_copy_in_flight_at_revocation_holds_blocks_u
 	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
 	size_t k = et_follow(&td, tids[0]);
 	char i = 0, c;
-	cr_assert_eq(et_write_all(to, &i, 1), 0);
-	cr_assert_eq(et_read_all(from, &c, 1), 0, "the producer child never posted layer 0");
-	cr_assert_eq(et_write_all(to, "g", 1), 0);
-	cr_assert_eq(et_read_all(from, &c, 1), 0, "the producer's layer-1 copy was never held");
+	et_child_send(&ch, &i, 1);
+	et_child_recv(&ch, &c, 1, "the producer child never posted layer 0");
+	et_child_send(&ch, "g", 1);
+	et_child_recv(&ch, &c, 1, "the producer's layer-1 copy was never held");
 	/* Revoke while the copy is held; the quarantine then expires with no answer. */
 	cr_assert_eq(kvx_xfer_abort(D.e, tids[0]), 0);
 	cr_assert(et_wait(D.e, &td, tids[0], false), "%s never ended on D", tids[0]);
@@ -540,7 +492,7 @@ Test(runtime_lease_target, shm_write_copy_in_flight_at_revocation_holds_blocks_u
 	cr_assert(et_wait_until(D.e, &td, held_back, &ha),
 		  "the quarantine expired and the release was not put off for the copy in flight");
 	cr_assert_eq(td.released[k], 0, "blocks released while the producer's copy was in flight");
-	cr_assert_eq(et_write_all(to, "r", 1), 0); /* let the copy finish */
+	et_child_send(&ch, "r", 1); /* let the copy finish */
 	cr_assert(et_wait(D.e, &td, tids[0], true), "blocks never released after the copy returned");
 	static uint8_t snap[ET_NL][2 * ET_NB * ET_BLOCK];
 	for (int l = 0; l < ET_NL; l++)
@@ -551,17 +503,13 @@ Test(runtime_lease_target, shm_write_copy_in_flight_at_revocation_holds_blocks_u
 				cr_assert_eq(et_block(&D, 1, pl, db[j])[x], et_pattern(1, pl, 1 + j),
 					     "the copy in flight had not landed at the release");
 	struct result r;
-	cr_assert_eq(et_read_all(from, &r, sizeof(r)), 0, "the producer child failed");
+	et_child_recv(&ch, &r, sizeof(r), "the producer child failed");
 	cr_assert(r.status == KVX_CPL_DONE || r.status == KVX_CPL_ABORTED, "P: status %d error %d", r.status,
 		  r.error);
 	char q = -1;
-	cr_assert_eq(et_write_all(to, &q, 1), 0);
-	int wst = 0;
-	cr_assert_eq(waitpid(pid, &wst, 0), pid);
-	cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "producer child failed (status 0x%x)", wst);
+	et_child_send(&ch, &q, 1);
+	et_child_join(&ch, "producer child");
 	for (int l = 0; l < ET_NL; l++)
 		cr_assert_arr_eq(D.mem[l], snap[l], lb, "layer %d changed after the release", l);
-	close(to);
-	close(from);
 	et_free(&D);
 }

@@ -123,10 +123,14 @@ static void begin_layer0(struct et_eng *p, const struct et_eng *d, const char *t
 	cr_assert_eq(kvx_xfer_layer_ready(p->e, tid, 0, NULL), 0);
 }
 
-static void long_timeouts(struct kvx_engine_params *p)
+/* Producer and consumer parameters in @p mode (et_params() defaults) with 60 s transfer and
+ * defer timeouts: an end that comes sooner came from a note, not a deadline. */
+static void long_params(struct kvx_engine_params *pp, struct kvx_engine_params *dp, enum kvx_sched_mode mode)
 {
-	p->transfer_timeout_ms = 60000;
-	p->defer_timeout_ms = 60000;
+	et_params(pp, KVX_SCHED_PRODUCER, mode);
+	et_params(dp, KVX_SCHED_CONSUMER, mode);
+	pp->transfer_timeout_ms = dp->transfer_timeout_ms = 60000;
+	pp->defer_timeout_ms = dp->defer_timeout_ms = 60000;
 }
 
 Test(runtime_engine_notes, item6_producer_abort_during_write_consumer_aborted_at_once)
@@ -137,10 +141,7 @@ Test(runtime_engine_notes, item6_producer_abort_during_write_consumer_aborted_at
 	 * 60 s timeout, and gets its blocks back (no write can land after P's note). */
 	struct kvx_engine_params pp, dp;
 	struct et_eng P, D;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	long_timeouts(&pp);
-	long_timeouts(&dp);
+	long_params(&pp, &dp, KVX_SCHED_MODE_WRITE);
 	et_start(&P, &pp, true);
 	et_start(&D, &dp, false);
 	const uint32_t src[2] = {1, 2}, dst[2] = {5, 6};
@@ -179,10 +180,7 @@ Test(runtime_engine_notes, late_allocation_answered_with_the_producers_status)
 	 * ends ABORTED with P's error, blocks released, instead of waiting for its 60 s timeout. */
 	struct kvx_engine_params pp, dp;
 	struct et_eng P, D;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	long_timeouts(&pp);
-	long_timeouts(&dp);
+	long_params(&pp, &dp, KVX_SCHED_MODE_WRITE);
 	et_start(&P, &pp, true);
 	et_start(&D, &dp, false);
 	const uint32_t src[1] = {1}, dst[1] = {7};
@@ -213,10 +211,7 @@ Test(runtime_engine_notes, failed_handshake_reaches_the_consumer)
 	 * failure (-ETIMEDOUT after 300 ms) goes to D as kvx_failed, and D fails with it at once. */
 	struct kvx_engine_params pp, dp;
 	struct et_eng P, D;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	long_timeouts(&pp);
-	long_timeouts(&dp);
+	long_params(&pp, &dp, KVX_SCHED_MODE_WRITE);
 	pp.handshake_timeout_ms = 300;
 	et_start(&P, &pp, true);
 	et_start(&D, &dp, false);
@@ -261,10 +256,7 @@ static void read_after_serve_ended(bool abort, enum kvx_cpl_status want, int wan
 {
 	struct kvx_engine_params pp, dp;
 	struct et_eng P, D;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	long_timeouts(&pp);
-	long_timeouts(&dp);
+	long_params(&pp, &dp, KVX_SCHED_MODE_READ);
 	if (!abort)
 		pp.defer_timeout_ms = 300; /* P's serve times out; D's read allows 60 s */
 	et_start(&P, &pp, true);
@@ -387,11 +379,8 @@ Test(runtime_engine_notes, lost_write_done_status_query_both_done)
 	 * holds P's bytes. */
 	struct kvx_engine_params pp, dp;
 	struct et_eng P, D;
-	et_params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
-	et_params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
-	long_timeouts(&pp);
+	long_params(&pp, &dp, KVX_SCHED_MODE_WRITE);
 	dp.transfer_timeout_ms = 4000;
-	dp.defer_timeout_ms = 60000;
 	et_start(&P, &pp, true);
 	et_start(&D, &dp, false);
 	struct lossy l;

@@ -69,11 +69,6 @@ struct res {
 	uint16_t hs, nt;
 };
 
-struct child {
-	pid_t pid;
-	int to, from;
-};
-
 /* ---- child: one engine in one namespace ---- */
 
 struct role {
@@ -83,19 +78,6 @@ struct role {
 	char tids[ET_TRACK_MAX][24];
 	char peer_host[16];
 };
-
-static bool holds(const struct et_eng *g, uint32_t b, int src, uint8_t v)
-{
-	for (uint32_t l = 0; l < ET_NL; l++)
-		for (uint32_t pl = 0; pl < 2; pl++) {
-			uint8_t want = src >= 0 ? et_pattern(l, pl, (uint32_t)src) : v;
-			const uint8_t *p = et_block(g, l, pl, b);
-			for (uint32_t k = 0; k < ET_BLOCK; k++)
-				if (p[k] != want)
-					return false;
-		}
-	return true;
-}
 
 static size_t follow(struct role *r, const char *tid)
 {
@@ -113,13 +95,6 @@ static size_t index_of(const struct role *r, const char *tid)
 	return ET_TRACK_MAX;
 }
 
-static bool got_notes(struct kvx_engine *e, void *arg)
-{
-	struct kvx_engine_stats st;
-	kvx_engine_get_stats(e, &st);
-	return st.notifications_received >= *(const uint64_t *)arg;
-}
-
 static int do_cmd(struct role *r, const struct cmd *c, struct res *o)
 {
 	struct kvx_engine_peer peer = {.host = r->peer_host, .handshake_port = c->hs, .notify_port = c->nt};
@@ -127,8 +102,7 @@ static int do_cmd(struct role *r, const struct cmd *c, struct res *o)
 	size_t k;
 	switch (c->op) {
 	case 'F':
-		for (uint32_t l = 0; l < ET_NL; l++)
-			memset(r->g.mem[l], c->byte, 2 * ET_NB * ET_BLOCK);
+		et_fill(&r->g, c->byte);
 		return 0;
 	case 'S': {
 		struct kvx_engine_serve sv = {.transfer_id = c->tid, .local_blocks = c->blk, .n = c->n};
@@ -152,10 +126,7 @@ static int do_cmd(struct role *r, const struct cmd *c, struct res *o)
 		return kvx_xfer_write_begin(e, &w);
 	}
 	case 'L':
-		for (uint32_t l = 0; l < ET_NL; l++)
-			if (kvx_xfer_layer_ready(e, c->tid, l, NULL))
-				return 20;
-		return kvx_xfer_seal(e, c->tid, ET_NL) ? 21 : 0;
+		return et_write_layers(e, c->tid) ? 20 : 0;
 	case 'E': /* wait until terminal (byte 1: and its blocks released) */
 		k = index_of(r, c->tid);
 		if (k == ET_TRACK_MAX || !et_wait(e, &r->t, c->tid, c->byte))
@@ -173,29 +144,40 @@ static int do_cmd(struct role *r, const struct cmd *c, struct res *o)
 		return 0;
 	case 'N': { /* wait until n notifications arrived in all */
 		uint64_t want = c->n;
-		return et_wait_until(e, &r->t, got_notes, &want) ? 0 : 24;
+		return et_wait_until(e, &r->t, et_notes_at_least, &want) ? 0 : 24;
 	}
 	case 'V': /* blocks blk[i] hold src[i]'s pattern (src[i] == ~0u: hold byte) */
 		o->ok = 1;
 		for (uint32_t i = 0; i < c->n; i++)
-			o->ok &= holds(&r->g, c->blk[i], c->src[i] == ~0u ? -1 : (int)c->src[i], c->byte);
+			o->ok &= c->src[i] == ~0u ? et_block_is(&r->g, c->blk[i], c->byte)
+						  : et_block_is_pattern(&r->g, c->blk[i], c->src[i]);
 		return 0;
 	default:
 		return 25;
 	}
 }
 
-static int child_main(const struct netns_pair *net, enum side s, enum kvx_sched_mode mode, const char *prov,
-		      int to_parent, int from_parent)
+/* What a child gets at fork: the namespaces, its side, the mode and the provider. */
+struct child_arg {
+	const struct netns_pair *net;
+	enum side s;
+	enum kvx_sched_mode mode;
+	const char *prov;
+};
+
+static int child_main(void *arg, int to_parent, int from_parent)
 {
+	const struct child_arg *a = arg;
+	const struct netns_pair *net = a->net;
+	enum side s = a->s;
 	if (netns_pair_enter(net->ns[s]))
 		return 10;
 	static struct role r;
 	snprintf(r.peer_host, sizeof(r.peer_host), "%s", net->addr[!s]);
 	struct kvx_engine_params p;
-	et_params(&p, s == SP ? KVX_SCHED_PRODUCER : KVX_SCHED_CONSUMER, mode);
+	et_params(&p, s == SP ? KVX_SCHED_PRODUCER : KVX_SCHED_CONSUMER, a->mode);
 	p.host = net->addr[s];
-	p.transport = prov;
+	p.transport = a->prov;
 	p.transfer_timeout_ms = PT_TIMEOUT_MS;
 	p.defer_timeout_ms = PT_DEFER_MS;
 	et_start(&r.g, &p, s == SP);
@@ -219,29 +201,17 @@ static int child_main(const struct netns_pair *net, enum side s, enum kvx_sched_
 
 struct pt {
 	struct netns_pair net;
-	struct child c[2];
+	struct et_child c[2];
 	uint16_t hs[2], nt[2];
 };
 
 static void spawn(struct pt *t, enum side s, enum kvx_sched_mode mode, const char *prov)
 {
-	int a[2], b[2];
-	cr_assert_eq(pipe(a), 0);
-	cr_assert_eq(pipe(b), 0);
-	fflush(NULL);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		close(a[1]);
-		close(b[0]);
-		_exit(child_main(&t->net, s, mode, prov, b[1], a[0]));
-	}
-	close(a[0]);
-	close(b[1]);
-	t->c[s] = (struct child){.pid = pid, .to = a[1], .from = b[0]};
+	struct child_arg a = {.net = &t->net, .s = s, .mode = mode, .prov = prov};
+	et_child_spawn(&t->c[s], child_main, &a);
 	struct res hello;
-	cr_assert_eq(et_read_all(b[0], &hello, sizeof(hello)), 0, "the %s child failed to start",
-		     s == SP ? "producer" : "consumer");
+	et_child_recv(&t->c[s], &hello, sizeof(hello),
+		      s == SP ? "the producer child failed to start" : "the consumer child failed to start");
 	t->hs[s] = hello.hs;
 	t->nt[s] = hello.nt;
 }
@@ -274,17 +244,12 @@ static void setup_prov(struct pt *t, enum kvx_sched_mode mode, const char *prov)
 	spawn(t, SD, mode, prov);
 }
 
-static void setup(struct pt *t, enum kvx_sched_mode mode)
-{
-	setup_prov(t, mode, "tcp");
-}
-
 static struct res call(struct pt *t, enum side s, struct cmd c)
 {
 	struct res o;
 	c.hs = t->hs[!s];
 	c.nt = t->nt[!s];
-	cr_assert_eq(et_write_all(t->c[s].to, &c, sizeof(c)), 0);
+	et_child_send(&t->c[s], &c, sizeof(c));
 	cr_assert_eq(et_read_all(t->c[s].from, &o, sizeof(o)), 0, "the %s child died (command %c %s)",
 		     s == SP ? "producer" : "consumer", c.op, c.tid);
 	if (c.op != 'V')
@@ -334,14 +299,8 @@ static void teardown(struct pt *t)
 {
 	for (int s = 0; s < 2; s++) {
 		struct cmd q = {.op = 'Q'};
-		int wst = 0;
-		cr_assert_eq(et_write_all(t->c[s].to, &q, sizeof(q)), 0);
-		cr_assert_eq(waitpid(t->c[s].pid, &wst, 0), t->c[s].pid);
-		cr_assert(WIFEXITED(wst) && WEXITSTATUS(wst) == 0, "%s child status 0x%x", s ? "consumer" : "producer",
-			  wst);
-		close(t->c[s].to);
-		close(t->c[s].from);
-		t->c[s].pid = 0;
+		et_child_send(&t->c[s], &q, sizeof(q));
+		et_child_join(&t->c[s], s ? "consumer child" : "producer child");
 	}
 	netns_pair_teardown(&t->net);
 	g_pt = NULL;
@@ -396,13 +355,29 @@ static void warm_up(struct pt *t, enum kvx_sched_mode mode)
 	expect_blocks(t, SD, 5, 6, 1, 2, "tx-0: wrong bytes");
 }
 
+/* Every case starts so: both children up over @p prov, a first transfer DONE (warm_up()), and
+ * every byte of the consumer's pool set to @p d_fill. */
+static void start_warm(struct pt *t, enum kvx_sched_mode mode, const char *prov, uint8_t d_fill)
+{
+	setup_prov(t, mode, prov);
+	warm_up(t, mode);
+	call(t, SD, one('F', "", d_fill));
+}
+
+/* c, e: the link goes down; P serves tx-1 {1,2} and tx-2 {3,4}; D reads tx-1 into {5,6}. */
+static void outage_serve_two_read_one(struct pt *t)
+{
+	link_set(t, false);
+	call(t, SP, two('S', "tx-1", 1, 2, 0, 0));
+	call(t, SP, two('S', "tx-2", 3, 4, 0, 0));
+	call(t, SD, two('R', "tx-1", 5, 6, 1, 2));
+}
+
 /* a / b: the link is down from before the submission for a quarter of the timeout. */
 static void short_partition(enum kvx_sched_mode mode, const char *prov)
 {
 	static struct pt t; /* static: net_fini() reads it after a failed assertion */
-	setup_prov(&t, mode, prov);
-	warm_up(&t, mode);
-	call(&t, SD, one('F', "", 0));
+	start_warm(&t, mode, prov, 0);
 	link_set(&t, false);
 	if (mode == KVX_SCHED_MODE_READ) {
 		call(&t, SP, two('S', "tx-1", 3, 4, 0, 0));
@@ -453,14 +428,9 @@ Test(runtime_partition, b_shm_write_partition_shorter_than_timeout_done)
 Test(runtime_partition, c_read_partition_longer_than_timeout_blocks_reused_never_done_wrong)
 {
 	static struct pt t; /* static: net_fini() reads it after a failed assertion */
-	setup(&t, KVX_SCHED_MODE_READ);
-	warm_up(&t, KVX_SCHED_MODE_READ);
-	call(&t, SD, one('F', "", 0));
-	link_set(&t, false);
+	start_warm(&t, KVX_SCHED_MODE_READ, "tcp", 0);
 	/* tx-1 is read while the link is down; tx-2 is served now but read only after P reused. */
-	call(&t, SP, two('S', "tx-1", 1, 2, 0, 0));
-	call(&t, SP, two('S', "tx-2", 3, 4, 0, 0));
-	call(&t, SD, two('R', "tx-1", 5, 6, 1, 2));
+	outage_serve_two_read_one(&t);
 	struct res d1 = ends(&t, SD, "tx-1", true, KVX_CPL_TIMED_OUT, -ETIMEDOUT);
 	cr_assert_geq(d1.age_ns, PT_TIMEOUT_MS * MS);
 	cr_assert_lt(d1.age_ns, 2 * PT_TIMEOUT_MS * MS, "consumer tx-1 ended %llu ms after its submission",
@@ -504,13 +474,8 @@ Test(runtime_partition, c_read_partition_longer_than_timeout_blocks_reused_never
 Test(runtime_partition, e_read_resumes_after_its_connection_died_in_the_outage)
 {
 	static struct pt t; /* static: net_fini() reads it after a failed assertion */
-	setup(&t, KVX_SCHED_MODE_READ);
-	warm_up(&t, KVX_SCHED_MODE_READ);
-	call(&t, SD, one('F', "", 0));
-	link_set(&t, false);
-	call(&t, SP, two('S', "tx-1", 1, 2, 0, 0));
-	call(&t, SP, two('S', "tx-2", 3, 4, 0, 0));
-	call(&t, SD, two('R', "tx-1", 5, 6, 1, 2));
+	start_warm(&t, KVX_SCHED_MODE_READ, "tcp", 0);
+	outage_serve_two_read_one(&t);
 	hold_ms(PT_TIMEOUT_MS / 2);
 	call(&t, SD, two('R', "tx-2", 7, 8, 3, 4));
 	struct res d1 = ends(&t, SD, "tx-1", false, KVX_CPL_TIMED_OUT, -ETIMEDOUT);
@@ -529,9 +494,7 @@ Test(runtime_partition, e_read_resumes_after_its_connection_died_in_the_outage)
 Test(runtime_partition, d_write_partition_longer_than_timeout_no_write_into_reused_blocks)
 {
 	static struct pt t; /* static: net_fini() reads it after a failed assertion */
-	setup(&t, KVX_SCHED_MODE_WRITE);
-	warm_up(&t, KVX_SCHED_MODE_WRITE);
-	call(&t, SD, one('F', "", 0x5c));
+	start_warm(&t, KVX_SCHED_MODE_WRITE, "tcp", 0x5c);
 	/* P has D's allocation (remote_blocks: 2 notifications in all, with tx-0's) ... */
 	call(&t, SD, two('A', "tx-1", 3, 4, 0, 0));
 	call(&t, SP, two('B', "tx-1", 0, 0, 1, 2));

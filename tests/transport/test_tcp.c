@@ -50,15 +50,43 @@ static struct kvx_xport_cpl wait_one(struct kvx_xport_ep *ep)
 	return c;
 }
 
-Test(transport_tcp, progress_thread_with_control_thread_churn, .timeout = 120)
+/* Open a target context *tgt and an initiator context *ini of the tcp provider with
+ * @p channels data channels each and, if @p chunk is not 0, chunks of @p chunk bytes. */
+static void open_pair(struct kvx_xport_ctx **tgt, struct kvx_xport_ctx **ini, uint32_t channels, uint32_t chunk)
 {
-	struct kvx_xport_ctx *tgt = NULL, *ini = NULL;
 	struct kvx_xport_ctx_params prm;
 	kvx_xport_ctx_params_init(&prm);
-	prm.num_channels = 2;
-	prm.chunk_bytes = 16384;
-	cr_assert_eq(kvx_xport_open("tcp", &prm, &tgt), 0);
-	cr_assert_eq(kvx_xport_open("tcp", &prm, &ini), 0);
+	prm.num_channels = channels;
+	if (chunk)
+		prm.chunk_bytes = chunk;
+	*tgt = *ini = NULL;
+	cr_assert_eq(kvx_xport_open("tcp", &prm, tgt), 0);
+	cr_assert_eq(kvx_xport_open("tcp", &prm, ini), 0);
+}
+
+/* Connect a new endpoint of @p ini to @p tgt (the handshake blobs handed over in process) and
+ * import the target's region @p tmr into it. Returns the imported region; *iep and *tep are
+ * the initiator's and the target's endpoints. Asserts on any failure. */
+static struct kvx_xport_rmr *connect_import(struct kvx_xport_ctx *ini, struct kvx_xport_ctx *tgt,
+					    struct kvx_xport_mr *tmr, struct kvx_xport_ep **iep,
+					    struct kvx_xport_ep **tep)
+{
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
+	size_t al, bl;
+	*iep = *tep = NULL;
+	cr_assert_eq(kvx_xport_ep_create(ini, iep, a, sizeof(a), &al), 0);
+	cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, tep, b, sizeof(b), &bl), 0);
+	cr_assert_eq(kvx_xport_ep_connect(*iep, b, bl), 0);
+	cr_assert_eq(kvx_xport_mr_export(tmr, d, sizeof(d), NULL), 0);
+	struct kvx_xport_rmr *rr = NULL;
+	cr_assert_eq(kvx_xport_rmr_import(*iep, d, sizeof(d), &rr), 0);
+	return rr;
+}
+
+Test(transport_tcp, progress_thread_with_control_thread_churn, .timeout = 120)
+{
+	struct kvx_xport_ctx *tgt, *ini;
+	open_pair(&tgt, &ini, 2, 16384);
 	struct prog p = {.ctx = tgt};
 	pthread_t th;
 	cr_assert_eq(pthread_create(&th, NULL, progress_thread, &p), 0);
@@ -74,15 +102,8 @@ Test(transport_tcp, progress_thread_with_control_thread_churn, .timeout = 120)
 		struct kvx_xport_mr_params rp = {.addr = src, .len_bytes = LEN,
 						 .access = KVX_XPORT_ACCESS_REMOTE_READ};
 		cr_assert_eq(kvx_xport_mr_register(tgt, &rp, &rmr_t), 0);
-		uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
-		size_t al, bl;
-		struct kvx_xport_ep *iep = NULL, *tep = NULL;
-		cr_assert_eq(kvx_xport_ep_create(ini, &iep, a, sizeof(a), &al), 0);
-		cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, &tep, b, sizeof(b), &bl), 0);
-		cr_assert_eq(kvx_xport_ep_connect(iep, b, bl), 0);
-		cr_assert_eq(kvx_xport_mr_export(rmr_t, d, sizeof(d), NULL), 0);
-		struct kvx_xport_rmr *rr = NULL;
-		cr_assert_eq(kvx_xport_rmr_import(iep, d, sizeof(d), &rr), 0);
+		struct kvx_xport_ep *iep, *tep;
+		struct kvx_xport_rmr *rr = connect_import(ini, tgt, rmr_t, &iep, &tep);
 		struct kvx_xport_op ops[4];
 		for (int i = 0; i < 4; i++)
 			ops[i] = (struct kvx_xport_op){.lmr = lmr, .rmr = rr, .loff = (uint64_t)i * 16384,
@@ -163,12 +184,8 @@ static uint64_t ctx_calls(struct kvx_xport_ctx *ctx)
 Test(transport_tcp, blocked_socket_is_not_retried_and_its_readiness_wakes_an_armed_poller,
      .timeout = 120)
 {
-	struct kvx_xport_ctx *tgt = NULL, *ini = NULL;
-	struct kvx_xport_ctx_params prm;
-	kvx_xport_ctx_params_init(&prm);
-	prm.num_channels = 1;
-	cr_assert_eq(kvx_xport_open("tcp", &prm, &tgt), 0);
-	cr_assert_eq(kvx_xport_open("tcp", &prm, &ini), 0);
+	struct kvx_xport_ctx *tgt, *ini;
+	open_pair(&tgt, &ini, 1, 0);
 	enum { LEN = 1 << 20 };
 	uint8_t *src = malloc(LEN), *dst = calloc(1, LEN);
 	for (int i = 0; i < LEN; i++)
@@ -178,15 +195,8 @@ Test(transport_tcp, blocked_socket_is_not_retried_and_its_readiness_wakes_an_arm
 	cr_assert_eq(kvx_xport_mr_register(tgt, &rp, &tmr), 0);
 	struct kvx_xport_mr_params lp = {.addr = dst, .len_bytes = LEN, .access = KVX_XPORT_ACCESS_ALL};
 	cr_assert_eq(kvx_xport_mr_register(ini, &lp, &lmr), 0);
-	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
-	size_t al, bl;
-	struct kvx_xport_ep *iep = NULL, *tep = NULL;
-	cr_assert_eq(kvx_xport_ep_create(ini, &iep, a, sizeof(a), &al), 0);
-	cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, &tep, b, sizeof(b), &bl), 0);
-	cr_assert_eq(kvx_xport_ep_connect(iep, b, bl), 0);
-	cr_assert_eq(kvx_xport_mr_export(tmr, d, sizeof(d), NULL), 0);
-	struct kvx_xport_rmr *rr = NULL;
-	cr_assert_eq(kvx_xport_rmr_import(iep, d, sizeof(d), &rr), 0);
+	struct kvx_xport_ep *iep, *tep;
+	struct kvx_xport_rmr *rr = connect_import(ini, tgt, tmr, &iep, &tep);
 	/* The target's progress has not run: the request goes out, no response can come. */
 	struct kvx_xport_op op = {.lmr = lmr, .rmr = rr, .len = LEN};
 	cr_assert_eq(kvx_xport_post_bulk(iep, KVX_XPORT_OP_READ, &op, 1, 1), 0);
@@ -283,12 +293,8 @@ static void req(uint8_t *h, int op, uint32_t key, uint64_t len, uint32_t seq)
 
 Test(transport_tcp, raw_client_without_the_endpoint_secret_gets_nothing, .timeout = 120)
 {
-	struct kvx_xport_ctx *tgt = NULL, *ini = NULL;
-	struct kvx_xport_ctx_params prm;
-	kvx_xport_ctx_params_init(&prm);
-	prm.num_channels = 1;
-	cr_assert_eq(kvx_xport_open("tcp", &prm, &tgt), 0);
-	cr_assert_eq(kvx_xport_open("tcp", &prm, &ini), 0);
+	struct kvx_xport_ctx *tgt, *ini;
+	open_pair(&tgt, &ini, 1, 0);
 	struct prog p = {.ctx = tgt};
 	pthread_t th;
 	cr_assert_eq(pthread_create(&th, NULL, progress_thread, &p), 0);

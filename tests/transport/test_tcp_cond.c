@@ -182,52 +182,74 @@ Test(transport_tcp_cond, applied_only_while_the_word_holds)
 	rig_down(&r);
 }
 
+/* Stream cases: NOPS ops of OPB bytes each. */
+#define NOPS 24u
+#define OPB (2 * MIB)
+
+/* The two stream cases: a target region rm (index ri, filled with SEED_R) and a word region
+ * lw (index li, SEED_L) of the target process, an initiator buffer m (registered as lm) of the
+ * same len = NOPS * OPB bytes, left unfilled; one channel of 256 KiB chunks. */
+struct stream {
+	struct rig r;
+	uint64_t len;
+	int ri, li;
+	struct kvx_xport_rmr *rm, *lw;
+	uint8_t *m;
+	struct kvx_xport_mr *lm;
+};
+
+static void stream_up(struct stream *s)
+{
+	rig_up(&s->r, 256 * 1024);
+	s->len = (uint64_t)NOPS * OPB;
+	s->rm = remote(&s->r, s->len, KVX_XPORT_ACCESS_ALL, SEED_R, &s->ri);
+	s->lw = remote(&s->r, 4096, KVX_XPORT_ACCESS_REMOTE_READ, SEED_L, &s->li);
+	s->lm = local(&s->r, &s->m, s->len);
+}
+
+static void stream_down(struct stream *s)
+{
+	free(s->m);
+	rig_down(&s->r);
+}
+
 /* Conditional ops of 2 MiB each (8 chunks) stream in; after the first completed the word
  * changes at the target. Right then the target holds a written prefix [0, B) and the original
  * bytes after it; that never changes again, every op past B fails -ESTALE, every op before
  * it succeeded. Only the test's polls send requests, so at most the flow-control window
  * (8 MiB of payload) can still be in flight at the change: the last ops are refused. */
-#define NOPS 24u
-#define OPB (2 * MIB)
-
 Test(transport_tcp_cond, write_stream_revoked_mid_transfer_stops_at_the_revocation_point)
 {
-	struct rig r;
-	rig_up(&r, 256 * 1024);
-	const uint64_t len = (uint64_t)NOPS * OPB;
-	int ri, li;
-	struct kvx_xport_rmr *rm = remote(&r, len, KVX_XPORT_ACCESS_ALL, SEED_R, &ri);
-	struct kvx_xport_rmr *lw = remote(&r, 4096, KVX_XPORT_ACCESS_REMOTE_READ, SEED_L, &li);
-	uint8_t *m;
-	struct kvx_xport_mr *lm = local(&r, &m, len);
-	pat_fill(m, len, SEED_W, 0);
-	struct kvx_xport_cond cond = {.rmr = lw, .roff = 8, .expect = word_of(SEED_L, 8)};
+	struct stream s;
+	stream_up(&s);
+	pat_fill(s.m, s.len, SEED_W, 0);
+	struct kvx_xport_cond cond = {.rmr = s.lw, .roff = 8, .expect = word_of(SEED_L, 8)};
 	for (uint32_t i = 0; i < NOPS; i++)
-		post(&r, KVX_XPORT_OP_WRITE, lm, (uint64_t)i * OPB, rm, (uint64_t)i * OPB, OPB, i, &cond);
+		post(&s.r, KVX_XPORT_OP_WRITE, s.lm, (uint64_t)i * OPB, s.rm, (uint64_t)i * OPB, OPB, i, &cond);
 	int st[NOPS];
 	for (uint32_t i = 0; i < NOPS; i++)
 		st[i] = 1;
-	struct kvx_xport_cpl c = wait_cpl(r.ep);
+	struct kvx_xport_cpl c = wait_cpl(s.r.ep);
 	cr_assert_eq(c.cookie, 0);
 	cr_assert_eq(c.status, 0, "first op: status %d", c.status);
 	st[0] = 0;
 	/* Revoke: from here the target must not change one more byte. */
-	cr_assert_eq(peer_fill(&r.peer, li, 8, 8, SEED_REV, 8), 0);
-	int64_t b = peer_verify(&r.peer, ri, 0, len, SEED_W, 0);
+	cr_assert_eq(peer_fill(&s.r.peer, s.li, 8, 8, SEED_REV, 8), 0);
+	int64_t b = peer_verify(&s.r.peer, s.ri, 0, s.len, SEED_W, 0);
 	cr_assert_geq(b, (int64_t)OPB, "the first op's bytes are not all there");
-	cr_assert_lt(b, (int64_t)len, "everything landed before the change: nothing tested");
-	cr_assert_eq(peer_verify(&r.peer, ri, (uint64_t)b, len - (uint64_t)b, SEED_R, (uint64_t)b),
-		     (int64_t)(len - (uint64_t)b), "not one written prefix at the change");
+	cr_assert_lt(b, (int64_t)s.len, "everything landed before the change: nothing tested");
+	cr_assert_eq(peer_verify(&s.r.peer, s.ri, (uint64_t)b, s.len - (uint64_t)b, SEED_R, (uint64_t)b),
+		     (int64_t)(s.len - (uint64_t)b), "not one written prefix at the change");
 	for (uint32_t n = 1; n < NOPS; n++) {
-		c = wait_cpl(r.ep);
+		c = wait_cpl(s.r.ep);
 		cr_assert_lt(c.cookie, NOPS);
 		cr_assert_eq(st[c.cookie], 1, "two completions for op %llu", (unsigned long long)c.cookie);
 		st[c.cookie] = c.status;
 	}
 	/* After every completion: still exactly the prefix of the change. */
-	cr_assert_eq(peer_verify(&r.peer, ri, 0, len, SEED_W, 0), b, "bytes landed after the change");
-	cr_assert_eq(peer_verify(&r.peer, ri, (uint64_t)b, len - (uint64_t)b, SEED_R, (uint64_t)b),
-		     (int64_t)(len - (uint64_t)b), "bytes landed after the change");
+	cr_assert_eq(peer_verify(&s.r.peer, s.ri, 0, s.len, SEED_W, 0), b, "bytes landed after the change");
+	cr_assert_eq(peer_verify(&s.r.peer, s.ri, (uint64_t)b, s.len - (uint64_t)b, SEED_R, (uint64_t)b),
+		     (int64_t)(s.len - (uint64_t)b), "bytes landed after the change");
 	for (uint32_t i = 0; i < NOPS; i++) {
 		uint64_t end = (uint64_t)(i + 1) * OPB;
 		if (end <= (uint64_t)b)
@@ -236,53 +258,45 @@ Test(transport_tcp_cond, write_stream_revoked_mid_transfer_stops_at_the_revocati
 			cr_assert_eq(st[i], -ESTALE, "op %u past the change: status %d", i, st[i]);
 	}
 	cr_assert_eq(st[NOPS - 1], -ESTALE);
-	free(m);
-	rig_down(&r);
+	stream_down(&s);
 }
 
 /* READs likewise: after the change no response carries payload; the initiator's buffer holds the
  * region's bytes up to a chunk boundary and its poison after it. */
 Test(transport_tcp_cond, read_stream_revoked_mid_transfer_returns_no_byte_after_it)
 {
-	struct rig r;
-	rig_up(&r, 256 * 1024);
-	const uint64_t len = (uint64_t)NOPS * OPB;
-	int ri, li;
-	struct kvx_xport_rmr *rm = remote(&r, len, KVX_XPORT_ACCESS_ALL, SEED_R, &ri);
-	struct kvx_xport_rmr *lw = remote(&r, 4096, KVX_XPORT_ACCESS_REMOTE_READ, SEED_L, &li);
-	uint8_t *m;
-	struct kvx_xport_mr *lm = local(&r, &m, len);
-	memset(m, POISON, len);
-	struct kvx_xport_cond cond = {.rmr = lw, .roff = 0, .expect = word_of(SEED_L, 0)};
+	struct stream s;
+	stream_up(&s);
+	memset(s.m, POISON, s.len);
+	struct kvx_xport_cond cond = {.rmr = s.lw, .roff = 0, .expect = word_of(SEED_L, 0)};
 	for (uint32_t i = 0; i < NOPS; i++)
-		post(&r, KVX_XPORT_OP_READ, lm, (uint64_t)i * OPB, rm, (uint64_t)i * OPB, OPB, i, &cond);
+		post(&s.r, KVX_XPORT_OP_READ, s.lm, (uint64_t)i * OPB, s.rm, (uint64_t)i * OPB, OPB, i, &cond);
 	int st[NOPS];
-	struct kvx_xport_cpl c = wait_cpl(r.ep);
+	struct kvx_xport_cpl c = wait_cpl(s.r.ep);
 	cr_assert_eq(c.cookie, 0);
 	cr_assert_eq(c.status, 0, "first op: status %d", c.status);
 	st[0] = 0;
-	cr_assert_eq(peer_fill(&r.peer, li, 0, 8, SEED_REV, 0), 0);
+	cr_assert_eq(peer_fill(&s.r.peer, s.li, 0, 8, SEED_REV, 0), 0);
 	for (uint32_t n = 1; n < NOPS; n++) {
-		c = wait_cpl(r.ep);
+		c = wait_cpl(s.r.ep);
 		cr_assert_lt(c.cookie, NOPS);
 		st[c.cookie] = c.status;
 	}
 	/* b: the first chunk boundary after which the buffer is all poison; everything before it
 	 * must be the region's bytes (a refused chunk that carried part of its payload breaks
 	 * one or the other). */
-	uint64_t b = len;
-	while (b > 0 && m[b - 1] == POISON)
+	uint64_t b = s.len;
+	while (b > 0 && s.m[b - 1] == POISON)
 		b--;
-	b = (b + r.chunk - 1) / r.chunk * r.chunk;
+	b = (b + s.r.chunk - 1) / s.r.chunk * s.r.chunk;
 	cr_assert_geq(b, OPB);
-	cr_assert_lt(b, len, "everything was read before the change: nothing tested");
-	cr_assert_eq(pat_check(m, b, SEED_R, 0), b, "bytes read after the change (prefix %llu)",
+	cr_assert_lt(b, s.len, "everything was read before the change: nothing tested");
+	cr_assert_eq(pat_check(s.m, b, SEED_R, 0), b, "bytes read after the change (prefix %llu)",
 		     (unsigned long long)b);
 	for (uint32_t i = 0; i < NOPS; i++) {
 		uint64_t end = (uint64_t)(i + 1) * OPB;
 		cr_assert_eq(st[i], end <= b ? 0 : -ESTALE, "op %u: status %d (prefix %llu)", i, st[i],
 			     (unsigned long long)b);
 	}
-	free(m);
-	rig_down(&r);
+	stream_down(&s);
 }
