@@ -16,10 +16,14 @@
 #      READ (the main job: default trace, Llama-3.1-8B, 6 requests, --no-verify); throughput and
 #      CPU per GB (iperf3: client + server CPU from its JSON; kvxfer: both engines' threads,
 #      trace JSON summary.engine_cpu_s_per_gb)
+#   7. streaming process_vm_writev (WRITE) / process_vm_readv (READ) loop moving the trace's
+#      bytes (same requests, block ids and extents; up to IOV_MAX iovecs per call)  vs
+#      kvxfer-perf trace --local -t shm (same options as 6): both from one `--peer cma` run
 # Each pair runs back to back with the same pinning (client CPU A, server CPU B) and the
 # same duration. Targets (2-core machine): tcp >= 0.9x iperf3 and >= 1.5x ucx_perftest;
 # shm >= 0.9x the process_vm_readv loop; shm 4 KiB ops >= 0.8x the batched loop; notify round
-# trip <= 1.2x the ZMQ echo; trace over tcp >= 0.8x iperf3 at <= 1.5x its CPU/GB.
+# trip <= 1.2x the ZMQ echo; trace over tcp >= 0.8x iperf3 at <= 1.5x its CPU/GB; trace over
+# shm >= 0.8x the streaming CMA loop.
 #
 # Usage: bash bench/compare.sh [BUILD_DIR]       (default: build; builds kvxfer-perf there)
 # Env:   KVX_CMP_SECONDS (default 5) per measurement, KVX_CMP_CPUS (default "0,1"),
@@ -83,6 +87,13 @@ kvx_trace() { # write|read -> "GB/s CPU-seconds-per-GB" of the main job over tcp
 print("%.4f %.4f" % (s["throughput_gbps"] or 0, s["engine_cpu_s_per_gb"] or 0))' "$TRACE_JSON"
 }
 
+kvx_trace_shm() { # write|read -> "kvxfer-GB/s loop-GB/s" of the main job over shm (--peer cma)
+  "$PERF" trace --local -t shm -m "$1" --speed 0 --requests 6 --pool-blocks 1100 --no-verify \
+    --peer cma --json "$TRACE_JSON" >/dev/null 2>&1 || { echo "trace shm $1 failed" >&2; echo 0 0; return; }
+  python3 -c 'import json,sys; s = json.load(open(sys.argv[1]))["summary"]
+print("%.4f %.4f" % (s["throughput_gbps"] or 0, s["peer"]["throughput_gbps"] or 0))' "$TRACE_JSON"
+}
+
 ucx_gbs() { # size
   local p; p=$(port)
   # ucx_perftest has no duration option: size the run for about SECS seconds at ~0.1 GB/s.
@@ -137,6 +148,10 @@ for r in $(seq "$ROUNDS"); do
   a=$(peer_gbs cma 1M);           b=$(kvx_gbs shm read 1M);   row "shm 1 MiB READ vs plain process_vm_readv loop" "$b" "$a" cma
   a=$(peer_gbs memcpy 1M);                                     row "shm 1 MiB READ vs single-core memcpy (ceiling)" "$b" "$a" memcpy
   a=$(peer_gbs cma 4K 128);       b=$(kvx_gbs shm read 4K);   row "shm 4 KiB READ, 1 op/post vs process_vm_readv, 128 iovecs/call" "$b" "$a" cma4k
+  for m in write read; do
+    read -r b a <<<"$(kvx_trace_shm $m)"
+    row "trace shm $m (main job) vs streaming CMA loop, same bytes" "$b" "$a" "shm_trace_$m"
+  done
   r=$(notify_ratio)
   printf '  %-58s ratio %sx (kvxfer-perf notify, p50 round trip)\n' "notify round trip vs ZMQ DEALER/ROUTER echo" "$r"
   RAT[notify]+="$r "
@@ -151,4 +166,6 @@ printf '  tcp vs ucx 1 MiB     %sx  [>= 1.5]\n' "$(med "${RAT[ucx1m]}")"
 printf '  shm vs cma loop      %sx  [>= 0.9]\n' "$(med "${RAT[cma]}")"
 printf '  shm vs memcpy        %sx  (reference)\n' "$(med "${RAT[memcpy]}")"
 printf '  shm 4 KiB vs batched %sx  [>= 0.8]\n' "$(med "${RAT[cma4k]}")"
+printf '  trace shm write      %sx  [>= 0.8]\n' "$(med "${RAT[shm_trace_write]}")"
+printf '  trace shm read       %sx  [>= 0.8]\n' "$(med "${RAT[shm_trace_read]}")"
 printf '  notify vs ZMQ echo   %sx  [<= 1.2]\n' "$(med "${RAT[notify]}")"

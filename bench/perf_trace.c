@@ -24,6 +24,7 @@
 #include "px_auth.h"
 #include "perf.h"
 #include "perf_util.h"
+#include "trace_cma.h"
 #include "trace_lcores.h"
 #include "trace_load.h"
 #include "trace_net.h"
@@ -92,7 +93,12 @@ static void usage(FILE *f)
 "                       caps.mem_types lack it (hostdev: test-only mock of device memory)\n"
 "  --auth-dir DIR       CURVE-authenticate both engines' handshake and notify sockets with the\n"
 "                       key pair and allowed/ peer keys in DIR (kvxfer-perf keygen DIR); with\n"
-"                       --local both engines use DIR, so DIR/allowed/ must hold DIR/engine.key\n",
+"                       --local both engines use DIR, so DIR/allowed/ must hold DIR/engine.key\n"
+"  --peer cma           (--local) after the replay, move the same bytes again (same requests,\n"
+"                       block ids and extents) with a streaming process_vm_writev (WRITE) /\n"
+"                       process_vm_readv (READ) loop of up to IOV_MAX iovecs per call from the\n"
+"                       initiator role; prints and writes (JSON summary.peer) its throughput\n"
+"                       and kvxfer's throughput / the loop's\n",
 		perf_data_dir(), perf_data_dir(), DEFAULT_TRACE, DEFAULT_PORT);
 }
 
@@ -101,7 +107,7 @@ enum {
 	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
-	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR,
+	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR, OPT_PEER,
 };
 
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
@@ -207,6 +213,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"metrics", required_argument, 0, OPT_METRICS},
 		{"ib-dev", required_argument, 0, 'd'},
 		{"auth-dir", required_argument, 0, OPT_AUTH_DIR},
+		{"peer", required_argument, 0, OPT_PEER},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0},
 	};
@@ -287,6 +294,13 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		}
 		case OPT_MODELS_CSV: o->models_csv = optarg; break;
 		case OPT_AUTH_DIR: o->auth_dir = optarg; break;
+		case OPT_PEER:
+			if (strcmp(optarg, "cma")) {
+				fprintf(stderr, "kvxfer-perf trace: --peer: '%s' is not cma\n", optarg);
+				return -EINVAL;
+			}
+			o->peer_cma = true;
+			break;
 		case OPT_TRACE: o->trace = optarg; break;
 		case OPT_REQUESTS:
 			if (parse_u64("--requests", optarg, 0, UINT32_MAX, &o->requests))
@@ -439,6 +453,11 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			return -EINVAL;
 		}
 		o->transport = "verbs";
+	}
+	if (o->peer_cma && o->role == TRACE_ROLE_DRIVER && (!o->local || (o->mem && strcmp(o->mem, "host")))) {
+		fprintf(stderr, "kvxfer-perf trace: --peer cma needs --local and host pools (both pools in "
+				"processes of this machine)\n");
+		return -EINVAL;
 	}
 	if (o->verify < 0)
 		o->verify = o->local ? 1 : 0;
@@ -968,6 +987,61 @@ static void print_results(FILE *f, const struct driver *D, const struct perf_tra
 		fprintf(f, "  aborted                %s\n", D->abort_reason);
 }
 
+/* Wait for one message of @p type from role @p s (blocking: the roles are idle by now). */
+static int recv_type(struct driver *D, int s, uint32_t type, struct trace_msg_hdr *h, void **p)
+{
+	int rc = trace_msg_recv(D->s[s].fd, h, p);
+	if (rc)
+		return rc;
+	if (h->type == type)
+		return 0;
+	fprintf(stderr, "kvxfer-perf trace: --peer cma: %s sent message type %u%s%s\n", D->s[s].name,
+		h->type, h->type == TRACE_MSG_FATAL && *p ? ": " : "",
+		h->type == TRACE_MSG_FATAL && *p ? (const char *)*p : "");
+	free(*p);
+	*p = NULL;
+	return -EPROTO;
+}
+
+/* --peer cma: the target role's pool and block-id log go to the initiator role, which moves
+ * the same bytes with the streaming loop of trace_cma.h and reports its counters. */
+static void run_peer_cma(struct driver *D, struct perf_trace_counters *c)
+{
+	int t = D->o->write_mode ? 1 : 0, i = 1 - t;
+	struct trace_msg_hdr h;
+	void *p = NULL;
+	c->peer_cma = true;
+	c->peer_status = -EPIPE;
+	if (D->s[t].gone || D->s[i].gone ||
+	    trace_msg_send(D->s[t].fd, TRACE_MSG_CMA_INFO_REQ, NULL, 0, NULL, 0) ||
+	    recv_type(D, t, TRACE_MSG_CMA_INFO, &h, &p))
+		return;
+	if (!D->o->quiet)
+		fprintf(stderr, "kvxfer-perf trace: --peer cma: the %s moves the same bytes with process_vm_%sv\n",
+			D->s[i].name, D->o->write_mode ? "write" : "read");
+	int rc = trace_msg_send(D->s[i].fd, TRACE_MSG_CMA_RUN, p, h.len, NULL, 0);
+	free(p);
+	p = NULL;
+	if (rc || recv_type(D, i, TRACE_MSG_CMA_RESULT, &h, &p))
+		return;
+	struct trace_cma_result r;
+	if (h.len != sizeof(r)) {
+		free(p);
+		c->peer_status = -EPROTO;
+		return;
+	}
+	memcpy(&r, p, sizeof(r));
+	free(p);
+	c->peer_status = r.status;
+	c->peer_bytes = r.bytes;
+	c->peer_wall_s = (double)r.ns / 1e9;
+	c->peer_calls = r.calls;
+	c->peer_iovs = r.iovs;
+	if (r.missing)
+		fprintf(stderr, "kvxfer-perf trace: --peer cma: %" PRIu64 " transfers of the %s were not "
+				"logged by the %s and were not moved\n", r.missing, D->s[i].name, D->s[t].name);
+}
+
 static int run_driver(struct trace_opts *o, int argc, char **argv)
 {
 	struct driver D = {.o = o, .s = {{.fd = -1, .name = "producer"}, {.fd = -1, .name = "consumer"}}};
@@ -1303,6 +1377,8 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		c.reported[s] = true;
 		c.lcore_util[s] = st->lcore_util;
 		c.engine_cpu_s[s] = st->engine_cpu_s;
+		c.n_lcores[s] = st->n_lcores < 16 ? st->n_lcores : 16;
+		memcpy(c.lcore_bytes[s], st->lcore_bytes, sizeof(c.lcore_bytes[s]));
 		c.verify_bad += st->verify_bad;
 		if (st->ctl_sent == UINT64_MAX || st->ctl_recv == UINT64_MAX || st->ctl_dropped == UINT64_MAX)
 			continue;
@@ -1311,6 +1387,8 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		c.ctl_recv += st->ctl_recv;
 		c.ctl_dropped += st->ctl_dropped;
 	}
+	if (o->peer_cma && !D.aborted)
+		run_peer_cma(&D, &c);
 	/* The provider the engines report after the run (both ends agree on it per connection);
 	 * "P/D" if they differ, the request only if no role reported. */
 	char xport[64];

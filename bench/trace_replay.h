@@ -78,6 +78,8 @@ struct trace_opts {
 	uint32_t set;             /**< TRACE_SET_* bits: options given on the command line. */
 	const char *metrics;      /**< --metrics ADDR: the engine serves Prometheus /metrics there. */
 	const char *ib_dev;       /**< -d/--ib-dev: RDMA device of this host's engine (implies verbs). */
+	bool peer_cma;            /**< --peer cma (--local): after the replay, time a streaming
+	                               process_vm_readv/writev loop moving the same bytes (trace_cma.h). */
 	const char *auth_dir;     /**< --auth-dir DIR: kvx_engine_params.auth_dir of the engines; NULL = unauthenticated. */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
@@ -106,6 +108,10 @@ enum trace_msg_type {
 	TRACE_MSG_FATAL = 10, /**< role -> driver: the role cannot continue (text payload). */
 	TRACE_MSG_SETUP = 11, /**< --client -> --server, first message: the run's options (struct trace_msg_setup). */
 	TRACE_MSG_RESULT = 12, /**< driver -> --server's producer, before QUIT: exit code (int32) + summary text. */
+	TRACE_MSG_CMA_INFO_REQ = 14, /**< driver -> target role, --peer cma: send CMA_INFO. */
+	TRACE_MSG_CMA_INFO = 15, /**< target role -> driver: its pool and block-id log (trace_cma.h). */
+	TRACE_MSG_CMA_RUN = 16,  /**< driver -> initiator role: run the loop against CMA_INFO's payload. */
+	TRACE_MSG_CMA_RESULT = 17, /**< initiator role -> driver: struct trace_cma_result. */
 	TRACE_MSG_REFUSED = 13, /**< --server -> --client, instead of HELLO: the options are refused (a usage error: they disagree, unknown model, pool too large); text payload. */
 };
 
@@ -213,6 +219,9 @@ struct trace_msg_stats {
 	char transport[24];      /**< kvx_engine_transport_name() at the end: provider in use. */
 	double engine_cpu_s;     /**< CPU seconds of the engine's threads (the role process minus
 	                              its main thread, which fills and checks) since the role began. */
+	uint32_t n_lcores;       /**< Polling lcores of the engine (entries of lcore_bytes). */
+	uint32_t pad2;
+	uint64_t lcore_bytes[16]; /**< Bytes moved by the ops each polling lcore posted. */
 };
 
 /** Send one message (blocking, handles short writes). @return 0 or -errno. */

@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "kvxfer/common.h"
 #include "perf_util.h"
 
 extern char **environ;
@@ -93,6 +94,36 @@ static void print_lat(FILE *f, const char *name, const struct perf_lat_stats *st
 		st->p50, st->p90, st->p99, st->max, st->mean, st->n);
 }
 
+/* kvxfer's throughput / the --peer cma loop's, or -1 when either is unknown. */
+static double peer_ratio(const struct perf_trace_summary *s, const struct perf_trace_counters *c)
+{
+	if (!c->peer_cma || c->peer_status || c->peer_wall_s <= 0 || s->wall_s <= 0)
+		return -1;
+	return s->gbps / ((double)c->peer_bytes / c->peer_wall_s / 1e9);
+}
+
+static void print_peer(FILE *f, const struct perf_trace_summary *s, const struct perf_trace_counters *c)
+{
+	const char *name = "peer cma loop";
+	if (c->peer_status) {
+		fprintf(f, "  %-22s n/a (failed: %s)\n", name, kvx_strerror(c->peer_status));
+		return;
+	}
+	if (c->peer_wall_s <= 0) {
+		fprintf(f, "  %-22s n/a (no measurable interval)\n", name);
+		return;
+	}
+	fprintf(f, "  %-22s %.3f GB/s (%" PRIu64 " bytes%s; %.3f s, %" PRIu64 " calls, %" PRIu64
+		   " iovecs)\n", name, (double)c->peer_bytes / c->peer_wall_s / 1e9, c->peer_bytes,
+		c->peer_bytes == s->bytes ? ", as kvxfer's" : ", NOT kvxfer's", c->peer_wall_s,
+		c->peer_calls, c->peer_iovs);
+	double r = peer_ratio(s, c);
+	if (r >= 0)
+		fprintf(f, "  %-22s %.3fx\n", "kvxfer / peer", r);
+	else
+		fprintf(f, "  %-22s n/a\n", "kvxfer / peer");
+}
+
 /* Both engines' CPU seconds per GB moved, or -1 when a side is unknown or nothing moved. */
 static double cpu_per_gb(const struct perf_trace_summary *s, const struct perf_trace_counters *c)
 {
@@ -132,6 +163,8 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 		fprintf(f, "  %-22s %s\n", "wall time", na[0] ? na : "n/a (no measurable interval)");
 		fprintf(f, "  %-22s %s\n", "throughput", na[0] ? na : "n/a (no measurable interval)");
 	}
+	if (c->peer_cma)
+		print_peer(f, s, c);
 	if (s->lat.n)
 		print_lat(f, "latency ms", &s->lat);
 	else
@@ -148,6 +181,19 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 			fprintf(f, " %s n/a", side[i]);
 		else
 			fprintf(f, " %s %.1f%%", side[i], 100.0 * c->lcore_util[i]);
+	}
+	fputc('\n', f);
+	/* Which polling lcores moved the bytes: each one's share of its side's total. */
+	fprintf(f, "  %-22s", "bytes per lcore");
+	for (int i = 0; i < 2; i++) {
+		uint64_t tot = 0;
+		for (uint32_t k = 0; k < c->n_lcores[i]; k++)
+			tot += c->lcore_bytes[i][k];
+		fprintf(f, " %s", side[i]);
+		if (!c->n_lcores[i])
+			fputs(" n/a", f);
+		for (uint32_t k = 0; k < c->n_lcores[i]; k++)
+			fprintf(f, "%s%.0f%%", k ? "/" : " ", tot ? 100.0 * (double)c->lcore_bytes[i][k] / (double)tot : 0.0);
 	}
 	fputc('\n', f);
 	fprintf(f, "  %-22s", "engine CPU s");
@@ -316,6 +362,24 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 	json_object_set_new(sum, "engine_cpu_s",
 			    json_pack("[o,o]", frac_json(c->engine_cpu_s[0]), frac_json(c->engine_cpu_s[1])));
 	json_object_set_new(sum, "engine_cpu_s_per_gb", frac_json(cpg));
+	json_t *lb = json_array();
+	for (int i = 0; i < 2; i++) {
+		json_t *a = c->n_lcores[i] ? json_array() : json_null();
+		for (uint32_t k = 0; k < c->n_lcores[i]; k++)
+			json_array_append_new(a, json_integer((json_int_t)c->lcore_bytes[i][k]));
+		json_array_append_new(lb, a);
+	}
+	json_object_set_new(sum, "lcore_bytes", lb);
+	if (c->peer_cma) {
+		/* --peer cma: the streaming process_vm_readv/writev loop over the same bytes. */
+		bool ok = !c->peer_status && c->peer_wall_s > 0;
+		json_object_set_new(sum, "peer", json_pack("{s:s, s:i, s:I, s:b, s:o, s:o, s:I, s:I}",
+			"kind", "cma", "status", c->peer_status, "bytes", (json_int_t)c->peer_bytes,
+			"same_bytes", c->peer_bytes == s->bytes, "wall_s", ok ? json_real(c->peer_wall_s) : json_null(),
+			"throughput_gbps", ok ? json_real((double)c->peer_bytes / c->peer_wall_s / 1e9) : json_null(),
+			"calls", (json_int_t)c->peer_calls, "iovecs", (json_int_t)c->peer_iovs));
+		json_object_set_new(sum, "vs_peer", frac_json(peer_ratio(s, c)));
+	}
 	FILE *f = perf_out_open(path);
 	int rc = f ? json_dumpf(root, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : -1;
 	if (f && !rc)

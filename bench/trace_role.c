@@ -10,12 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kvxfer/engine.h"
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
+#include "trace_cma.h"
 #include "trace_pattern.h"
 #include "trace_net.h"
 #include "trace_pool.h"
@@ -70,6 +72,7 @@ struct role {
 	bool quit;
 	int result_rc;            /* --server: the run's exit code, from the driver's RESULT */
 	uint64_t cpu0_proc, cpu0_main; /* process and main-thread CPU ns when the role began */
+	struct trace_cma_log cma;  /* --peer cma: block ids of every transfer, in start order */
 };
 
 static uint64_t cpu_ns(clockid_t id)
@@ -262,6 +265,11 @@ static void start_queued(struct role *R)
 			return;
 		}
 		x->nids = want;
+		if (R->o->peer_cma && trace_cma_log_add(&R->cma, x->idx, x->ids, x->nids)) {
+			fatal(R, "out of memory");
+			R->quit = true;
+			return;
+		}
 		if (R->r == TRACE_ROLE_PRODUCER) {
 			if (R->o->write_mode) {
 				struct kvx_engine_write w = {.transfer_id = x->tid, .peer = R->peer,
@@ -529,6 +537,8 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 					    .ctl_dropped = st.late_notifications,
 					    .verify_bad = R->verify_bad,
 					    .pool_exhausted = perf_pool_exhausted(R->pool)};
+		for (uint32_t i = 0; i < st.n_lcores && s.n_lcores < KVX_ARRAY_SIZE(s.lcore_bytes); i++)
+			s.lcore_bytes[s.n_lcores++] = st.lcores[i].bytes;
 		if (st.n_lcores) {
 			double u = 0;
 			for (uint32_t i = 0; i < st.n_lcores; i++)
@@ -542,6 +552,29 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 		snprintf(s.transport, sizeof(s.transport), "%s", kvx_engine_transport_name(R->e));
 		if (trace_msg_send(R->fd, TRACE_MSG_STATS, &s, sizeof(s), NULL, 0))
 			R->quit = true;
+		return;
+	}
+	case TRACE_MSG_CMA_INFO_REQ:
+	case TRACE_MSG_CMA_RUN: {
+		if (!R->o->peer_cma || R->dev)
+			break;
+		struct trace_cma_pool pool = {.layers = R->m.num_layers, .planes = R->m.planes,
+					      .nb = R->nb, .block_len = R->block_len, .layer = R->layer};
+		if (h->type == TRACE_MSG_CMA_RUN) {
+			struct trace_cma_result res;
+			trace_cma_run(&R->cma, &pool, R->o->write_mode, p, h->len, &res);
+			if (trace_msg_send(R->fd, TRACE_MSG_CMA_RESULT, &res, sizeof(res), NULL, 0))
+				R->quit = true;
+			return;
+		}
+		/* The initiator role is our sibling, not our ancestor: let it attach (Yama). */
+		prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+		void *info = NULL;
+		size_t len = 0;
+		if (trace_cma_info_pack(&R->cma, &pool, getpid(), &info, &len) ||
+		    trace_msg_send(R->fd, TRACE_MSG_CMA_INFO, info, len, NULL, 0))
+			R->quit = true;
+		free(info);
 		return;
 	}
 	case TRACE_MSG_QUIT:
@@ -779,6 +812,7 @@ out:
 	}
 	free(R.rx);
 	free(R.layer);
+	trace_cma_log_free(&R.cma);
 	perf_pool_destroy(R.pool);
 	return exit_code;
 }

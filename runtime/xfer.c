@@ -486,6 +486,11 @@ static void op_failed(struct kvx_life *lf, const struct kvx_xfer_ev *ev, struct 
 	}
 	lf->failed = true;
 	lf->error = ev->error;
+	/* A data op the producer's target refused because the lease was revoked (tcp: the
+	 * conditional op's -ESTALE) after this READ asked for its notes: end with the producer's
+	 * status and error, as a revoked lease found by the lease read does (lease_cpl()). */
+	if (lf->kind == KVX_XFER_K_READ && ev->error == -ESTALE && lf->queried && !lf->peer_status)
+		lf->await_note = true;
 }
 
 static void peer_connected(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_life *lf,

@@ -319,3 +319,83 @@ Test(bench_trace_report, bw_sweep_plot_writes_a_png)
 	unlink(gp);
 	rmdir(dir);
 }
+
+Test(bench_trace_report, bytes_per_lcore_are_each_lcores_share_of_its_side)
+{
+	struct perf_trace_rec r[1] = {mk(0, 0, 10, 100, 0)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 1, &s), 0);
+	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t",
+					   .mode = "WRITE", .transport = "shm", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {0.5, 0.1}, .n_lcores = {2, 0},
+					.lcore_bytes = {{300, 100}}};
+	char *txt = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&txt, &len);
+	perf_trace_print_summary(f, &info, &s, &c, r, 1);
+	fclose(f);
+	cr_assert(strstr(txt, "  bytes per lcore        producer 75%/25% consumer n/a\n"), "%s", txt);
+	free(txt);
+	c.n_lcores[1] = 1; /* an lcore that moved nothing: 0%, not a division by zero */
+	f = open_memstream(&txt, &len);
+	perf_trace_print_summary(f, &info, &s, &c, r, 1);
+	fclose(f);
+	cr_assert(strstr(txt, "  bytes per lcore        producer 75%/25% consumer 0%\n"), "%s", txt);
+	free(txt);
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	close(mkstemp(path));
+	cr_assert_eq(perf_trace_write_json(path, &info, &s, &c, r, 1), 0);
+	json_error_t je;
+	json_t *root = json_load_file(path, 0, &je);
+	unlink(path);
+	cr_assert_not_null(root, "%s", je.text);
+	json_t *lb = json_object_get(json_object_get(root, "summary"), "lcore_bytes");
+	cr_assert_eq(json_array_size(lb), 2);
+	cr_assert_eq(json_integer_value(json_array_get(json_array_get(lb, 0), 0)), 300);
+	cr_assert_eq(json_integer_value(json_array_get(json_array_get(lb, 0), 1)), 100);
+	cr_assert_eq(json_array_size(json_array_get(lb, 1)), 1);
+	json_decref(root);
+}
+
+Test(bench_trace_report, peer_cma_line_ratio_and_json)
+{
+	/* 100 bytes in 10 ms: 1e-5 GB/s; the loop moved the same 100 bytes in 5 ms. */
+	struct perf_trace_rec r[1] = {mk(0, 0, 10, 100, 0)};
+	struct perf_trace_summary s;
+	cr_assert_eq(perf_trace_summarize(r, 1, &s), 0);
+	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t",
+					   .mode = "READ", .transport = "shm", .block_tokens = 16};
+	struct perf_trace_counters c = {.lcore_util = {0.5, 0.1}, .peer_cma = true, .peer_bytes = 100,
+					.peer_wall_s = 0.005, .peer_calls = 2, .peer_iovs = 7};
+	char *txt = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&txt, &len);
+	perf_trace_print_summary(f, &info, &s, &c, r, 1);
+	fclose(f);
+	cr_assert(strstr(txt, "  peer cma loop          0.000 GB/s (100 bytes, as kvxfer's; 0.005 s, 2 calls, "
+			      "7 iovecs)\n  kvxfer / peer          0.500x\n"), "%s", txt);
+	free(txt);
+	char path[] = "/tmp/kvx_report_XXXXXX";
+	close(mkstemp(path));
+	cr_assert_eq(perf_trace_write_json(path, &info, &s, &c, r, 1), 0);
+	json_error_t je;
+	json_t *root = json_load_file(path, 0, &je);
+	cr_assert_not_null(root, "%s", je.text);
+	json_t *sum = json_object_get(root, "summary");
+	cr_assert(fabs(json_real_value(json_object_get(sum, "vs_peer")) - 0.5) < 1e-9);
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(sum, "peer"), "calls")), 2);
+	json_decref(root);
+	/* A failed loop: n/a with the reason, null ratio. */
+	c.peer_status = -EPERM;
+	f = open_memstream(&txt, &len);
+	perf_trace_print_summary(f, &info, &s, &c, r, 1);
+	fclose(f);
+	cr_assert(strstr(txt, "  peer cma loop          n/a (failed: "), "%s", txt);
+	cr_assert_null(strstr(txt, "kvxfer / peer"), "%s", txt);
+	free(txt);
+	cr_assert_eq(perf_trace_write_json(path, &info, &s, &c, r, 1), 0);
+	root = json_load_file(path, 0, &je);
+	unlink(path);
+	cr_assert(json_is_null(json_object_get(json_object_get(root, "summary"), "vs_peer")));
+	json_decref(root);
+}
