@@ -321,9 +321,10 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		}
 		e->n_xctx = k + 1;
 		kvx_xport_query_caps(e->xctx[k], &e->caps[k]);
-		/* A late write through this transport lands unless the target checks the lease
-		 * per op (tcp) or there is no wire (shm): D WRITE quarantine expiry fences. */
-		if (!e->caps[k].cond_ops && !e->caps[k].same_host_only)
+		/* A late write through this transport lands unless the lease is checked per op
+		 * (caps.cond_ops: tcp at the target, shm by the writer, docs/protocol.md §5.11):
+		 * D WRITE quarantine expiry fences. */
+		if (!e->caps[k].cond_ops)
 			e->fence_writers = true;
 		for (uint32_t i = 0; i < e->n_layers; i++) {
 			struct layer *ly = &e->layers[i];
@@ -683,6 +684,7 @@ KVX_API void kvx_engine_get_stats(const struct kvx_engine *e, struct kvx_engine_
 	st->duplicates_rejected = e->st_dup;
 	st->fences = atomic_load_explicit(&m->st_fences, memory_order_relaxed);
 	st->peer_resets = atomic_load_explicit(&m->st_peer_resets, memory_order_relaxed);
+	st->writer_holds = atomic_load_explicit(&m->st_writer_holds, memory_order_relaxed);
 	/* xctx[] is fixed once started; the counters are atomics of the target's progress poller. */
 	for (uint32_t k = 0; k < e->n_xctx; k++) {
 		struct kvx_xport_counters xc;

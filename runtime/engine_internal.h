@@ -247,6 +247,11 @@ struct xf {
 	uint8_t lease_phase; /* enum lease_phase */
 	uint32_t lease_pos;
 	uint64_t lease_key, lease_word;
+	/* D WRITE (poller): the word its lease held before the revocation (0: none), and whether
+	 * its blocks wait for a peer's conditional copy under that word to finish
+	 * (eng_writers_busy(), poller.c report()). */
+	uint64_t lease_revoked;
+	bool busy_hold;
 };
 
 /* D READ lease check of one transfer (runtime/lease.c, poller.c read_progress()). */
@@ -289,6 +294,7 @@ struct poller {
 	struct kvx_timer_heap *timers;
 	struct kvx_timer scan;
 	uint32_t n_fence_pending;
+	uint32_t n_busy_hold; /* live transfers with busy_hold set */
 	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
@@ -372,6 +378,7 @@ struct kvx_engine {
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;
 	/* Counters: relaxed adds by the pollers and the control thread; read by any thread. */
+	_Atomic uint64_t st_writer_holds; /* pollers: D WRITE releases put off (poller.c report()) */
 	_Atomic uint64_t st_done, st_failed, st_aborted, st_timed_out, st_late, st_quar, st_notify_drop, st_fences,
 		st_peer_resets;
 	uint64_t st_dup, st_nobufs; /* app thread */
@@ -399,7 +406,10 @@ uint32_t eng_lease_base(uint64_t key, uint32_t lease_n);
 /* App thread: take a free word of the key's window; its index in *idx. -ENOBUFS: window full. */
 int eng_lease_stamp(struct kvx_engine *e, uint64_t key, uint32_t *idx);
 /* Owning poller: revoke the word (before the blocks are handed back). */
-void eng_lease_clear(struct kvx_engine *e, uint32_t idx);
+uint64_t eng_lease_clear(struct kvx_engine *e, uint32_t idx);
+/* Whether a peer may still be inside a conditional copy into our memory made under the lease
+ * word @p w, revoked before this call (kvx_xport_ctx_cond_busy() of every context). Poller. */
+bool eng_writers_busy(struct kvx_engine *e, uint64_t w);
 /* Position in a read window (LEASE_WIN words) of the key's live grant; -ESTALE when only its
  * tombstone is there (revoked), -EAGAIN when neither (not granted yet, or never). */
 int eng_lease_find(const uint64_t *win, uint64_t key, uint32_t *pos);

@@ -20,6 +20,10 @@
  * Writers: a word goes 0 -> lease by the application thread (CAS, eng_lease_stamp()) and
  * lease -> 0 by the poller that owns the transfer (eng_lease_clear()), before that poller hands
  * the blocks back. Peers only read.
+ *
+ * WRITE producers post every op under the lease as a conditional op: the tcp target checks the
+ * word per op; an shm initiator checks it before each copy and shows the copy in its busy
+ * word, which the consumer reads (eng_writers_busy()) before it hands revoked blocks back.
  */
 #include "engine_internal.h"
 
@@ -75,13 +79,24 @@ int eng_lease_stamp(struct kvx_engine *e, uint64_t key, uint32_t *idx)
 	return -ENOBUFS;
 }
 
-void eng_lease_clear(struct kvx_engine *e, uint32_t idx)
+uint64_t eng_lease_clear(struct kvx_engine *e, uint32_t idx)
 {
 	/* R2: the revocation (a tombstone: the key, generation 0) is stored before the completion
 	 * that hands the blocks back is enqueued (release); a reader that saw any byte written after
 	 * that sees it too. Only this poller writes an occupied word. */
 	uint64_t w = atomic_load_explicit(&e->lease[idx], memory_order_relaxed);
 	atomic_store_explicit(&e->lease[idx], w & ~(uint64_t)LEASE_GEN_MASK, memory_order_release);
+	return w;
+}
+
+bool eng_writers_busy(struct kvx_engine *e, uint64_t w)
+{
+	/* shm writers copy without a target thread: the owner's side of their conditional ops
+	 * (the fence after the tombstone is kvx_xport_ctx_cond_busy()'s own). */
+	for (uint32_t k = 0; k < e->n_xctx; k++)
+		if (e->caps[k].cond_ops && kvx_xport_ctx_cond_busy(e->xctx[k], w) > 0)
+			return true;
+	return false;
 }
 
 int eng_lease_find(const uint64_t *win, uint64_t key, uint32_t *pos)

@@ -200,8 +200,26 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 	if (x->lease_idx) {
 		/* The serve ended (release, abort, timeout): its readers' lease is revoked before
 		 * anything hands the blocks back (runtime/lease.c). */
-		eng_lease_clear(e, x->lease_idx - 1);
+		uint64_t w = eng_lease_clear(e, x->lease_idx - 1);
+		if (x->lf.kind == KVX_XFER_K_ANNOUNCE)
+			x->lease_revoked = w;
 		x->lease_idx = 0;
+	}
+	if (release_now && x->lease_revoked && !x->lf.released && (x->lf.reported || st != KVX_CPL_DONE) &&
+	    eng_writers_busy(e, x->lease_revoked)) {
+		/* D WRITE ended early: a producer's shm copy that passed its lease check before the
+		 * revocation is still running (its busy word shows the word we revoked). The blocks
+		 * stay held; scan_timeouts() asks again at every tick. Every later copy finds the
+		 * tombstone and moves nothing (transport/shm/shm.c cond_enter()). */
+		release_now = false;
+		if (!x->busy_hold) {
+			x->busy_hold = true;
+			po->n_busy_hold++;
+			atomic_fetch_add_explicit(&e->st_writer_holds, 1, memory_order_relaxed);
+		}
+	} else if (release_now && x->busy_hold) {
+		x->busy_hold = false;
+		po->n_busy_hold--;
 	}
 	if (!x->lf.reported) {
 		x->lf.reported = true;
@@ -907,9 +925,10 @@ static void handle_notify(struct poller *po, struct emsg *m)
 	if (!t && !(x && x->lf.kind == KVX_XFER_K_WRITE) && ev.type != KVX_XFER_EV_STATUS_QUERY)
 		t = tab_get(po, m->tid); /* before its submission: parked on the entry (faults b) */
 	if (ev.type == KVX_XFER_EV_STATUS_QUERY) {
-		/* Answered from the entry (kept in the terminal LRU with its outcome and peer). */
+		/* Answered from the entry (kept in the terminal LRU with its outcome and peer); the
+		 * live transfer, if any, only says whether its writes are still in flight. */
 		struct kvx_xfer_out o;
-		kvx_xfer_step(po->tab, t, NULL, &ev, &o);
+		kvx_xfer_step(po->tab, t, x && x->lf.kind == KVX_XFER_K_WRITE ? &x->lf : NULL, &ev, &o);
 		if (o.act && entry_peer(t))
 			send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error, NULL);
 		else
@@ -1104,6 +1123,20 @@ static void fence_release(struct poller *po)
 	}
 }
 
+/* D WRITE blocks held for a producer's shm copy in flight (report()): released once no busy
+ * word of a peer shows the revoked lease any more. */
+static void busy_release(struct poller *po)
+{
+	for (uint32_t i = 0; i < po->n_live && po->n_busy_hold;) {
+		struct xf *x = po->live[i];
+		uint32_t before = po->n_live;
+		if (x->busy_hold && !eng_writers_busy(po->e, x->lease_revoked))
+			report(po, x, KVX_CPL_ABORTED, 0, true); /* reported already: releases only */
+		if (po->n_live == before)
+			i++;
+	}
+}
+
 static void scan_timeouts(struct poller *po, uint64_t now)
 {
 	for (uint32_t i = 0; i < po->n_live;) {
@@ -1130,6 +1163,8 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 	}
 	if (po->n_fence_pending)
 		fence_release(po);
+	if (po->n_busy_hold)
+		busy_release(po);
 }
 
 /* A stale connection whose re-handshake could not be queued (inbox full): retry. */

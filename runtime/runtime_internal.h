@@ -289,7 +289,8 @@ enum kvx_xfer_ev_type {
 	KVX_XFER_EV_PEER_FAILED_NOTE = 15,
 	/* Inbound kvx_status_query (a kvxfer consumer about to time out): the poller answers from
 	 * the entry's stored outcome (write_done for DONE, kvx_failed otherwise); nothing while the
-	 * transfer runs or when nothing is known. */
+	 * transfer runs, while writes of an ended P WRITE are in flight (@p lf given: its ops_out;
+	 * its kvx_failed follows once they are terminal) or when nothing is known. */
 	KVX_XFER_EV_STATUS_QUERY = 16,
 	/* An op completed with `error`; `ep_dead`: its endpoint is in error state (RESET_PEER).
 	 * A D READ that moved nothing yet (`moved` false) over a dead endpoint may be facing a

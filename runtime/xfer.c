@@ -369,9 +369,11 @@ static void on_tick(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx_l
 		    !lf->fence_pending) {
 			/* No write_done or kvx_failed within the defer timeout: a write of the
 			 * producer may still be on its way (its kernel's send queue after a
-			 * partition, a stopped process). Where the target checks the lease per op
-			 * (tcp: caps.cond_ops) such a write finds the lease revoked at our terminal
-			 * state and is refused, and shm has no wire to cut: the blocks come back now.
+			 * partition, a stopped process). Where the lease is checked per op
+			 * (caps.cond_ops: tcp at the target; shm by the writer before each copy, with
+			 * the copy shown in its busy word, which poller.c report() reads before it
+			 * hands the blocks back) such a write finds the lease revoked at our terminal
+			 * state and is refused: the blocks come back now.
 			 * Otherwise (verbs) only once every connection such a write could land
 			 * through is cut (FENCED). The fence cuts every peer's connections, so it is
 			 * kept to the transports that need it. */
@@ -679,8 +681,11 @@ static void on_notify(struct kvx_xfer_table *tab, struct kvx_xfer *t, struct kvx
 		}
 		return;
 	case KVX_XFER_EV_STATUS_QUERY:
-		/* Answer from the stored outcome; a running transfer or an unknown id: nothing. */
-		if (t && t->state == KVX_XFER_S_TERMINAL && t->has_out && !t->ops_lost)
+		/* Answer from the stored outcome; a running transfer or an unknown id: nothing. Nor
+		 * while writes of a P WRITE that ended are still in flight (@p lf: its ops_out): the
+		 * answer frees D's blocks, so it waits for the kvx_failed that write_settle() sends
+		 * once they are terminal. */
+		if (t && t->state == KVX_XFER_S_TERMINAL && t->has_out && !t->ops_lost && !(lf && lf->ops_out))
 			out_set(o, t->out_status == KVX_CPL_DONE ? KVX_XFER_DO_SEND_WRITE_DONE : KVX_XFER_DO_SEND_FAILED,
 				(enum kvx_cpl_status)t->out_status, t->out_error);
 		else

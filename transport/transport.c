@@ -559,6 +559,13 @@ int kvx_xport_post_bulk_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opco
 	return ep->ctx->ops->post_cond(ep, opcode, ops, n, cookie, cond);
 }
 
+int kvx_xport_ctx_cond_busy(struct kvx_xport_ctx *ctx, uint64_t word)
+{
+	if (KVX_UNLIKELY(!ctx || !word))
+		return -EINVAL;
+	return ctx->ops->cond_busy ? ctx->ops->cond_busy(ctx, word) : 0;
+}
+
 int kvx_xport_poll_burst(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
 {
 	if (KVX_UNLIKELY(!ep->initiator))

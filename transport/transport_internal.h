@@ -97,7 +97,7 @@ struct kvx_xport_ep {
 };
 
 /**
- * Provider ops table: no NULL slots (except post_cond). Arguments are already checked by transport.c
+ * Provider ops table: no NULL slots (except post_cond and cond_busy). Arguments are already checked by transport.c
  * (non-NULL pointers, ranges of documented fields) unless noted.
  */
 struct kvx_xport_ops {
@@ -127,6 +127,9 @@ struct kvx_xport_ops {
 	int (*post_cond)(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 			 const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
 			 const struct kvx_xport_cond *cond);
+	/** kvx_xport_ctx_cond_busy() (any thread). May be NULL: providers whose target applies
+	 *  the condition itself (tcp) or that have none (verbs): never busy. */
+	int (*cond_busy)(struct kvx_xport_ctx *ctx, uint64_t word);
 	int (*poll)(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 	int (*progress)(struct kvx_xport_ctx *ctx);
 	/** fd readable when progress may have work, or -ENOTSUP. */

@@ -42,11 +42,13 @@
  * meanwhile, docs/architecture.md §3.2). A WRITE consumer whose quarantine (below) ends
  * without the producer's answer fences its writers the same way before the blocks come back
  * when a transport without per-op lease checks carries them (verbs; tcp refuses a late write
- * at the target instead), counted in stats.fences too. shm
- * cannot be fenced by the target (the consumer reads with process_vm_readv under the
- * same-host, same-user trust model, docs/architecture.md §3): there the release relies on the consumer
- * stopping at its own transfer_timeout, so keep defer_timeout_ms above the consumer's
- * transfer_timeout_ms.
+ * at the target instead), counted in stats.fences too. shm cannot be fenced by the target (a
+ * peer copies with process_vm_readv/writev under the same-host, same-user trust model,
+ * docs/architecture.md §3), so its writers check the consumer's lease word right before every
+ * copy and publish the copy in a busy word of their own; a WRITE consumer hands revoked blocks
+ * back only once no writer's busy word shows its revoked lease (stats.writer_holds counts the
+ * releases put off; docs/protocol.md §5.11). A P READ over shm still relies on the consumer's
+ * own lease reads (its DONE needs the lease unchanged after its last read).
  *
  * Block leases (docs/protocol.md §5.11, docs/architecture.md §3.1): the owner of the memory grants
  * a lease at kvx_xfer_serve() (P READ) or kvx_xfer_announce() (D WRITE) and revokes it when the
@@ -361,6 +363,9 @@ struct kvx_engine_stats {
 	uint64_t notifications_received; /**< Valid notifications received. */
 	uint64_t fences;                /**< Fences: target endpoints torn down at a P READ defer timeout or a D WRITE quarantine expiry. */
 	uint64_t peer_resets;           /**< Peers whose endpoint entered error state (re-handshaken). */
+	uint64_t writer_holds;          /**< D WRITE block releases put off because a producer's shm copy
+	                                     under the revoked lease was still running (its busy word,
+	                                     docs/protocol.md §5.11); released at a later tick. */
 	uint64_t data_auth_refused;     /**< tcp data plane: connections to this engine's data listener
 	                                     closed because their hello did not name an endpoint of it
 	                                     or did not prove the endpoint's secret (the transport's

@@ -165,8 +165,10 @@ struct kvx_xport_caps {
 	bool needs_progress;    /**< true if the target must call kvx_xport_progress() for
 	                             peers' ops to make progress (tcp). */
 	bool same_host_only;    /**< true if both engines must be on one host (shm). */
-	bool cond_ops;          /**< true if the target checks the condition of
-	                             kvx_xport_post_bulk_cond() on every op (tcp). */
+	bool cond_ops;          /**< true if kvx_xport_post_bulk_cond() checks its condition
+	                             on every op: at the target (tcp), or by the initiator
+	                             before each copy, with the copy published to the word's
+	                             owner (shm, kvx_xport_ctx_cond_busy()). */
 };
 
 /** Registration parameters (kvx_xport_mr_register()). */
@@ -719,6 +721,16 @@ struct kvx_xport_cond {
  * an expected value (the block leases of docs/protocol.md §5.11: the word is the owner's lease
  * word, revoked by its owner at any time).
  *
+ * shm (no target thread: the initiator copies with process_vm_writev/readv): before each
+ * syscall that moves ops of a conditional batch, the initiator stores the expected value in a
+ * busy word of its own memory (its address travels in the connection blob), issues a seq_cst
+ * fence and reads the target's word (8 bytes, process_vm_readv). A changed word fails those ops
+ * with -ESTALE and nothing moves; else the copy runs and the busy word is cleared after it. The
+ * owner, after changing the word, asks kvx_xport_ctx_cond_busy() whether a copy made under the
+ * old value may still run, and reuses the memory only once it says no. Ops on a device remote
+ * region (IPC mapping, asynchronous copies) are checked once at post and not covered by the
+ * busy word.
+ *
  * The target loads the word (acquire) before it touches the memory of an op, and again before
  * each further piece of a WRITE payload it copies (tcp: before every recv()/memcpy() into the
  * region) and before it sends a READ response's payload. If the word differs, the op completes
@@ -730,13 +742,37 @@ struct kvx_xport_cond {
  *
  * @param cond  The condition; not NULL; cond->rmr imported on @p ep.
  * Other parameters, return values and thread safety: kvx_xport_post_bulk(), and:
- * @retval -ENOTSUP  The provider has no conditional ops (caps.cond_ops false: shm, verbs).
+ * @retval -ENOTSUP  The provider has no conditional ops (caps.cond_ops false: verbs).
  * @retval -EINVAL   Also: cond->roff not a multiple of 8 or past the region's end.
- * @par Source  docs/protocol.md §5.11 (tcp wire format: transport/tcp/tcp_internal.h).
+ * @par Source  docs/protocol.md §5.11 (tcp wire format: transport/tcp/tcp_internal.h; shm:
+ *               transport/shm/shm.c).
  */
 KVX_API int kvx_xport_post_bulk_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opcode,
 				     const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
 				     const struct kvx_xport_cond *cond);
+
+/**
+ * Whether a peer's initiator may, right now, be copying into or out of this context's memory
+ * under a condition that expected @p word (kvx_xport_post_bulk_cond()): the owner side of the
+ * shm conditional ops. Call it after changing the word (with a seq_cst fence between the change
+ * and the call, which this function issues itself): 0 means every copy made under @p word has
+ * finished and every later one sees the change (fails -ESTALE), so the memory the word guarded
+ * may be reused; 1 means wait and ask again (never sleep-wait on it in a hot loop: the copy in
+ * flight is one syscall, but a stopped peer process keeps its busy word until it runs again).
+ * A peer process that is gone holds nothing.
+ *
+ * Cost: one 8-byte process_vm_readv per initiator endpoint ever accepted from a live peer.
+ *
+ * @param ctx   Context; not NULL.
+ * @param word  The value the word held before the change; not 0.
+ * @return 1 busy, 0 not busy (always 0 where the target applies conditions itself, tcp, or
+ *         has none, verbs).
+ * @retval -EINVAL  ctx NULL or word 0.
+ * @par Thread safety  Any thread, concurrently with posts, accepts and other calls.
+ * @par Context  May perform syscalls; no allocation, no logging.
+ * @par Source  docs/protocol.md §5.11.
+ */
+KVX_API int kvx_xport_ctx_cond_busy(struct kvx_xport_ctx *ctx, uint64_t word);
 
 /**
  * Drive an endpoint and return up to @p max batch completions (best effort).

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Block leases enforced by the tcp target (issue 14, docs/protocol.md §5.11): every data op of a
+/* Block leases enforced per op (issue 14, docs/protocol.md §5.11), by the tcp target and by the
+ * shm writer (cases tcp_ and shm_ below, one scenario): every data op of a
  * leased transfer is a conditional op (kvx_xport_post_bulk_cond()) on the owner's lease word, so
  * an op that reaches the owner's target after the owner revoked fails -ESTALE and touches
  * nothing. Public engine API only, real engines in two processes on loopback.
@@ -18,11 +19,16 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,10 +163,13 @@ static void px_stop(struct proxy *p)
 	close(p->lfd);
 }
 
+static const char *g_prov = "tcp"; /* the data transport of both engines (set before the fork) */
+
 static void start(struct et_eng *g, enum kvx_sched_role role)
 {
 	struct kvx_engine_params p;
 	et_params(&p, role, KVX_SCHED_MODE_WRITE);
+	p.transport = g_prov;
 	p.transfer_timeout_ms = LT_TIMEOUT_MS;
 	et_start(g, &p, role == KVX_SCHED_PRODUCER);
 }
@@ -223,18 +232,20 @@ static int child_producer(void *arg, int to_parent, int from_parent)
 	return 0;
 }
 
-Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_stale_blocks_untouched)
+static void revokes_mid_transfer(const char *prov)
 {
 	char why[KVX_XPORT_REASON_MAX] = "";
-	if (kvx_xport_provider_probe("tcp", why, sizeof(why)))
-		cr_skip_test("tcp unavailable: %s", why);
+	if (kvx_xport_provider_probe(prov, why, sizeof(why)))
+		cr_skip_test("%s unavailable: %s", prov, why);
+	g_prov = prov;
 	struct et_child p;
 	et_child_spawn(&p, child_producer, NULL);
 	struct et_eng D;
 	start(&D, KVX_SCHED_CONSUMER);
 	struct kvx_engine_stats st;
 	kvx_engine_get_stats(D.e, &st);
-	cr_assert_eq(st.n_lcores, 1, "the exact snapshot needs the target on the revoking poller");
+	if (!strcmp(prov, "tcp"))
+		cr_assert_eq(st.n_lcores, 1, "the exact snapshot needs the target on the revoking poller");
 	struct et_ports dp = et_ports_of(&D), pp;
 	et_child_send(&p, &dp, sizeof(dp));
 	et_child_recv(&p, &pp, sizeof(pp), "the producer child failed to start");
@@ -289,5 +300,216 @@ Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_sta
 	et_child_send(&p, &q, 1);
 	et_child_join(&p, "producer child");
 	px_stop(&px);
+	et_free(&D);
+}
+
+Test(runtime_lease_target, tcp_write_consumer_revokes_mid_transfer_later_ops_stale_blocks_untouched)
+{
+	revokes_mid_transfer("tcp");
+}
+
+/* shm: no target thread; the producer checks the consumer's lease word before each copy
+ * (transport/shm/shm.c cond_enter()): layer 1, posted after the revocation, moves nothing. */
+Test(runtime_lease_target, shm_write_consumer_revokes_mid_transfer_later_ops_stale_blocks_untouched)
+{
+	revokes_mid_transfer("shm");
+}
+
+/* shm, the copy in flight at the revocation (the owner side of the conditional ops): the
+ * producer's layer-1 source page is held by userfaultfd in the producer child, so its layer-1
+ * copy, which passed its lease check, stops inside process_vm_writev (the fault is taken in the
+ * producer's own memory). The consumer aborts (revokes) and its quarantine expires (defer
+ * timeout 200 ms) while the copy is held: the blocks must not come back while it runs.
+ * Asserted: the consumer ends ABORTED; it puts the release off (stats.writer_holds counts it)
+ * and reports no BLOCKS_RELEASED while the copy is held; once the child lets the page in, the
+ * copy lands (the blocks hold the producer's layer 1) and only then are the blocks released;
+ * from the release on not one byte of the pool changes. The producer ends DONE or ABORTED,
+ * whichever of its layer's completion and the consumer's release its poller takes first once
+ * it runs again. Without the busy check the blocks come back at the quarantine expiry while
+ * the copy is still held. */
+/* The consumer put the release off, or released (the failure this test is for). */
+struct held_arg {
+	const struct et_track *t;
+	size_t k;
+};
+
+static bool held_back(struct kvx_engine *e, void *arg)
+{
+	const struct held_arg *h = arg;
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(e, &st);
+	return st.writer_holds > 0 || h->t->released[h->k] > 0;
+}
+
+/* et_create() with layer 1 in a page of its own (userfaultfd works on whole pages); destroy
+ * with paged_free(). */
+static void paged_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
+{
+	char err[256] = "";
+	memset(g, 0, sizeof(*g));
+	cr_assert_eq(kvx_engine_create(p, &g->e, err, sizeof(err)), 0, "engine create: %s", err);
+	const struct kvx_layout_tensor t = {.ndim = 5,
+					    .shape = {2, ET_NB, 4, 2, 8},
+					    .stride = {ET_NB * 64, 64, 16, 8, 1},
+					    .elem_size = 2};
+	const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	for (uint32_t l = 0; l < ET_NL; l++) {
+		g->mem[l] = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		cr_assert_neq(g->mem[l], MAP_FAILED);
+		memset(g->mem[l], 0, 2 * ET_NB * ET_BLOCK);
+		for (uint32_t pl = 0; pattern && pl < 2; pl++)
+			for (uint32_t b = 0; b < ET_NB; b++)
+				memset(et_block(g, l, pl, b), et_pattern(l, pl, b), ET_BLOCK);
+		char name[32];
+		snprintf(name, sizeof(name), "model.layers.%u.attn", l);
+		struct kvx_engine_layer ly = {.name = name, .base = g->mem[l], .tensor = t,
+					      .spec = {.block_size = 4, .num_kv_heads = 2, .head_size = 8}};
+		cr_assert_eq(kvx_engine_register_layer(g->e, &ly), (int)l);
+	}
+}
+
+static void paged_free(struct et_eng *g)
+{
+	kvx_engine_destroy(g->e);
+	for (uint32_t l = 0; l < ET_NL; l++)
+		munmap(g->mem[l], (size_t)sysconf(_SC_PAGESIZE));
+}
+
+/* Producer child of the held copy: as child_producer() for one try, its layer 1 in a page of
+ * its own that goes missing under userfaultfd before the try. Pipe: ports, "p" (layer 0
+ * posted), "f" (the layer-1 copy is held), result; from the parent: ports, try, "g", "r". */
+static int child_held(void *arg, int to_parent, int from_parent)
+{
+	(void)arg;
+	struct et_ports dp;
+	if (et_read_all(from_parent, &dp, sizeof(dp)))
+		return 20;
+	int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK); /* poll() needs it */
+	struct uffdio_api api = {.api = UFFD_API};
+	if (uffd < 0 || ioctl(uffd, UFFDIO_API, &api))
+		return 21;
+	const size_t pg = (size_t)sysconf(_SC_PAGESIZE), lb = 2 * ET_NB * ET_BLOCK;
+	struct et_eng P;
+	struct kvx_engine_params p;
+	et_params(&p, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_WRITE);
+	p.transport = "shm";
+	p.transfer_timeout_ms = LT_TIMEOUT_MS;
+	paged_create(&P, &p, true);
+	uint8_t *l1 = P.mem[1];
+	uint8_t *keep = aligned_alloc(pg, pg);
+	if (!keep)
+		return 22;
+	memcpy(keep, l1, lb);
+	if (et_start_layers(&P))
+		return 23;
+	struct et_ports mine = et_ports_of(&P);
+	if (et_write_all(to_parent, &mine, sizeof(mine)))
+		return 24;
+	struct et_track t = {.n = 0};
+	et_follow(&t, "tx-0");
+	if (write_layers(&P, "tx-0", &dp, 0) || write_layers(&P, "tx-0", &dp, 1) ||
+	    !et_wait(P.e, &t, "tx-0", true) || t.status[0] != KVX_CPL_DONE)
+		return 25;
+	struct uffdio_register reg = {.range = {.start = (uintptr_t)l1, .len = pg},
+				      .mode = UFFDIO_REGISTER_MODE_MISSING};
+	if (madvise(l1, pg, MADV_DONTNEED) || ioctl(uffd, UFFDIO_REGISTER, &reg))
+		return 26;
+	char i, go;
+	if (et_read_all(from_parent, &i, 1) || i != 0)
+		return 27;
+	size_t k = et_follow(&t, tids[0]);
+	uint64_t ops0 = et_ops_posted(P.e);
+	if (write_layers(&P, tids[0], &dp, 0) || !et_wait_until(P.e, &t, posted_since, &ops0) ||
+	    et_write_all(to_parent, "p", 1))
+		return 28;
+	if (et_read_all(from_parent, &go, 1) || write_layers(&P, tids[0], &dp, 1))
+		return 29;
+	/* The poller's copy reads the missing page and waits for us inside the syscall. */
+	struct uffd_msg msg;
+	struct pollfd pf = {.fd = uffd, .events = POLLIN};
+	if (poll(&pf, 1, 30000) != 1 || read(uffd, &msg, sizeof(msg)) != (ssize_t)sizeof(msg) ||
+	    msg.event != UFFD_EVENT_PAGEFAULT || et_write_all(to_parent, "f", 1))
+		return 30;
+	struct uffdio_copy cp = {.dst = (uintptr_t)l1, .src = (uintptr_t)keep, .len = pg};
+	if (et_read_all(from_parent, &go, 1) || ioctl(uffd, UFFDIO_COPY, &cp) || !et_wait(P.e, &t, tids[0], true))
+		return 31;
+	struct result r = {.status = t.status[k], .error = t.error[k]};
+	if (et_write_all(to_parent, &r, sizeof(r)) || et_read_all(from_parent, &i, 1))
+		return 32;
+	paged_free(&P);
+	free(keep);
+	close(uffd);
+	return 0;
+}
+
+Test(runtime_lease_target, shm_write_copy_in_flight_at_revocation_holds_blocks_until_it_returned)
+{
+	char why[KVX_XPORT_REASON_MAX] = "";
+	if (kvx_xport_provider_probe("shm", why, sizeof(why)))
+		cr_skip_test("shm unavailable: %s", why);
+	int probe = (int)syscall(SYS_userfaultfd, O_CLOEXEC);
+	if (probe < 0)
+		cr_skip_test("userfaultfd unavailable (%s): cannot hold a copy in flight", strerror(errno));
+	close(probe);
+	const size_t lb = 2 * ET_NB * ET_BLOCK;
+	cr_assert_leq(lb, (size_t)sysconf(_SC_PAGESIZE));
+	struct et_child ch;
+	et_child_spawn(&ch, child_held, NULL);
+	struct et_eng D;
+	struct kvx_engine_params p;
+	et_params(&p, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_WRITE);
+	p.transport = "shm";
+	p.transfer_timeout_ms = LT_TIMEOUT_MS;
+	p.defer_timeout_ms = 200;
+	et_start(&D, &p, false);
+	struct et_ports dp = et_ports_of(&D), pp;
+	et_child_send(&ch, &dp, sizeof(dp));
+	et_child_recv(&ch, &pp, sizeof(pp), "the producer child failed to start");
+	struct et_track td = {.n = 0};
+	const uint32_t d0[2] = {0, 1};
+	struct kvx_engine_announce an = {.transfer_id = "tx-0", .peer = et_peer(pp.hs, pp.nt), .local_blocks = d0,
+					 .n = 2};
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	et_follow(&td, "tx-0");
+	et_expect_done(D.e, &td, "tx-0", false);
+	for (int l = 0; l < ET_NL; l++)
+		memset(D.mem[l], POISON, lb);
+	const uint32_t db[2] = {2, 3};
+	an.transfer_id = tids[0];
+	an.local_blocks = db;
+	cr_assert_eq(kvx_xfer_announce(D.e, &an), 0);
+	size_t k = et_follow(&td, tids[0]);
+	char i = 0, c;
+	et_child_send(&ch, &i, 1);
+	et_child_recv(&ch, &c, 1, "the producer child never posted layer 0");
+	et_child_send(&ch, "g", 1);
+	et_child_recv(&ch, &c, 1, "the producer's layer-1 copy was never held");
+	/* Revoke while the copy is held; the quarantine then expires with no answer. */
+	cr_assert_eq(kvx_xfer_abort(D.e, tids[0]), 0);
+	cr_assert(et_wait(D.e, &td, tids[0], false), "%s never ended on D", tids[0]);
+	cr_assert_eq(td.status[k], KVX_CPL_ABORTED, "D: status %d error %d", td.status[k], td.error[k]);
+	struct held_arg ha = {.t = &td, .k = k};
+	cr_assert(et_wait_until(D.e, &td, held_back, &ha),
+		  "the quarantine expired and the release was not put off for the copy in flight");
+	cr_assert_eq(td.released[k], 0, "blocks released while the producer's copy was in flight");
+	et_child_send(&ch, "r", 1); /* let the copy finish */
+	cr_assert(et_wait(D.e, &td, tids[0], true), "blocks never released after the copy returned");
+	static uint8_t snap[ET_NL][2 * ET_NB * ET_BLOCK];
+	for (int l = 0; l < ET_NL; l++)
+		memcpy(snap[l], D.mem[l], lb);
+	for (uint32_t j = 0; j < 2; j++)
+		for (uint32_t pl = 0; pl < 2; pl++)
+			for (uint32_t x = 0; x < ET_BLOCK; x++)
+				cr_assert_eq(et_block(&D, 1, pl, db[j])[x], et_pattern(1, pl, 1 + j),
+					     "the copy in flight had not landed at the release");
+	struct result r;
+	et_child_recv(&ch, &r, sizeof(r), "the producer child failed");
+	cr_assert(r.status == KVX_CPL_DONE || r.status == KVX_CPL_ABORTED, "P: status %d error %d", r.status,
+		  r.error);
+	char q = -1;
+	et_child_send(&ch, &q, 1);
+	et_child_join(&ch, "producer child");
+	for (int l = 0; l < ET_NL; l++)
+		cr_assert_arr_eq(D.mem[l], snap[l], lb, "layer %d changed after the release", l);
 	et_free(&D);
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * shm provider specifics: the connect-time probe refuses a peer that cross-memory attach may
- * not reach, with -EPERM and a message naming the cause and the sysctl.
+ * not reach, with -EPERM and a message naming the cause and the sysctl; the accept refuses an
+ * initiator whose busy word the target may not read, the same way.
  */
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
@@ -65,9 +66,11 @@ Test(transport_shm, connect_without_ptrace_permission_is_eperm_naming_sysctl, .i
 		target(sv[1]);
 	}
 	close(sv[1]);
-	/* The initiator: same uid as the target, no CAP_SYS_PTRACE. */
+	/* The initiator: same uid as the target, no CAP_SYS_PTRACE; dumpable again after the uid
+	 * change, so the target may read its busy word at accept (the refusal is one-way). */
 	cr_assert_eq(setresgid(NOBODY, NOBODY, NOBODY), 0);
 	cr_assert_eq(setresuid(NOBODY, NOBODY, NOBODY), 0);
+	cr_assert_eq(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
 	struct kvx_xport_ctx *ctx = NULL;
 	cr_assert_eq(kvx_xport_open("shm", NULL, &ctx), 0);
 	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
@@ -90,4 +93,74 @@ Test(transport_shm, connect_without_ptrace_permission_is_eperm_naming_sysctl, .i
 	int st = 0;
 	waitpid(pid, &st, 0);
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "target exit %d", st);
+}
+
+/* Target that may read its peers (dumpable, same uid): reports its accept's result. */
+static void reading_target(int sock)
+{
+	if (setresgid(NOBODY, NOBODY, NOBODY) || setresuid(NOBODY, NOBODY, NOBODY))
+		_exit(2);
+	prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+	struct kvx_xport_ctx *ctx = NULL;
+	if (kvx_xport_open("shm", NULL, &ctx))
+		_exit(3);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
+	ssize_t al = recv(sock, a, sizeof(a), 0);
+	struct kvx_xport_ep *ep = NULL;
+	size_t bl = 0;
+	int32_t rc = al > 0 ? kvx_xport_ep_accept(ctx, a, (size_t)al, &ep, b, sizeof(b), &bl) : -EPROTO;
+	fflush(stderr);
+	if (send(sock, &rc, sizeof(rc), 0) != (ssize_t)sizeof(rc))
+		_exit(5);
+	kvx_xport_close(ctx);
+	_exit(0);
+}
+
+/* The other direction: the target reads each initiator's busy word (conditional ops,
+ * docs/protocol.md §5.11), so an initiator it may not read is refused at accept with -EPERM and
+ * a message naming the cause and the sysctl, instead of a connection whose conditional copies
+ * the target could never see. */
+Test(transport_shm, accept_of_an_initiator_the_target_cannot_read_is_eperm_naming_sysctl, .init = redirect,
+     .timeout = 30)
+{
+	char reason[KVX_XPORT_REASON_MAX];
+	if (kvx_xport_provider_probe("shm", reason, sizeof(reason)))
+		cr_skip_test("shm unavailable: %s", reason);
+	if (geteuid() != 0)
+		cr_skip_test("needs root to drop to an unprivileged uid for both processes");
+	int sv[2];
+	cr_assert_eq(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		close(sv[0]);
+		reading_target(sv[1]);
+	}
+	close(sv[1]);
+	/* The initiator: same uid, not dumpable (ptrace access to it denied). */
+	cr_assert_eq(setresgid(NOBODY, NOBODY, NOBODY), 0);
+	cr_assert_eq(setresuid(NOBODY, NOBODY, NOBODY), 0);
+	cr_assert_eq(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), 0);
+	struct kvx_xport_ctx *ctx = NULL;
+	cr_assert_eq(kvx_xport_open("shm", NULL, &ctx), 0);
+	uint8_t a[KVX_XPORT_BLOB_MAX];
+	size_t al = 0;
+	struct kvx_xport_ep *ep = NULL;
+	cr_assert_eq(kvx_xport_ep_create(ctx, &ep, a, sizeof(a), &al), 0);
+	cr_assert_eq(send(sv[0], a, al, 0), (ssize_t)al);
+	int32_t rc = 0;
+	cr_assert_eq(recv(sv[0], &rc, sizeof(rc), 0), (ssize_t)sizeof(rc), "target did not answer");
+	cr_assert_eq(rc, -EPERM, "accept: %d", rc);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "target exit %d", st);
+	fflush(stderr);
+	char log[2048] = {0};
+	FILE *f = cr_get_redirected_stderr();
+	size_t n = fread(log, 1, sizeof(log) - 1, f);
+	(void)n;
+	cr_assert_not_null(strstr(log, "busy word"), "log: %s", log);
+	cr_assert_not_null(strstr(log, "kernel.yama.ptrace_scope"), "log: %s", log);
+	kvx_xport_close(ctx);
+	close(sv[0]);
 }

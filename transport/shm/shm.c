@@ -18,6 +18,14 @@
  * gets its own completion: an op whose bytes did not move fails only its own post's
  * completion (the group is redone op by op to find it). Ops move in post order.
  *
+ * Conditional ops (kvx_xport_post_bulk_cond(), the block leases of docs/protocol.md §5.11):
+ * CMA cannot be revoked by the target, so the initiator checks the condition word in the
+ * target's memory right before each syscall that moves a conditional group, and publishes
+ * that it is inside such a copy in a busy word of its own memory (one per initiator endpoint,
+ * in the context's busy array; its address goes to the target in blob A). The target's owner
+ * (kvx_xport_ctx_cond_busy()) reads the busy words of every initiator it accepted before it
+ * reuses memory whose word it changed. The ordering argument is at cond_enter().
+ *
  * Device regions (HIP, or the hostdev mock: the same code, only the kvx_mem ops differ): never
  * touched with CMA. The target exports an IPC handle per device region into its published
  * table; the initiator reads it with the slot at import, verifies it against the descriptor,
@@ -39,6 +47,7 @@
 #include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <signal.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -48,6 +57,8 @@
 #define SHM_RMR_VERIFIED 1u
 #define SHM_RMR_DEVICE 2u   /* remote device region: prov_flags >> 8 is its IPC cache entry */
 #define SHM_IPC_ENTRIES 256 /* peer device allocations mapped per endpoint */
+#define SHM_BUSY_SLOTS 4096u /* initiator endpoints per context (one busy word each) */
+#define SHM_WRITERS 1024u    /* initiators (peer busy words) a context tracks */
 
 _Static_assert((int)KVX_XPORT_MEM_HIP == (int)KVX_MEM_HIP &&
 		       (int)KVX_XPORT_MEM_HOSTDEV == (int)KVX_MEM_HOSTDEV,
@@ -62,10 +73,24 @@ struct shm_slot {
 	struct kvx_mem_ipc_handle ipc; /* device regions: exported handle; zero for host */
 };
 
+/* An initiator this context accepted: where its busy word is. Written by the control thread
+ * (accept; pid 0 = free, stored last with release), read by any thread (cond_busy). */
+struct shm_writer {
+	_Atomic uint64_t pid;
+	_Atomic uint64_t addr;
+};
+
 struct shm_ctx {
 	struct kvx_xport_ctx base;
 	struct shm_slot *table; /* Array[max_regions] */
 	uint16_t *gen;          /* Array[max_regions]: generation per slot */
+	/* Busy words of our initiator endpoints (Array[SHM_BUSY_SLOTS], page aligned): word i is
+	 * written by the poller of the endpoint holding it, read by peers (process_vm_readv);
+	 * busy_used (control thread) says which are held. Lives as long as the context. */
+	_Atomic uint64_t *busy;
+	uint8_t *busy_used;
+	struct shm_writer *writers;  /* Array[SHM_WRITERS] */
+	_Atomic uint32_t n_writers;  /* entries in use are below this (control thread grows it) */
 	uint64_t magic;         /* probe value read by initiators at connect */
 	uint8_t boot_id[16];
 	struct kvx_mem *dev;    /* device memory domain (first device region); control thread */
@@ -87,6 +112,8 @@ struct shm_ep {
 	struct kvx_xport_cpl *cq;  /* Array[cq_mask + 1] */
 	struct kvx_mem_event *cq_ev; /* Array[cq_mask + 1]: last copy of a batch (or ready) */
 	uint64_t probe_addr;       /* peer's probe word (liveness check of device batches) */
+	_Atomic uint64_t *busy;    /* initiator: our busy word (ctx->busy[busy_idx]) */
+	uint32_t busy_idx;
 	/* Device copies; created at the first device import on the control thread while the
 	 * poller may be posting host ops (R1 here, A1 in post). */
 	_Atomic(struct kvx_mem_stream *) stream;
@@ -101,6 +128,9 @@ struct shm_ep {
 	uint32_t pend;             /* iovs pending */
 	uint64_t pend_bytes;       /* their bytes */
 	enum kvx_xport_opcode pend_opc;
+	bool pend_cond;            /* the group moves only while the peer's word at pend_caddr */
+	uint64_t pend_caddr;       /* holds pend_cexp (conditional ops) */
+	uint64_t pend_cexp;
 };
 
 static int yama_scope(void)
@@ -142,13 +172,20 @@ static int shm_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 		return -ENOMEM;
 	c->table = calloc(p->max_regions, sizeof(*c->table));
 	c->gen = calloc(p->max_regions, sizeof(*c->gen));
+	c->busy = aligned_alloc(4096, SHM_BUSY_SLOTS * sizeof(*c->busy));
+	c->busy_used = calloc(SHM_BUSY_SLOTS, 1);
+	c->writers = calloc(SHM_WRITERS, sizeof(*c->writers));
 	int rc = xport_boot_id(c->boot_id);
-	if (!c->table || !c->gen || rc) {
+	if (!c->table || !c->gen || !c->busy || !c->busy_used || !c->writers || rc) {
 		free(c->table);
 		free(c->gen);
+		free((void *)c->busy);
+		free(c->busy_used);
+		free(c->writers);
 		free(c);
 		return rc ? rc : -ENOMEM;
 	}
+	memset((void *)c->busy, 0, SHM_BUSY_SLOTS * sizeof(*c->busy));
 	if (getrandom(&c->magic, sizeof(c->magic), 0) != sizeof(c->magic))
 		c->magic = kvx_now_ns() ^ ((uint64_t)getpid() << 32);
 	c->magic |= 1; /* never 0, so a zeroed read never matches */
@@ -161,6 +198,7 @@ static int shm_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	cp->mem_types = kvx_mem_usable_kinds();
 	cp->needs_progress = false;
 	cp->same_host_only = true;
+	cp->cond_ops = true;
 	*out = &c->base;
 	return 0;
 }
@@ -176,6 +214,9 @@ static void shm_close(struct kvx_xport_ctx *ctx)
 	kvx_mem_close(c->dev);
 	free(c->table);
 	free(c->gen);
+	free((void *)c->busy);
+	free(c->busy_used);
+	free(c->writers);
 	free(c);
 }
 
@@ -313,7 +354,7 @@ static int shm_rmr_check(struct kvx_xport_ep *ep, const struct kvx_xport_rmr *rm
 	return 0;
 }
 
-#define SHM_A_BYTES (XPORT_BLOB_HDR_BYTES + 24)
+#define SHM_A_BYTES (XPORT_BLOB_HDR_BYTES + 32)
 #define SHM_B_BYTES (XPORT_BLOB_HDR_BYTES + 56)
 
 static struct shm_ep *ep_alloc(struct kvx_xport_ctx *ctx, bool initiator)
@@ -350,6 +391,11 @@ static struct shm_ep *ep_alloc(struct kvx_xport_ctx *ctx, bool initiator)
 static void shm_ep_destroy(struct kvx_xport_ep *ep)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
+	if (e->busy) {
+		struct shm_ctx *c = (struct shm_ctx *)ep->ctx;
+		atomic_store_explicit(e->busy, 0, memory_order_release);
+		c->busy_used[e->busy_idx] = 0;
+	}
 	/* Copies in flight use the peer mappings: finish them before closing the mappings. */
 	kvx_mem_stream_destroy(atomic_load_explicit(&e->stream, memory_order_acquire));
 	kvx_mem_ipc_cache_destroy(e->ipc);
@@ -369,15 +415,85 @@ static int shm_ep_create(struct kvx_xport_ctx *ctx, struct kvx_xport_ep **out, u
 	struct shm_ctx *c = (struct shm_ctx *)ctx;
 	if (cap < SHM_A_BYTES)
 		return -EMSGSIZE;
+	uint32_t bi = 0;
+	while (bi < SHM_BUSY_SLOTS && c->busy_used[bi])
+		bi++;
+	if (bi == SHM_BUSY_SLOTS) {
+		kvx_log(KVX_LOG_ERROR, "shm ep_create: %u initiator endpoints in this context already "
+			"(one busy word each)", SHM_BUSY_SLOTS);
+		return -ENOBUFS;
+	}
 	struct shm_ep *e = ep_alloc(ctx, true);
 	if (!e)
 		return -ENOMEM;
+	c->busy_used[bi] = 1;
+	e->busy_idx = bi;
+	e->busy = &c->busy[bi];
+	atomic_store_explicit(e->busy, 0, memory_order_relaxed);
+	/* Yama scope 1: the target reads our busy word (kvx_xport_ctx_cond_busy()). */
+	if (yama_scope() == 1)
+		(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 	xport_blob_hdr_put(blob, KVX_XPORT_PROV_SHM, XPORT_BLOB_A);
 	xport_put_u32(blob + 8, (uint32_t)getpid());
 	xport_put_u32(blob + 12, (uint32_t)getuid());
 	memcpy(blob + 16, c->boot_id, 16);
+	xport_put_u64(blob + 32, (uint64_t)(uintptr_t)e->busy);
 	*len = SHM_A_BYTES;
 	*out = &e->base;
+	return 0;
+}
+
+/* Read one 8-byte word of @p pid's memory: 0, or the status an op completes with. */
+static int peer_word(pid_t pid, uint64_t addr, uint64_t *v)
+{
+	struct iovec l = {v, sizeof(*v)}, r = {(void *)(uintptr_t)addr, sizeof(*v)};
+	ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+	if (n == (ssize_t)sizeof(*v))
+		return 0;
+	return n < 0 ? (errno == ESRCH ? -ECONNRESET : errno == EPERM ? -EACCES : -ERANGE) : -ERANGE;
+}
+
+/* Track an accepted initiator's busy word (control thread). Its first read happens here: an
+ * initiator whose busy word we cannot read is refused, since we could never tell whether it is
+ * inside a conditional copy. Entries of gone processes are reused. */
+static int writer_add(struct shm_ctx *c, pid_t pid, uint64_t addr)
+{
+	uint64_t v;
+	int rc = peer_word(pid, addr, &v);
+	if (rc == -EACCES) {
+		kvx_log(KVX_LOG_ERROR,
+			"shm accept: process_vm_readv(pid %d) denied: the target reads each initiator's "
+			"busy word, so cross-memory attach must work both ways: same uid, and "
+			"kernel.yama.ptrace_scope=0 (sysctl -w kernel.yama.ptrace_scope=0) or 1, or "
+			"CAP_SYS_PTRACE", (int)pid);
+		return -EPERM;
+	}
+	if (rc) {
+		kvx_log(KVX_LOG_WARN, "shm accept: cannot read the busy word of pid %d at 0x%llx: %s",
+			(int)pid, (unsigned long long)addr, kvx_strerror(rc));
+		return rc == -ECONNRESET ? -ECONNRESET : -EPROTO;
+	}
+	uint32_t n = atomic_load_explicit(&c->n_writers, memory_order_relaxed), free_i = SHM_WRITERS;
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t p = atomic_load_explicit(&c->writers[i].pid, memory_order_relaxed);
+		if (p == (uint64_t)pid && atomic_load_explicit(&c->writers[i].addr, memory_order_relaxed) == addr)
+			return 0;
+		if (free_i == SHM_WRITERS && (!p || (kill((pid_t)p, 0) && errno == ESRCH)))
+			free_i = i;
+	}
+	if (free_i == SHM_WRITERS) {
+		if (n == SHM_WRITERS) {
+			kvx_log(KVX_LOG_ERROR, "shm accept: %u live initiators tracked already", SHM_WRITERS);
+			return -ENOBUFS;
+		}
+		free_i = n;
+	}
+	struct shm_writer *w = &c->writers[free_i];
+	atomic_store_explicit(&w->pid, 0, memory_order_relaxed);
+	atomic_store_explicit(&w->addr, addr, memory_order_relaxed);
+	atomic_store_explicit(&w->pid, (uint64_t)pid, memory_order_release);
+	if (free_i == n)
+		atomic_store_explicit(&c->n_writers, n + 1, memory_order_release);
 	return 0;
 }
 
@@ -409,6 +525,9 @@ static int shm_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	 * ptracers, which is exactly the shm trust model. */
 	if (yama_scope() == 1)
 		(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+	rc = writer_add(c, (pid_t)pid, xport_get_u64(a + 32));
+	if (rc)
+		return rc;
 	struct shm_ep *e = ep_alloc(ctx, false);
 	if (!e)
 		return -ENOMEM;
@@ -542,15 +661,31 @@ static void xfer_each(struct shm_ep *e, uint32_t from, uint32_t k)
 	}
 }
 
-/* Move the pending group in one syscall and account each iov to its post's completion. */
-static void flush_group(struct shm_ep *e)
+/* Account each iov of a group whose statuses are in st[] to its post's completion. */
+static void account_group(struct shm_ep *e, uint32_t k)
 {
-	uint32_t k = e->pend;
-	if (!k)
-		return;
-	e->pend = 0;
-	uint64_t total = e->pend_bytes;
-	e->pend_bytes = 0;
+	uint64_t ok = 0, bytes = 0;
+	for (uint32_t j = 0; j < k; j++) {
+		struct kvx_xport_cpl *c = &e->cq[e->cqi[j] & e->cq_mask];
+		if (e->st[j]) {
+			cpl_fail(c, e->idx[j], e->st[j]);
+			continue;
+		}
+		c->bytes += e->liov[j].iov_len;
+		bytes += e->liov[j].iov_len;
+		ok++;
+	}
+	xport_cnt_add(&e->base.cnt, ops_ok, ok);
+	xport_cnt_add(&e->base.cnt, ops_failed, k - ok);
+	if (e->pend_opc == KVX_XPORT_OP_READ)
+		xport_cnt_add(&e->base.cnt, bytes_read, bytes);
+	else
+		xport_cnt_add(&e->base.cnt, bytes_written, bytes);
+}
+
+/* Move a group of k iovs (total bytes) in one syscall; account each iov. */
+static void move_group(struct shm_ep *e, uint32_t k, uint64_t total)
+{
 	ssize_t n = xfer(e->peer, e->pend_opc, e->liov, e->riov, k);
 	if (KVX_LIKELY(n >= 0 && (uint64_t)n == total)) {
 		for (uint32_t j = 0; j < k; j++)
@@ -578,23 +713,96 @@ static void flush_group(struct shm_ep *e)
 		}
 		xfer_each(e, j, k);
 	}
-	uint64_t ok = 0, bytes = 0;
-	for (uint32_t j = 0; j < k; j++) {
-		struct kvx_xport_cpl *c = &e->cq[e->cqi[j] & e->cq_mask];
-		if (e->st[j]) {
-			cpl_fail(c, e->idx[j], e->st[j]);
-			continue;
-		}
-		c->bytes += e->liov[j].iov_len;
-		bytes += e->liov[j].iov_len;
-		ok++;
+	account_group(e, k);
+}
+
+/* Whether the owner's word at @p addr still holds @p expect: 0, -ESTALE, or the status of a
+ * failed read. */
+static int cond_read(struct shm_ep *e, uint64_t addr, uint64_t expect)
+{
+	uint64_t v = 0;
+	int rc = peer_word(e->peer, addr, &v);
+	if (rc == -ECONNRESET) {
+		atomic_store_explicit(&e->base.status, -ECONNRESET, memory_order_relaxed);
+		xport_cnt_add(&e->base.cnt, resets, 1);
 	}
-	xport_cnt_add(&e->base.cnt, ops_ok, ok);
-	xport_cnt_add(&e->base.cnt, ops_failed, k - ok);
-	if (e->pend_opc == KVX_XPORT_OP_READ)
-		xport_cnt_add(&e->base.cnt, bytes_read, bytes);
-	else
-		xport_cnt_add(&e->base.cnt, bytes_written, bytes);
+	return rc ? rc : v == expect ? 0 : -ESTALE;
+}
+
+/*
+ * Enter a conditional copy: publish the expected word in our busy word, then read the owner's
+ * word; 0 means copy (the busy word stays set until the copy returned), else the status every
+ * op of the group completes with (nothing moves).
+ *
+ * Ordering (Dekker): the initiator does   B: busy = W;  F1: seq_cst fence;  R1: read word;
+ * the owner (kvx_xport_ctx_cond_busy() caller) does T: word = tombstone;  F2: seq_cst fence;
+ * R2: read busy.  R1 and R2 are process_vm_readv calls: the kernel's loads of the other
+ * process's page, issued by this thread after its fence in program order, so F1 / F2 order
+ * them after B / T as for any load (x86: mfence; arm64: dmb ish, both cover the kernel's
+ * accesses of the same thread). With both fences in the single total order of seq_cst
+ * fences, R1 misses T and R2 misses B cannot both happen: either the initiator sees the
+ * tombstone (the ops fail -ESTALE, nothing moves) or the owner sees the busy word (and waits
+ * until the copy returned and the busy word was cleared, with release, after it).
+ */
+static int cond_enter(struct shm_ep *e)
+{
+	atomic_store_explicit(e->busy, e->pend_cexp, memory_order_relaxed); /* B */
+	atomic_thread_fence(memory_order_seq_cst);                          /* F1 */
+	return cond_read(e, e->pend_caddr, e->pend_cexp);                   /* R1 */
+}
+
+/* Move the pending group in one syscall and account each iov to its post's completion; a
+ * conditional group first checks its word (cond_enter()). */
+static void flush_group(struct shm_ep *e)
+{
+	uint32_t k = e->pend;
+	if (!k)
+		return;
+	e->pend = 0;
+	uint64_t total = e->pend_bytes;
+	e->pend_bytes = 0;
+	bool cond = e->pend_cond;
+	e->pend_cond = false;
+	int cs = cond ? cond_enter(e) : 0;
+	if (KVX_LIKELY(!cs)) {
+		move_group(e, k, total);
+	} else {
+		for (uint32_t j = 0; j < k; j++)
+			e->st[j] = cs;
+		account_group(e, k);
+	}
+	if (cond)
+		atomic_store_explicit(e->busy, 0, memory_order_release); /* after the copy returned */
+}
+
+/* Whether a busy word read from a peer says it is copying under @p w. A torn read (the kernel's
+ * copy is not promised to be one 8-byte access) shows bytes of w and zeros: busy too. */
+static bool busy_match(uint64_t v, uint64_t w)
+{
+	for (unsigned i = 0; i < 64; i += 8) {
+		uint64_t b = (v >> i) & 0xff;
+		if (b && b != ((w >> i) & 0xff))
+			return false;
+	}
+	return v != 0;
+}
+
+static int shm_cond_busy(struct kvx_xport_ctx *ctx, uint64_t word)
+{
+	struct shm_ctx *c = (struct shm_ctx *)ctx;
+	atomic_thread_fence(memory_order_seq_cst); /* F2: after the caller's change of the word */
+	uint32_t n = atomic_load_explicit(&c->n_writers, memory_order_acquire);
+	for (uint32_t i = 0; i < n; i++) {
+		uint64_t pid = atomic_load_explicit(&c->writers[i].pid, memory_order_acquire);
+		if (!pid)
+			continue;
+		uint64_t v = 0;
+		/* A gone process (or a pid reused by another) holds no copy of ours. */
+		if (!peer_word((pid_t)pid, atomic_load_explicit(&c->writers[i].addr, memory_order_relaxed), &v) &&
+		    busy_match(v, word))
+			return 1;
+	}
+	return 0;
 }
 
 /* Whether the peer still exists: one 8-byte read of its probe word (device batches only). */
@@ -636,8 +844,19 @@ static uint32_t count_dev(const struct kvx_xport_op *ops, uint32_t n)
 	return k;
 }
 
-static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
-		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
+/* The condition's word must be a verified host region of the peer with REMOTE_READ. */
+static int cond_check(const struct kvx_xport_cond *cd)
+{
+	const struct kvx_xport_rmr *r = cd->rmr;
+	if (!(r->prov_flags & SHM_RMR_VERIFIED) || (r->prov_flags & SHM_RMR_DEVICE) ||
+	    !(r->access & KVX_XPORT_ACCESS_REMOTE_READ))
+		return -EACCES;
+	return 0;
+}
+
+static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
+		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
+		    const struct kvx_xport_cond *cd)
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
 	/* A1: pairs with R1 in ep_dev_init(). */
@@ -659,16 +878,22 @@ static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 	kvx_mem_event_init_ready(ev);
 	struct kvx_xport_cpl *c = &e->cq[e->cq_head & e->cq_mask];
 	*c = (struct kvx_xport_cpl){.cookie = cookie, .n_ops = n, .first_failed = n};
-	/* Ops move in post order: a pending group of the other opcode goes first. */
-	if (e->pend && e->pend_opc != opc)
+	/* Ops move in post order: a pending group of the other opcode or condition goes first. */
+	bool cnd = cd != NULL;
+	uint64_t caddr = cnd ? cd->rmr->addr + cd->roff : 0, cexp = cnd ? cd->expect : 0;
+	if (e->pend && (e->pend_opc != opc || e->pend_cond != cnd ||
+			(cnd && (e->pend_caddr != caddr || e->pend_cexp != cexp))))
 		flush_group(e);
 	e->pend_opc = opc;
+	int cst = cnd ? cond_check(cd) : 0;
+	/* Device ops copy asynchronously: their condition is checked once, here (no busy word). */
+	int dev_cst = cnd && ndev && !cst && !dead ? cond_read(e, caddr, cexp) : 0;
 	uint64_t dev_ok = 0, dev_bytes = 0, bad = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		const struct kvx_xport_op *o = &ops[i];
-		int st = dead ? -ECONNRESET : op_check(opc, o);
+		int st = dead ? -ECONNRESET : cst ? cst : op_check(opc, o);
 		if (!st && (o->rmr->prov_flags & SHM_RMR_DEVICE)) {
-			st = dev_op(e, opc, o, ev);
+			st = dev_cst ? dev_cst : dev_op(e, opc, o, ev);
 			if (!st) {
 				c->bytes += o->len;
 				dev_ok++;
@@ -694,6 +919,9 @@ static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		e->idx[j] = i;
 		e->cqi[j] = e->cq_head;
 		e->pend_bytes += o->len;
+		e->pend_cond = cnd; /* again after a flush in this post */
+		e->pend_caddr = caddr;
+		e->pend_cexp = cexp;
 	}
 	e->cq_head++;
 	e->ops_queued += n;
@@ -705,6 +933,19 @@ static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 	else
 		xport_cnt_add(&ep->cnt, bytes_written, dev_bytes);
 	return 0;
+}
+
+static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
+		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
+{
+	return post_any(ep, opc, ops, n, cookie, NULL);
+}
+
+static int shm_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
+			 const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
+			 const struct kvx_xport_cond *cond)
+{
+	return post_any(ep, opc, ops, n, cookie, cond);
 }
 
 static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max)
@@ -749,6 +990,8 @@ const struct kvx_xport_ops kvx_xport_shm_ops = {
 	.ep_connect = shm_ep_connect,
 	.ep_destroy = shm_ep_destroy,
 	.post = shm_post,
+	.post_cond = shm_post_cond,
+	.cond_busy = shm_cond_busy,
 	.poll = shm_poll,
 	.progress = kvx_xport_noop_progress,
 	.ctx_wait_fd = kvx_xport_enotsup_ctx_wait_fd,
