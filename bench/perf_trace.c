@@ -73,8 +73,9 @@ static void usage(FILE *f)
 "                       stopped); each run prints its summary and the exit code says if any failed\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
 "                       first half of the lcores and the consumer the rest (CPU sets kept);\n"
-"                       --local default: one each, on CPUs of their own (two CPUs: 0 and 1;\n"
-"                       more: the second and third, the first left to the control lcores)\n"
+"                       --local default: one each, both on the same two CPUs (two CPUs:\n"
+"                       0@(0,1),1@(0,1); more: the second and third, the first left to the\n"
+"                       control lcores)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
@@ -1168,7 +1169,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			lc[1] = lbuf[1];
 		}
 	} else if (o->local && o->control_lcore == UINT32_MAX) {
-		/* No -l: one polling lcore per role, on CPUs of their own (trace_default_lcores()). */
+		/* No -l: one polling lcore per role, on two shared CPUs (trace_default_lcores()). */
 		cpu_set_t present, allowed;
 		if (!kvx_lcore_host_cpus(&present, &allowed)) {
 			CPU_AND(&allowed, &allowed, &present);

@@ -31,17 +31,18 @@
 int trace_split_lcores(const char *list, char out[2][TRACE_LCORES_MAX], char *err, size_t errlen);
 
 /**
- * The polling lcores of `--local` without `-l`: each role's engine gets one polling lcore, on a
- * CPU of its own, as the producer and the consumer would have on two hosts (and as
- * bench/compare.sh pins iperf3's client and server). Without this, both engines take their
- * default lcore (the second allowed CPU) and the two data paths share one CPU. With three or
- * more CPUs, the first is left to the control lcores and the role processes' main threads (the
- * engine's default control CPU): producer on the second CPU, consumer on the third; with two,
- * producer on the first, consumer on the second.
+ * The polling lcores of `--local` without `-l`: each role's engine gets one polling lcore that
+ * may run on two CPUs, the same two for both roles. Without this, both engines take their
+ * default lcore (the second allowed CPU) and the two data paths share one CPU; pinning each
+ * role to a CPU of its own measured 10-20x slower on the 2-core machine (a role's poller then
+ * shares its one CPU with the control lcores and the main threads), floating the fastest
+ * (docs/performance.md §1.4). With three or more CPUs, the first is left to the control lcores
+ * and the role processes' main threads: both pollers on the second and third; with two, on
+ * both.
  *
  * @param allowed    CPUs the roles may use (this process's affinity and present CPUs).
- * @param[out] out   Array[2] strings: [0] producer, [1] consumer, `-l` form (`ID`); written only
- *                   when split.
+ * @param[out] out   Array[2] strings: [0] producer, [1] consumer, `-l` form (`ID@(A,B)`, ID the
+ *                   producer's or consumer's CPU A or B); written only when split.
  * @return           2 when split; 0 when @p allowed has fewer than two CPUs (each engine keeps
  *                   its default).
  */
