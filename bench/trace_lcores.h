@@ -33,10 +33,9 @@ int trace_split_lcores(const char *list, char out[2][TRACE_LCORES_MAX], char *er
 /**
  * The polling lcores of `--local` without `-l`: each role's engine gets one polling lcore that
  * may run on two CPUs, the same two for both roles. Without this, both engines take their
- * default lcore (the second allowed CPU) and the two data paths share one CPU; pinning each
- * role to a CPU of its own measured 10-20x slower on the 2-core machine (a role's poller then
- * shares its one CPU with the control lcores and the main threads), floating the fastest
- * (docs/performance.md §1.4). With three or more CPUs, the first is left to the control lcores
+ * default lcore (the second allowed CPU) and the two data paths share one CPU. Pinning each
+ * role to a CPU of its own measured the same as this on an otherwise idle machine, and much
+ * slower when other processes crowd one of the CPUs (docs/performance.md §1.4). With three or more CPUs, the first is left to the control lcores
  * and the role processes' main threads: both pollers on the second and third; with two, on
  * both.
  *
