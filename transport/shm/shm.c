@@ -729,6 +729,16 @@ static int cond_read(struct shm_ep *e, uint64_t addr, uint64_t expect)
 	return rc ? rc : v == expect ? 0 : -ESTALE;
 }
 
+#if defined(__SANITIZE_THREAD__)
+/* TSan does not model fences (gcc rejects them with -fsanitize=thread). The TSan build, a test
+ * build, takes a seq_cst read-modify-write of a word of its own instead (a full barrier on x86);
+ * the other side's read is a syscall that TSan does not see either. */
+static _Atomic uint64_t shm_tsan_fence;
+#define SHM_FENCE() ((void)atomic_fetch_add_explicit(&shm_tsan_fence, 0, memory_order_seq_cst))
+#else
+#define SHM_FENCE() atomic_thread_fence(memory_order_seq_cst)
+#endif
+
 /*
  * Enter a conditional copy: publish the expected word in our busy word, then read the owner's
  * word; 0 means copy (the busy word stays set until the copy returned), else the status every
@@ -747,7 +757,7 @@ static int cond_read(struct shm_ep *e, uint64_t addr, uint64_t expect)
 static int cond_enter(struct shm_ep *e)
 {
 	atomic_store_explicit(e->busy, e->pend_cexp, memory_order_relaxed); /* B */
-	atomic_thread_fence(memory_order_seq_cst);                          /* F1 */
+	SHM_FENCE();                                                        /* F1 */
 	return cond_read(e, e->pend_caddr, e->pend_cexp);                   /* R1 */
 }
 
@@ -790,7 +800,7 @@ static bool busy_match(uint64_t v, uint64_t w)
 static int shm_cond_busy(struct kvx_xport_ctx *ctx, uint64_t word)
 {
 	struct shm_ctx *c = (struct shm_ctx *)ctx;
-	atomic_thread_fence(memory_order_seq_cst); /* F2: after the caller's change of the word */
+	SHM_FENCE(); /* F2: after the caller's change of the word */
 	uint32_t n = atomic_load_explicit(&c->n_writers, memory_order_acquire);
 	for (uint32_t i = 0; i < n; i++) {
 		uint64_t pid = atomic_load_explicit(&c->writers[i].pid, memory_order_acquire);
