@@ -52,12 +52,17 @@ Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_
 	double p50 = json_real_value(json_object_get(fp, "p50_us")), p99 = json_real_value(json_object_get(fp, "p99_us"));
 	double mx = json_real_value(json_object_get(fp, "max_us"));
 	cr_assert(p50 > 0 && p50 <= p99 && p99 <= mx, "percentiles out of order: %f %f %f", p50, p99, mx);
+	/* Each sample is counted as woken on the submitter's CPU or on another one. */
+	json_t *oc = json_object_get(fp, "other_cpu_samples");
+	cr_assert(json_is_integer(oc) && json_integer_value(oc) >= 0 && json_integer_value(oc) <= 13);
 	json_t *pe = json_object_get(j, "peer_eventfd");
 	cr_assert_eq(json_integer_value(json_object_get(pe, "samples")), 12);
 	p50 = json_real_value(json_object_get(pe, "p50_us"));
 	p99 = json_real_value(json_object_get(pe, "p99_us"));
 	mx = json_real_value(json_object_get(pe, "max_us"));
 	cr_assert(p50 > 0 && p50 <= p99 && p99 <= mx, "peer percentiles out of order: %f %f %f", p50, p99, mx);
+	oc = json_object_get(pe, "other_cpu_samples");
+	cr_assert(json_is_integer(oc) && json_integer_value(oc) >= 0 && json_integer_value(oc) <= 12);
 	cr_assert(json_is_real(json_object_get(j, "ratio_p99")));
 	json_decref(j);
 	unlink(json);
