@@ -40,6 +40,7 @@
 struct idle_cfg {
 	const char *transport, *json;
 	uint32_t seconds, samples;
+	bool follow; /* first-post lcore on every allowed CPU, idle follow_waker on */
 };
 
 static uint64_t clock_ns(clockid_t c)
@@ -350,6 +351,12 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 	char err[256] = "";
 	kvx_lcore_cfg_init(&cfg);
 	int rc = kvx_lcore_cfg_default(&cfg, 1, KVX_LCORE_DEFAULT_F_NO_CONTROL, err, sizeof(err));
+	if (!rc && c->follow) {
+		/* Floating on every CPU this process may use, so a waker's CPU is one of the lcore's. */
+		cpu_set_t all;
+		if (sched_getaffinity(0, sizeof(all), &all) == 0)
+			cfg.lcores[0].cpus = all;
+	}
 	if (!rc)
 		rc = kvx_lcore_cfg_validate(&cfg, NULL, NULL, err, sizeof(err));
 	struct kvx_lcore_set *set = NULL;
@@ -369,7 +376,8 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 	pthread_t pt;
 	bool peer_started = false;
 	/* The engine's poller parameters (kvx_engine_start). */
-	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP,
+					   .follow_waker = c->follow};
 	rc = w.lat && w.cross && pe.lat && pe.cross && pe.efd >= 0 ? kvx_ring_create(&rp, &w.r) : -ENOMEM;
 	if (!rc) {
 		kvx_ring_set_waiter(w.r, kvx_lcore_waiter(lc));
@@ -474,7 +482,9 @@ static void usage(FILE *f)
 		   "  --seconds S     idle window (default 20)\n"
 		   "  --samples N     wake samples, each from a sleeping thread, half of them the peer's\n"
 		   "                  (default 2000)\n"
-		   "  --transport T   engine transport (default tcp)\n");
+		   "  --transport T   engine transport (default tcp)\n"
+		   "  --follow        first-post lcore on every allowed CPU (peer too), idle parameter\n"
+		   "                  follow_waker on: the waker moves it to its own CPU before the wake\n");
 }
 
 /* One line per kind of wake: on the submitter's CPU, or on another CPU. */
@@ -503,7 +513,7 @@ int kvx_perf_idle_main(int argc, char **argv)
 	static const struct option opts[] = {
 		{"seconds", required_argument, 0, 's'}, {"samples", required_argument, 0, 'n'},
 		{"transport", required_argument, 0, 't'}, {"json", required_argument, 0, 'j'},
-		{"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+		{"follow", no_argument, 0, 'f'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
 	};
 	optind = 1;
 	int o;
@@ -527,6 +537,7 @@ int kvx_perf_idle_main(int argc, char **argv)
 			break;
 		case 't': c.transport = optarg; break;
 		case 'j': c.json = optarg; break;
+		case 'f': c.follow = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -536,8 +547,8 @@ int kvx_perf_idle_main(int argc, char **argv)
 	if (engine_idle(&c, &ir) || first_post(&c, &wr))
 		return 1;
 	printf("# kvxfer-perf idle: engine transport %s, adaptive idle, %u s window; first post: %u samples "
-	       "from a sleeping poller (engine idle parameters), %u from a thread sleeping in ppoll (peer)\n",
-	       c.transport, c.seconds, wr.n_lc, wr.n_peer);
+	       "from a sleeping poller (engine idle parameters%s), %u from a thread sleeping in ppoll (peer)\n",
+	       c.transport, c.seconds, wr.n_lc, c.follow ? ", every CPU, follow_waker" : "", wr.n_peer);
 	printf("%-28s %10s %10s %12s %12s\n", "idle engine CPU", "% of core", "% (ticks)", "poll sleeps",
 	       "poll wakeups");
 	printf("%-28s %10.3f %10.3f %12llu %12llu\n", "all engine threads", ir.pct, ir.ticks_pct,

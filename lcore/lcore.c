@@ -2,6 +2,7 @@
 /* Pinned lcore threads, launch/wait/stop (docs/runtime-notes.md §1.3, §2), poll loop and idle policy. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -498,6 +499,29 @@ static int lcore_sleep(struct kvx_lcore *lc, uint64_t timeout_ns)
 	return r > 0 ? 1 : 0;
 }
 
+/* follow_waker: the lcore's CPUs as a bitmask, or 0 when it does not apply (busy policy, one
+ * CPU, or a CPU >= 64). */
+static uint64_t follow_mask(const struct kvx_lcore *lc)
+{
+	if (!lc->idle.follow_waker || lc->idle.policy != KVX_LCORE_IDLE_ADAPTIVE || CPU_COUNT(&lc->cpus) < 2)
+		return 0;
+	uint64_t m = 0;
+	for (int c = 0; c < CPU_SETSIZE; c++) {
+		if (!CPU_ISSET(c, &lc->cpus))
+			continue;
+		if (c >= 64)
+			return 0;
+		m |= 1ull << c;
+	}
+	return m;
+}
+
+/* Back to the lcore's own CPUs after a waker narrowed it to the waker's CPU. */
+static void widen(struct kvx_lcore *lc)
+{
+	(void)sched_setaffinity(0, sizeof(lc->cpus), &lc->cpus);
+}
+
 int kvx_lcore_poll_loop(void *arg)
 {
 	(void)arg;
@@ -507,8 +531,15 @@ int kvx_lcore_poll_loop(void *arg)
 	kvx_rcu_register();
 	uint32_t empty = 0;
 	uint64_t t_prev = kvx_now_ns();
+	bool follow = follow_mask(lc) != 0;
+	if (follow)
+		kvx_waiter_follow(&lc->waiter, kvx_lcore_tid(lc), follow_mask(lc));
 	while (!atomic_load_explicit(&lc->stop, memory_order_acquire)) {
 		int busy = run_pollers(lc);
+		/* Narrowed by the waker that ended the last sleep: the first poll ran on its CPU
+		 * (that is the point); from here on the lcore may move again. */
+		if (follow && kvx_waiter_take_narrowed(&lc->waiter))
+			widen(lc);
 		uint64_t now = kvx_now_ns();
 		if (lc->timers && kvx_timer_heap_next_ns(lc->timers) <= now) {
 			unsigned ran = kvx_timer_heap_run(lc->timers, now);
@@ -567,6 +598,11 @@ int kvx_lcore_poll_loop(void *arg)
 		 * Timed out (a timer or the sleep cap): poll once, and if that finds nothing sleep
 		 * again at once; re-spinning after every timed wake is what kept an idle engine busy. */
 		empty = r == 1 ? 0 : spin + backoff;
+	}
+	if (follow) {
+		kvx_waiter_follow(&lc->waiter, 0, 0); /* returns once no waker can narrow us */
+		if (kvx_waiter_take_narrowed(&lc->waiter))
+			widen(lc);
 	}
 	kvx_rcu_unregister();
 	return 0;

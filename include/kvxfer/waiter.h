@@ -40,6 +40,11 @@ struct kvx_waiter {
 	_Alignas(KVX_CACHE_LINE) _Atomic uint32_t sleeping; /**< Private: 1 = consumer may sleep. */
 	int efd;                 /**< Private: the eventfd (EFD_NONBLOCK | EFD_CLOEXEC), -1 if none. */
 	_Atomic uint64_t wakes;  /**< Private: eventfd writes done by wakers. */
+	_Atomic int32_t follow_tid;   /**< Private: consumer's thread id while it follows its
+	                                   wakers to their CPU (lcore idle `follow_waker`), else 0. */
+	_Atomic uint32_t narrowed;    /**< Private: 1 = a waker moved the consumer to its own CPU. */
+	_Atomic uint64_t follow_cpus; /**< Private: bit c = the consumer may run on CPU c (c < 64). */
+	_Atomic uint32_t in_follow;   /**< Private: wakers between reading follow_tid and narrowed. */
 };
 
 /**

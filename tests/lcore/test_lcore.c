@@ -803,3 +803,122 @@ Test(lcore, explicit_wake_and_stop_from_any_thread)
 	cr_assert_eq(kvx_lcore_wait(lc), 0);
 	kvx_lcore_set_destroy(set);
 }
+
+/* ---- follow_waker ---------------------------------------------------------------------------- */
+
+/* A ring poller that notes the CPU it dequeued each item on. */
+struct cpu_poller {
+	struct kvx_ring *r;
+	_Atomic uint64_t got;
+	_Atomic int cpu; /* CPU of the last dequeue */
+};
+
+static int cpu_poll(void *arg)
+{
+	struct cpu_poller *cp = arg;
+	void *obj;
+	if (!kvx_ring_dequeue_burst_sc(cp->r, &obj, 1, NULL))
+		return KVX_POLL_IDLE;
+	atomic_store(&cp->cpu, sched_getcpu());
+	atomic_fetch_add(&cp->got, 1);
+	return KVX_POLL_BUSY;
+}
+
+static void pin_self(int cpu)
+{
+	cpu_set_t one;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+}
+
+/* An lcore floating on the first two allowed CPUs, adaptive, no sleep cap, follow_waker as
+ * given; a ring poller noting CPUs. Skips on a host with fewer than two allowed CPUs. */
+static struct kvx_lcore_set *follow_set(bool follow, int cpus[2], struct cpu_poller *cp)
+{
+	cpu_set_t allowed;
+	cr_assert_eq(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+	if (CPU_COUNT(&allowed) < 2)
+		cr_skip_test("this host has %d allowed CPUs, follow_waker needs 2", CPU_COUNT(&allowed));
+	for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+		if (CPU_ISSET(c, &allowed))
+			cpus[k++] = c;
+	struct kvx_lcore_cfg *c = malloc(sizeof(*c));
+	kvx_lcore_cfg_init(c);
+	cr_assert_eq(kvx_lcore_cfg_default(c, 1, KVX_LCORE_DEFAULT_F_NO_CONTROL, g_err, sizeof(g_err)), 0, "%s", g_err);
+	CPU_ZERO(&c->lcores[0].cpus);
+	CPU_SET(cpus[0], &c->lcores[0].cpus);
+	CPU_SET(cpus[1], &c->lcores[0].cpus);
+	c->idle = KVX_LCORE_IDLE_ADAPTIVE;
+	cr_assert_eq(kvx_lcore_cfg_validate(c, NULL, NULL, g_err, sizeof(g_err)), 0, "%s", g_err);
+	struct kvx_lcore_set *set = NULL;
+	cr_assert_eq(kvx_lcore_set_create(c, &set), 0);
+	free(c);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	cp->r = ring_for(lc);
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE,
+					   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP, .follow_waker = follow};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	cr_assert_eq(kvx_poller_register(lc, cpu_poll, cp, "inbox", NULL), 0);
+	return set;
+}
+
+static bool affinity_is(struct kvx_lcore *lc, const cpu_set_t *want)
+{
+	cpu_set_t have;
+	return kvx_lcore_get_affinity(lc, &have) == 0 && CPU_EQUAL(&have, want);
+}
+
+Test(lcore, follow_waker_first_poll_runs_on_the_wakers_cpu_then_widens_back)
+{
+	int cpus[2];
+	struct cpu_poller cp = {0};
+	struct kvx_lcore_set *set = follow_set(true, cpus, &cp);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	cpu_set_t home;
+	kvx_lcore_cpus(lc, &home);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	for (uint64_t round = 1; round <= 8; round++) {
+		int c = cpus[round % 2];
+		pin_self(c);
+		cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000), "round %lu: lcore never slept", (unsigned long)round);
+		cr_assert(affinity_is(lc, &home), "round %lu: asleep with its own CPUs", (unsigned long)round);
+		cr_assert_eq(kvx_ring_enqueue_sp(cp.r, (void *)round), 0);
+		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not woken", (unsigned long)round);
+		cr_assert_eq(atomic_load(&cp.cpu), c, "round %lu: woken from CPU %d, first poll on CPU %d",
+			     (unsigned long)round, c, atomic_load(&cp.cpu));
+	}
+	/* The stop wake narrows it too; the loop widens before it returns. */
+	pin_self(cpus[0]);
+	cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000));
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	cr_assert(affinity_is(lc, &home), "stopped lcore keeps its own CPUs");
+	cr_assert_geq(kvx_waiter_wake_count(kvx_lcore_waiter(lc)), 9);
+	kvx_lcore_set_destroy(set);
+	kvx_ring_destroy(cp.r);
+}
+
+Test(lcore, follow_waker_off_leaves_the_affinity_alone)
+{
+	int cpus[2];
+	struct cpu_poller cp = {0};
+	struct kvx_lcore_set *set = follow_set(false, cpus, &cp);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	cpu_set_t home;
+	kvx_lcore_cpus(lc, &home);
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	for (uint64_t round = 1; round <= 4; round++) {
+		pin_self(cpus[round % 2]);
+		cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000));
+		cr_assert_eq(kvx_ring_enqueue_sp(cp.r, (void *)round), 0);
+		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000));
+		cr_assert(affinity_is(lc, &home), "round %lu: affinity changed without follow_waker",
+			  (unsigned long)round);
+	}
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	cr_assert(affinity_is(lc, &home));
+	kvx_lcore_set_destroy(set);
+	kvx_ring_destroy(cp.r);
+}
