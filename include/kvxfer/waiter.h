@@ -35,6 +35,8 @@ extern "C" {
  * fence after publishing, then reads sleeping: at least one side sees the other's store
  * (store-buffer litmus, forbidden with two seq_cst fences). Only the producer that swaps
  * sleeping 1 -> 0 writes the eventfd, so an awake consumer costs producers one fence + load.
+ * With an lcore's `follow_waker`, that producer also narrows the consumer's affinity to its own
+ * CPU between the swap and the write; who writes, and when, is unchanged.
  */
 struct kvx_waiter {
 	_Alignas(KVX_CACHE_LINE) _Atomic uint32_t sleeping; /**< Private: 1 = consumer may sleep. */
