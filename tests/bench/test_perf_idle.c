@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,37 @@ Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_
 	oc = json_object_get(pe, "other_cpu_samples");
 	cr_assert(json_is_integer(oc) && json_integer_value(oc) >= 0 && json_integer_value(oc) <= 12);
 	cr_assert(json_is_real(json_object_get(j, "ratio_p99")));
+	json_decref(j);
+	unlink(json);
+	unlink(log);
+	rmdir(dir);
+}
+
+Test(bench_perf_idle, follow_measures_a_floating_poller_with_follow_waker)
+{
+	char dir[] = "/tmp/kvx-idle-test.XXXXXX", cmd[512], json[64], log[64];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(json, sizeof(json), "%s/out.json", dir);
+	snprintf(log, sizeof(log), "%s/log", dir);
+	snprintf(cmd, sizeof(cmd), "'%s' idle --seconds 1 --samples 25 --follow --json %s >%s 2>&1", KVX_PERF_BIN,
+		 json, log);
+	int st = system(cmd);
+	cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s exited %d (see %s)", cmd, st, log);
+	char text[8192] = "";
+	FILE *f = fopen(log, "r");
+	cr_assert_not_null(f);
+	text[fread(text, 1, sizeof(text) - 1, f)] = '\0';
+	fclose(f);
+	cr_assert_not_null(strstr(text, "every CPU, follow_waker"), "the header names the mode: %s", text);
+	json_error_t err;
+	json_t *j = json_load_file(json, 0, &err);
+	cr_assert_not_null(j, "%s: %s", json, err.text);
+	json_t *fp = json_object_get(j, "first_post");
+	cr_assert_eq(json_integer_value(json_object_get(fp, "samples")), 13);
+	json_int_t sleeps = json_integer_value(json_object_get(fp, "sleeps"));
+	cr_assert_geq(sleeps, 13, "each sample starts from a sleep: %lld sleeps", (long long)sleeps);
+	cr_assert_eq(json_integer_value(json_object_get(fp, "wakeups")), sleeps, "every sleep ended by a wake");
+	cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "peer_eventfd"), "samples")), 12);
 	json_decref(j);
 	unlink(json);
 	unlink(log);
