@@ -872,6 +872,19 @@ static int cond_check(const struct kvx_xport_cond *cd)
 	return 0;
 }
 
+/* Append @p o (checked) to the pending group: iov j, completion @p ci. */
+static inline void pend_add(struct shm_ep *e, const struct kvx_xport_op *o, uint32_t i, uint32_t ci)
+{
+	uint32_t j = e->pend++;
+	e->liov[j].iov_base = o->lmr->addr + o->loff;
+	e->liov[j].iov_len = o->len;
+	e->riov[j].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
+	e->riov[j].iov_len = o->len;
+	e->idx[j] = i;
+	e->cqi[j] = ci;
+	e->pend_bytes += o->len;
+}
+
 static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
 		    const struct kvx_xport_cond *cd)
@@ -940,14 +953,7 @@ static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 			flush_group(e);
 			e->pend_cond = cnd; /* flush_group() cleared it */
 		}
-		uint32_t j = e->pend++;
-		e->liov[j].iov_base = o->lmr->addr + o->loff;
-		e->liov[j].iov_len = o->len;
-		e->riov[j].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
-		e->riov[j].iov_len = o->len;
-		e->idx[j] = i;
-		e->cqi[j] = e->cq_head;
-		e->pend_bytes += o->len;
+		pend_add(e, o, i, e->cq_head);
 		c->bytes += o->len; /* taken back by account_group() if it does not move */
 	}
 	e->cq_head++;
@@ -964,10 +970,34 @@ static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 	return 0;
 }
 
+/*
+ * One host op that joins the pending group as it is (small ops posted one by one): the work of
+ * post_any() for that case and nothing else. Anything else (more ops, device memory, a group to
+ * move first, an op that fails its checks, no room, a dead endpoint) goes to post_any().
+ */
 static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
 {
-	return post_any(ep, opc, ops, n, cookie, NULL);
+	struct shm_ep *e = (struct shm_ep *)ep;
+	const struct kvx_xport_op *o = ops;
+	if (KVX_UNLIKELY(n != 1 || e->cq_head - e->cq_tail > e->cq_mask ||
+			 e->ops_queued + 1 > ep->ctx->params.queue_depth ||
+			 atomic_load_explicit(&ep->status, memory_order_relaxed) ||
+			 (e->pend && (e->pend_opc != opc || e->pend_cond)) || e->pend == SHM_IOV_MAX ||
+			 e->pend_bytes + o->len > SHM_MAX_OP || (o->rmr->prov_flags & SHM_RMR_DEVICE) ||
+			 o->lmr->mem_type != KVX_XPORT_MEM_HOST || op_check(opc, o)))
+		return post_any(ep, opc, ops, n, cookie, NULL);
+	uint32_t ci = e->cq_head;
+	e->cq_ev[ci & e->cq_mask].kind = KVX_MEM_EVENT_READY; /* as post_any(): host only */
+	e->cq[ci & e->cq_mask] = (struct kvx_xport_cpl){.cookie = cookie, .n_ops = 1,
+							 .first_failed = 1, .bytes = o->len};
+	e->pend_opc = opc;
+	e->pend_cond = false;
+	pend_add(e, o, 0, ci);
+	e->cq_head = ci + 1;
+	e->ops_queued++;
+	xport_cnt_add(&ep->cnt, ops_posted, 1);
+	return 0;
 }
 
 static int shm_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
