@@ -22,7 +22,8 @@
  * bursts smaller than what it keeps in flight (kvxfer-perf bw: 64 of 128) would otherwise
  * move every group at half its size. The group still moves at the first poll whose burst the
  * final completions do not fill, so a pending op waits at most for the application to take
- * the completions posted before it.
+ * the completions posted before it; a group of SHM_HOLD_BYTES or more does not wait (one
+ * call's cost, about a microsecond, is already small beside its copy).
  *
  * Conditional ops (kvx_xport_post_bulk_cond(), the block leases of docs/protocol.md §5.11):
  * CMA cannot be revoked by the target, so the initiator checks the condition word in the
@@ -60,6 +61,7 @@
 #define SHM_MAX_BATCH 4096u
 #define SHM_IOV_MAX 1024u
 #define SHM_MAX_OP (1ull << 30)
+#define SHM_HOLD_BYTES (1ull << 20) /* a pending group this large moves at the next poll */
 #define SHM_RMR_VERIFIED 1u
 #define SHM_RMR_DEVICE 2u   /* remote device region: prov_flags >> 8 is its IPC cache entry */
 #define SHM_IPC_ENTRIES 256 /* peer device allocations mapped per endpoint */
@@ -1015,7 +1017,7 @@ static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t
 	 * burst, the group waits to grow (header); else it moves now, and every queued completion
 	 * is final after that. */
 	uint32_t end = e->pend ? e->cqi[0] : e->cq_head;
-	bool held = e->pend && end - e->cq_tail >= max;
+	bool held = e->pend && e->pend_bytes < SHM_HOLD_BYTES && end - e->cq_tail >= max;
 	if (!held) {
 		flush_group(e);
 		end = e->cq_head;
