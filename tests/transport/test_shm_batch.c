@@ -317,3 +317,25 @@ Test(transport_shm_batch, grown_group_with_failing_ops_fails_only_their_posts)
 {
 	small_reads(2);
 }
+
+/* A poll of 0 completions only drives I/O: it moves the pending group even when final
+ * completions wait to be taken, and returns none. */
+Test(transport_shm_batch, poll_of_zero_moves_held_group_returns_nothing)
+{
+	struct srig r;
+	srig_up(&r);
+	struct kvx_xport_cpl c[NSM];
+	post_small(&r, 0, 2);
+	cr_assert_eq(kvx_xport_poll_burst(r.ep, c, 1), 1); /* moves ops 1..2, returns 1 */
+	cr_assert_eq(c[0].cookie, 1);
+	post_small(&r, 2, 3);      /* pending behind final completion 2 */
+	cr_assert_eq(kvx_xport_poll_burst(r.ep, c, 0), 0);
+	cr_assert_eq(pat_check(r.lm + slot_of(2), SM, RSEED, 2 * SM), SM,
+		     "poll(0) did not move the pending op");
+	cr_assert_eq(cma_calls(&r), 2);
+	cr_assert_eq(kvx_xport_poll_burst(r.ep, c + 1, 2), 2);
+	cr_assert_eq(c[1].cookie, 2);
+	cr_assert_eq(c[2].cookie, 3);
+	cr_assert_eq(c[2].bytes, SM);
+	srig_down(&r);
+}

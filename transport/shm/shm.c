@@ -23,7 +23,8 @@
  * move every group at half its size. The group still moves at the first poll whose burst the
  * final completions do not fill, so a pending op waits at most for the application to take
  * the completions posted before it; a group of SHM_HOLD_BYTES or more does not wait (one
- * call's cost, about a microsecond, is already small beside its copy).
+ * call's cost, about a microsecond, is already small beside its copy), nor does one at a poll
+ * of 0 completions (which only drives I/O).
  *
  * Conditional ops (kvx_xport_post_bulk_cond(), the block leases of docs/protocol.md §5.11):
  * CMA cannot be revoked by the target, so the initiator checks the condition word in the
@@ -1017,7 +1018,7 @@ static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t
 	 * burst, the group waits to grow (header); else it moves now, and every queued completion
 	 * is final after that. */
 	uint32_t end = e->pend ? e->cqi[0] : e->cq_head;
-	bool held = e->pend && e->pend_bytes < SHM_HOLD_BYTES && end - e->cq_tail >= max;
+	bool held = max && e->pend && e->pend_bytes < SHM_HOLD_BYTES && end - e->cq_tail >= max;
 	if (!held) {
 		flush_group(e);
 		end = e->cq_head;
