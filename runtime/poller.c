@@ -249,6 +249,7 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 
 static void progress(struct poller *po, struct xf *x);
 static struct kvx_xfer *xf_entry(struct xf *x);
+static void spread_fence(struct xf *x);
 
 /* P WRITE: write_done (DONE) or kvx_failed (else) to the D DP rank that sent remote_blocks (its
  * decode rank, else the peer's), its TP rank paired with ours. Also answers a status query or
@@ -436,7 +437,10 @@ static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 					   * brings its own */
 	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
 	apply(po, x, &o);
-	return o.act & KVX_XFER_DO_RELEASE;
+	if (o.act & KVX_XFER_DO_RELEASE)
+		return true;
+	spread_fence(x);
+	return false;
 }
 
 /* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
@@ -583,6 +587,211 @@ static void list_link(struct poller *po, struct conn *c)
 	po->plist = c;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Layer spread (issue 16, docs/performance.md §7)                                           */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Cookie of an op a helper posts for another poller's transfer: the flag and its dlg index. */
+#define DLG_COOKIE (1ull << 63)
+
+/* The poller that posts @p layer of this poller's transfers: L mod n_po when the engine
+ * spreads (params.spread, >= 2 pollers, >= 2 layers), else this one. */
+static bool spread_on(const struct kvx_engine *e)
+{
+	return e->p.spread == KVX_ENGINE_SPREAD_LAYERS && e->n_po >= 2 && e->n_layers >= 2;
+}
+
+static uint32_t spread_to(const struct poller *po, uint32_t layer)
+{
+	return spread_on(po->e) ? layer % po->e->n_po : po->k;
+}
+
+/* Owner: hand layer @p layer of x to helper @p h (its `dreq` ring). 0 handed off (counted in
+ * lf.ops_out and layer_batches until its dres is back), -EAGAIN when h already holds
+ * SPREAD_CAP of this poller's layers: the caller posts it itself. */
+static int spread_hand(struct poller *po, struct xf *x, uint32_t h, uint32_t layer, enum kvx_xport_opcode op,
+		       const uint32_t *lids, const uint32_t *rids, size_t n)
+{
+	struct kvx_engine *e = po->e;
+	struct conn *c = x->conn;
+	if (po->dlg_out[h] >= SPREAD_CAP)
+		return -EAGAIN;
+	struct dmsg m = {.x = x, .c = c, .peer = x->peer, .lids = lids, .rids = rids, .n = n, .owner = po->k,
+			 .layer = layer, .op = op, .slot = x->slot, .gen = x->gen};
+	if (x->lease_phase == LP_HELD && e->caps[c->xi].cond_ops) {
+		m.cnd = 1;
+		m.expect = x->lease_word;
+		m.roff = (uint64_t)(eng_lease_base(x->lease_key, c->lease_n) + x->lease_pos) * 8;
+	}
+	/* No helper holds a layer of x: none reads the flag now; the enqueue publishes it. */
+	if (!x->dlg_n)
+		atomic_store_explicit(&x->dlg_stop, false, memory_order_relaxed);
+	if (!kvx_ring_enqueue_elem_burst_mp(e->po[h]->dreq, &m, 1, NULL))
+		return -EAGAIN;
+	po->dlg_out[h]++;
+	x->dlg_n++;
+	x->lf.ops_out++;
+	x->layer_batches[layer]++;
+	return 0;
+}
+
+/* Owner: once nothing more of x is to be posted (reported, failed, awaiting the peer's next
+ * connection, a P WRITE whose entry is no longer live), layers still queued at a helper are
+ * returned unposted. */
+static void spread_fence(struct xf *x)
+{
+	if (!x->dlg_n || atomic_load_explicit(&x->dlg_stop, memory_order_relaxed))
+		return;
+	const struct kvx_xfer *t = x->t && x->t->user == x ? x->t : NULL;
+	if (x->lf.reported || x->lf.failed || x->lf.await_peer ||
+	    (x->lf.kind == KVX_XFER_K_WRITE && (!t || t->state != KVX_XFER_S_LIVE)))
+		atomic_store_explicit(&x->dlg_stop, true, memory_order_release);
+}
+
+/* Helper: hand-off i is over (every op terminal, or nothing posted): its outcome to the owner.
+ * The owner's dres ring has room: it holds at most n_po x SPREAD_CAP outcomes. */
+static void dlg_finish(struct poller *po, uint32_t i)
+{
+	struct dlg *d = &po->dlg[i];
+	struct dres r = {.bytes = d->bytes, .slot = d->m.slot, .gen = d->m.gen, .layer = d->m.layer, .helper = po->k,
+			 .status = d->status, .post_err = d->post_err, .ep_dead = d->ep_dead, .canceled = d->canceled};
+	(void)kvx_ring_enqueue_elem_burst_mp(po->e->po[d->m.owner]->dres, &r, 1, NULL);
+	d->next_free = po->dlg_free;
+	po->dlg_free = i + 1;
+}
+
+/* Helper: post hand-off i on this poller's link, as post_layer() does for its own transfers.
+ * false: its first batch could not be posted (queue full): retried at the next poll. */
+static bool dlg_post(struct poller *po, uint32_t i)
+{
+	struct kvx_engine *e = po->e;
+	struct dlg *d = &po->dlg[i];
+	const struct dmsg *m = &d->m;
+	if (atomic_load_explicit(&m->x->dlg_stop, memory_order_acquire)) {
+		d->canceled = true; /* the owner posts nothing more of x */
+		dlg_finish(po, i);
+		return true;
+	}
+	struct conn *c = m->c;
+	struct clink *l = &c->link[po->k];
+	struct kvx_plan plan;
+	kvx_plan_cache_reset(po->pc); /* other block ids than the plans cached */
+	if (kvx_plan_cache_get(po->pc, &c->geom[m->layer], m->lids, m->rids, m->n, &plan) < 0)
+		return false;
+	uint32_t maxb = e->caps[c->xi].max_batch ? e->caps[c->xi].max_batch : 1;
+	for (size_t k = 0; k < plan.n; k++)
+		po->ops[k] = (struct kvx_xport_op){.lmr = e->layers[m->layer].mr[c->xi], .rmr = l->rmr[m->layer],
+						   .loff = plan.loc[k], .roff = plan.rem[k], .len = plan.size[k]};
+	struct kvx_xport_cond cond = {.rmr = l->lease_rmr, .expect = m->expect, .roff = m->roff};
+	for (size_t first = 0; first < plan.n; first += maxb) {
+		uint32_t cnt = (uint32_t)(plan.n - first < maxb ? plan.n - first : maxb);
+		int rc = m->cnd ? kvx_xport_post_bulk_cond(l->ep, m->op, po->ops + first, cnt, DLG_COOKIE | i, &cond)
+				: kvx_xport_post_bulk(l->ep, m->op, po->ops + first, cnt, DLG_COOKIE | i);
+		if (rc) {
+			if (first == 0)
+				return false;
+			d->post_err = rc; /* a partial layer cannot be retried: it fails */
+			break;
+		}
+		d->batches++;
+		l->outstanding++;
+		list_link(po, c);
+		atomic_fetch_add_explicit(&po->st_ops, cnt, memory_order_relaxed);
+		atomic_fetch_add_explicit(&m->peer->ops, cnt, memory_order_relaxed);
+	}
+	d->posted = true;
+	if (!d->batches)
+		dlg_finish(po, i); /* empty plan, or nothing more could be posted */
+	return true;
+}
+
+/* Helper: a completion of an op it posted for another poller (handle_cpl()). */
+static void dlg_cpl(struct poller *po, struct conn *cn, const struct kvx_xport_cpl *c)
+{
+	uint32_t i = (uint32_t)(c->cookie & 0xffffffffu);
+	if (i >= po->n_dlg)
+		return;
+	struct dlg *d = &po->dlg[i];
+	d->batches--;
+	d->bytes += c->bytes;
+	atomic_fetch_add_explicit(&po->st_bytes, c->bytes, memory_order_relaxed);
+	atomic_fetch_add_explicit(&d->m.peer->bytes, c->bytes, memory_order_relaxed);
+	if (c->status == 0) {
+		cn->link[po->k].last_ok_ns = kvx_now_ns();
+	} else if (!d->status) {
+		d->status = c->status;
+		d->ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0;
+	}
+	if (!d->batches && d->posted)
+		dlg_finish(po, i);
+}
+
+/* Helper: take new hand-offs and retry those whose first batch found the queue full. Returns
+ * whether there was work (hand-offs left to retry keep the poller spinning). */
+static bool dlg_serve(struct poller *po)
+{
+	bool busy = po->n_dpend != 0;
+	for (uint32_t j = 0; j < po->n_dpend;) {
+		if (dlg_post(po, po->dpend[j]))
+			po->dpend[j] = po->dpend[--po->n_dpend];
+		else
+			j++;
+	}
+	struct dmsg m[16];
+	unsigned n = po->dlg_free ? kvx_ring_dequeue_elem_burst_sc(po->dreq, m, 16, NULL) : 0;
+	for (unsigned k = 0; k < n; k++) {
+		uint32_t i = po->dlg_free - 1; /* never exhausted: every owner holds at most SPREAD_CAP */
+		struct dlg *d = &po->dlg[i];
+		po->dlg_free = d->next_free;
+		*d = (struct dlg){.m = m[k]};
+		if (!dlg_post(po, i))
+			po->dpend[po->n_dpend++] = i;
+	}
+	return busy || n;
+}
+
+static void layer_cpl(struct poller *po, struct xf *x, uint32_t layer);
+
+/* Owner: outcomes of its hand-offs. Each applies as the completions of the layer's ops would
+ * here (handle_cpl()): bytes, an op failure through the lifecycle (OP_FAILED), a partial post
+ * as a post failure, then the layer's end. */
+static bool dlg_results(struct poller *po)
+{
+	struct dres r[16];
+	unsigned n = kvx_ring_dequeue_elem_burst_sc(po->dres, r, 16, NULL);
+	for (unsigned k = 0; k < n; k++) {
+		po->dlg_out[r[k].helper]--;
+		struct xf *x = handle_xf(po, r[k].slot, r[k].gen); /* live: its ops_out counts the hand-off */
+		if (!x)
+			continue;
+		x->dlg_n--;
+		x->lf.ops_out--;
+		x->layer_batches[r[k].layer]--;
+		x->bytes += r[k].bytes;
+		if (r[k].post_err && !x->lf.failed) {
+			x->lf.failed = true;
+			x->lf.error = r[k].post_err;
+		}
+		if (r[k].status) {
+			struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_OP_FAILED, .error = r[k].status, .moved = x->bytes != 0,
+						 .ep_dead = r[k].ep_dead != 0};
+			struct kvx_xfer_out o;
+			kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
+			if (o.act & KVX_XFER_DO_RESET_PEER && x->conn)
+				conn_stale(po, x->conn);
+		}
+		if (r[k].canceled) {
+			if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported)
+				step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = x->lf.error});
+			else
+				progress(po, x);
+			continue;
+		}
+		layer_cpl(po, x, r[k].layer);
+	}
+	return n != 0;
+}
+
 /* Post one layer of a transfer on its connection's link of this poller: plan (cached per
  * geometry), one batch per caps.max_batch ops. */
 static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_xport_opcode op,
@@ -591,6 +800,9 @@ static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_
 	struct kvx_engine *e = po->e;
 	struct conn *c = x->conn;
 	struct clink *l = &c->link[po->k];
+	uint32_t h = spread_to(po, layer);
+	if (h != po->k && spread_hand(po, x, h, layer, op, lids, rids, n) == 0)
+		return 0;
 	struct kvx_plan plan;
 	int rc = kvx_plan_cache_get(po->pc, &c->geom[layer], lids, rids, n, &plan);
 	if (rc < 0)
@@ -792,7 +1004,15 @@ static void write_progress(struct poller *po, struct xf *x)
 	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
 	 * block (first generated token) stays unpaired (docs/protocol.md §6 item 8). */
 	size_t nl = x->n, nr = t->n_remote_blocks, n = nl < nr ? nl : nr;
-	const uint32_t *lids = x->lblocks + (nl > nr ? nl - nr : 0);
+	const uint32_t *lids = x->lblocks + (nl > nr ? nl - nr : 0), *rids = t->remote_blocks;
+	if (spread_on(po->e)) {
+		/* Helpers read the pairing after the entry may be gone (terminal entries free their
+		 * allocation): D's block ids are copied into the transfer object once. */
+		if (!x->rb_ready)
+			memcpy(x->rblocks, t->remote_blocks, n * sizeof(*x->rblocks));
+		x->rb_ready = true;
+		rids = x->rblocks;
+	}
 	kvx_plan_cache_reset(po->pc);
 	for (uint32_t w = 0; w < KVX_ENGINE_MAX_LAYERS / 64; w++) {
 		uint64_t bits = x->want_post[w];
@@ -810,7 +1030,7 @@ static void write_progress(struct poller *po, struct xf *x)
 				write_fail(po, x, g);
 				return;
 			}
-			if (post_layer(po, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
+			if (post_layer(po, x, layer, KVX_XPORT_OP_WRITE, lids, rids, n))
 				return;
 			x->want_post[w] &= ~(1ull << (layer % 64));
 			if (x->layer_batches[layer] == 0 && !x->lf.failed) {
@@ -866,6 +1086,7 @@ static void handle_submit(struct poller *po, struct xf *x)
 	po->live[po->n_live++] = x;
 	x->live = true;
 	x->t = NULL;
+	x->rb_ready = false;
 	po->owned[x->slot] = x->gen;
 	/* The kinds that receive notifications get their entry (found parked, or opened). */
 	if (x->lf.kind != KVX_XFER_K_READ && (x->n || x->lf.kind != KVX_XFER_K_ANNOUNCE))
@@ -968,6 +1189,10 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 	struct kvx_engine *e = po->e;
 	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
 	cn->link[po->k].outstanding--;
+	if (c->cookie & DLG_COOKIE) {
+		dlg_cpl(po, cn, c); /* another poller's transfer: its layer's outcome goes back */
+		return;
+	}
 	/* The cookie's slot names a transfer of this poller only while it is live here. */
 	if (slot >= e->p.max_transfers || !po->owned[slot] || (layer >= e->n_layers && layer != LEASE_COOKIE))
 		return;
@@ -1012,6 +1237,15 @@ static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xpor
 		if (o.act & KVX_XFER_DO_RESET_PEER)
 			conn_stale(po, cn);
 	}
+	layer_cpl(po, x, layer);
+}
+
+/* One op batch (or a hand-off) of @p layer of x ended, its outcome applied: a layer whose
+ * batches are all done lands (READ: its barrier bit; WRITE: LAYER_WRITTEN), a failed WRITE
+ * fails, and x progresses. x may retire here. */
+static void layer_cpl(struct poller *po, struct xf *x, uint32_t layer)
+{
+	struct kvx_engine *e = po->e;
 	if (x->layer_batches[layer] == 0 && !x->lf.failed && !x->lf.await_peer) {
 		if (x->first_layer_ns <= x->lf.start_ns) /* first whole layer of this submission */
 			x->first_layer_ns = kvx_now_ns();
@@ -1223,6 +1457,9 @@ int eng_poll_fn(void *arg)
 	for (unsigned i = 0; i < n; i++)
 		handle_cin(po, &m[i]);
 	busy |= n != 0;
+	/* Layer spread: hand-offs to post here, outcomes of ours. */
+	busy |= dlg_serve(po);
+	busy |= dlg_results(po);
 	/* Completions on this poller's link of every connection with ops outstanding. New
 	 * connections are listed at the head, so they are not visited this round. */
 	struct kvx_xport_cpl c[32];
@@ -1258,6 +1495,7 @@ int eng_poll_fn(void *arg)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
+		spread_fence(x);
 		if (!x->lf.reported && ((x->lf.kind == KVX_XFER_K_READ && !x->lf.done_posting) || x->lf.kind == KVX_XFER_K_WRITE))
 			progress(po, x);
 		if (po->n_live == before)
