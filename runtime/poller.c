@@ -594,13 +594,13 @@ static void list_link(struct poller *po, struct conn *c)
 /* Cookie of an op a helper posts for another poller's transfer: the flag and its dlg index. */
 #define DLG_COOKIE (1ull << 63)
 
-/* The poller that posts @p layer of this poller's transfers: L mod n_po when the engine
- * spreads (params.spread, >= 2 pollers, >= 2 layers), else this one. */
+/* Whether the engine spreads its transfers' layers: params.spread, >= 2 pollers, >= 2 layers. */
 static bool spread_on(const struct kvx_engine *e)
 {
 	return e->p.spread == KVX_ENGINE_SPREAD_LAYERS && e->n_po >= 2 && e->n_layers >= 2;
 }
 
+/* The poller that posts @p layer of this poller's transfers: L mod n_po, else this one. */
 static uint32_t spread_to(const struct poller *po, uint32_t layer)
 {
 	return spread_on(po->e) ? layer % po->e->n_po : po->k;
