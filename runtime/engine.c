@@ -2,7 +2,7 @@
 /* The engine: ties the lcores, the control lcore and a transport provider together and drives
  * both transfer modes on both roles (docs/protocol.md §1.3, §1.4, §5 with §6 fixed; docs/architecture.md §1).
  * This file: create, layer registration, start, stop, destroy, stats. The rest, by thread:
- * api.c (app thread), poller.c (polling lcores), peer.c (control lcore: handshakes,
+ * api.c (app thread), poller*.c (polling lcores), peer.c (control lcore: handshakes,
  * connections, inbound notifications), xfer.c (per-transfer state, no I/O).
  *
  * Threads and ownership:
@@ -25,7 +25,7 @@
  *    eventfd doorbell (eng_on_ctl_work()).
  * Rings (element rings of fixed messages), per polling lcore k, SPSC: app->k `sub`
  * (submission, then handles), control->k `cin` (notifications by id, peer events), k->app
- * `cpl`, k->control (its control inbox `ib`); MPSC, the layer spread (issue 16, poller.c):
+ * `cpl`, k->control (its control inbox `ib`); MPSC, the layer spread (issue 16, poller_post.c):
  * any owner poller -> k `dreq` ("post layer L of transfer X" for helper k), any helper
  * poller -> k `dres` (that layer's outcome back to its owner k).
  * Peer connections: pollers look a peer's connection up in the RCU table (QSBR: their poll
@@ -402,7 +402,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			return rc;
 		kvx_ring_set_waiter(po->sub, kvx_lcore_waiter(po->lc));
 		kvx_ring_set_waiter(po->cin, kvx_lcore_waiter(po->lc));
-		/* Layer spread (poller.c): each owner has at most SPREAD_CAP layers handed to one
+		/* Layer spread (poller_post.c): each owner has at most SPREAD_CAP layers handed to one
 		 * helper, so a helper holds at most n_po x SPREAD_CAP and a ring never fills. */
 		uint32_t dcnt = 2;
 		while (dcnt < 2 * e->n_po * SPREAD_CAP)

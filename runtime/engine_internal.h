@@ -2,7 +2,7 @@
 #ifndef KVX_ENGINE_INTERNAL_H
 #define KVX_ENGINE_INTERNAL_H
 /*
- * Module-private: the engine's shared types (runtime/engine.c, peer.c, poller.c, api.c) and the
+ * Module-private: the engine's shared types (runtime/engine.c, peer.c, poller*.c, api.c) and the
  * functions one of those files calls in another. Which thread writes which field is said at
  * each struct; the threads are described at the top of engine.c.
  */
@@ -69,7 +69,7 @@ struct cmsg {
 	uint32_t pad;
 };
 
-/* Layer spread (issue 16, docs/performance.md §7; poller.c "Layer spread"). The owner of a
+/* Layer spread (issue 16, docs/performance.md §7; poller_post.c "Layer spread"). The owner of a
  * transfer hands "post layer L" to helper poller h = L mod n_po over h's `dreq` ring; h posts
  * it on its own link (link[h]) of the transfer's connection and, once every op of the layer is
  * terminal, returns one `dres` to the owner's ring. The owner counts the hand-off in
@@ -307,7 +307,7 @@ struct xf {
 	atomic_bool dlg_stop;
 };
 
-/* D READ lease check of one transfer (runtime/lease.c, poller.c read_progress()). */
+/* D READ lease check of one transfer (runtime/lease.c, poller_post.c read_progress()). */
 enum lease_phase {
 	LP_NONE = 0,     /* not looked up yet */
 	LP_BEFORE = 1,   /* the window read is outstanding */
@@ -348,7 +348,7 @@ struct poller {
 	struct kvx_timer scan;
 	uint32_t n_fence_pending;
 	uint32_t n_busy_hold; /* live transfers with busy_hold set */
-	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
+	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller_conn.c hs_ask()) */
 	/* Layer spread: `dreq` (hand-offs to this poller as a helper; consumer: this poller,
 	 * producers: the other pollers) and `dres` (outcomes of this poller's hand-offs; consumer:
 	 * this poller, producers: the helpers). The rest is this poller's own: as a helper, dlg
