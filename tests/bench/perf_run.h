@@ -143,6 +143,25 @@ static inline void perf_run(struct perf_run *r, const char *bin, const char *pat
 	perf_run_read(&ch, r, deadline_ms, NULL);
 }
 
+/* perf_run() into a caller's own buffers: status in *status, stdout and stderr NUL-terminated in
+ * out[out_cap] and err[err_cap] (truncated to fit). */
+static inline void perf_run_into(int *status, char *out, size_t out_cap, char *err, size_t err_cap,
+				 const char *bin, const char *path_env, uint64_t deadline_ms,
+				 const char *const *args)
+{
+	struct perf_run *r = malloc(sizeof(*r));
+	cr_assert_not_null(r);
+	perf_run(r, bin, path_env, deadline_ms, args);
+	*status = r->status;
+	size_t n = r->out_len < out_cap - 1 ? r->out_len : out_cap - 1;
+	memcpy(out, r->out, n);
+	out[n] = '\0';
+	n = r->err_len < err_cap - 1 ? r->err_len : err_cap - 1;
+	memcpy(err, r->err, n);
+	err[n] = '\0';
+	free(r);
+}
+
 /* A TCP port nothing listens on right now (bound to an ephemeral port, then released). */
 static inline unsigned perf_run_closed_port(void)
 {

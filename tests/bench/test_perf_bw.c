@@ -19,6 +19,8 @@
 
 #include <criterion/criterion.h>
 
+#include "perf_run.h"
+
 #ifndef KVX_PERF_BIN
 #error KVX_PERF_BIN must name the kvxfer-perf binary
 #endif
@@ -38,44 +40,12 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void slurp(int fd, char *buf, size_t cap)
-{
-	FILE *f = fdopen(fd, "r");
-	cr_assert_not_null(f);
-	rewind(f);
-	size_t n = fread(buf, 1, cap - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-}
-
-/* Run kvxfer-perf with args (NULL-terminated); capture stdout and stderr. */
+/* Run kvxfer-perf with args (NULL-terminated); capture stdout and stderr (perf_run.h; a run
+ * still going at the suite's timeout is killed). */
 static void run_perf(struct run *r, const char *const *args)
 {
-	char outp[] = "/tmp/kvx_bw_out_XXXXXX", errp[] = "/tmp/kvx_bw_err_XXXXXX";
-	int fo = mkstemp(outp), fe = mkstemp(errp);
-	cr_assert_geq(fo, 0);
-	cr_assert_geq(fe, 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		dup2(fo, 1);
-		dup2(fe, 2);
-		const char *av[64];
-		int k = 0;
-		av[k++] = KVX_PERF_BIN;
-		for (int i = 0; args[i] && k < 62; i++)
-			av[k++] = args[i];
-		av[k] = NULL;
-		execv(KVX_PERF_BIN, (char *const *)av);
-		_exit(127);
-	}
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-	slurp(fo, r->out, sizeof(r->out));
-	slurp(fe, r->err, sizeof(r->err));
-	unlink(outp);
-	unlink(errp);
+	perf_run_into(&r->status, r->out, sizeof(r->out), r->err, sizeof(r->err), KVX_PERF_BIN, NULL, 240000,
+		      args);
 }
 
 /* shm needs CMA (ptrace permission); the provider names the sysctl when it is refused. */

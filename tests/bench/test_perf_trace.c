@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include "helpers.h"
+#include "perf_run.h"
 #include "kvxfer/common.h"
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
@@ -43,48 +44,18 @@ struct run {
 	char err[16384];
 };
 
-/* Read a temporary file back into buf and remove it. */
-static void slurp_fd(int fd, char *path, char *buf, size_t cap)
-{
-	FILE *f = fdopen(fd, "r");
-	cr_assert_not_null(f);
-	rewind(f);
-	size_t n = fread(buf, 1, cap - 1, f);
-	buf[n] = '\0';
-	fclose(f);
-	unlink(path);
-}
-
 /* Run kvxfer-perf trace with args (NULL-terminated), PATH=path_env if not NULL; capture
- * stdout and stderr. */
+ * stdout and stderr (perf_run.h; a run still going at the suite's timeout is killed). */
 static void run_trace_env(struct run *r, const char *const *args, const char *path_env)
 {
-	char outp[] = "/tmp/kvx_trace_out_XXXXXX", errp[] = "/tmp/kvx_trace_err_XXXXXX";
-	int fd = mkstemp(outp), efd = mkstemp(errp);
-	cr_assert_geq(fd, 0);
-	cr_assert_geq(efd, 0);
-	pid_t pid = fork();
-	cr_assert_geq(pid, 0);
-	if (pid == 0) {
-		dup2(fd, 1);
-		dup2(efd, 2);
-		if (path_env)
-			setenv("PATH", path_env, 1);
-		const char *av[64];
-		int k = 0;
-		av[k++] = KVX_PERF_BIN;
-		av[k++] = "trace";
-		for (int i = 0; args[i] && k < 62; i++)
-			av[k++] = args[i];
-		av[k] = NULL;
-		execv(KVX_PERF_BIN, (char *const *)av);
-		_exit(127);
-	}
-	int st;
-	cr_assert_eq(waitpid(pid, &st, 0), pid);
-	r->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-	slurp_fd(fd, outp, r->out, sizeof(r->out));
-	slurp_fd(efd, errp, r->err, sizeof(r->err));
+	const char *av[64];
+	int k = 0;
+	av[k++] = "trace";
+	for (int i = 0; args[i] && k < 62; i++)
+		av[k++] = args[i];
+	av[k] = NULL;
+	perf_run_into(&r->status, r->out, sizeof(r->out), r->err, sizeof(r->err), KVX_PERF_BIN, path_env, 240000,
+		      av);
 }
 
 static void run_trace(struct run *r, const char *const *args)

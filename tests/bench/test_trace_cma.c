@@ -143,18 +143,41 @@ static void initiator_log(struct trace_cma_log *log)
 	cr_assert_eq(trace_cma_log_add(log, 8, ids8, 1), 0);
 }
 
-Test(bench_trace_cma, read_lands_the_target_blocks_paired_from_the_end_in_merged_ranges)
-{
+/* The rig of every test: this process's pool (side 1), the target child (child_start()) with
+ * its CMA_INFO, and an empty initiator log. */
+struct rig {
 	struct side me, t;
-	side_init(&me, 1);
 	struct child c;
 	void *info;
 	size_t len;
-	child_start(&c, &t, &info, &len);
-	struct trace_cma_log log = {0};
-	initiator_log(&log);
+	struct trace_cma_log log;
+};
+
+static void rig_up(struct rig *g)
+{
+	side_init(&g->me, 1);
+	child_start(&g->c, &g->t, &g->info, &g->len);
+	g->log = (struct trace_cma_log){0};
+}
+
+/* Let the child check its pool and exit; free the log, the info and this side's pool. Returns
+ * the child's exit status (child_finish()). */
+static int rig_down(struct rig *g)
+{
+	int bad = child_finish(&g->c);
+	trace_cma_log_free(&g->log);
+	free(g->info);
+	side_free(&g->me);
+	return bad;
+}
+
+Test(bench_trace_cma, read_lands_the_target_blocks_paired_from_the_end_in_merged_ranges)
+{
+	struct rig g;
+	rig_up(&g);
+	initiator_log(&g.log);
 	struct trace_cma_result r;
-	trace_cma_run(&log, &me.pool, 0, info, len, &r);
+	trace_cma_run(&g.log, &g.me.pool, 0, g.info, g.len, &r);
 	cr_assert_eq(r.status, 0, "%d", r.status);
 	cr_assert_eq(r.bytes, 3u * BL * PLANES * LAYERS);
 	cr_assert_eq(r.iovs, PLANES * LAYERS, "ids 1-3 and 4-6 are runs: one range per layer-plane");
@@ -165,89 +188,62 @@ Test(bench_trace_cma, read_lands_the_target_blocks_paired_from_the_end_in_merged
 		for (uint32_t p = 0; p < PLANES; p++)
 			for (uint32_t b = 0; b < NB; b++) {
 				unsigned char want = b >= 1 && b <= 3 ? val(2, l, p, b + 3) : val(1, l, p, b);
-				cr_assert_eq(bad_block(&me, l, p, b, want), 0, "layer %u plane %u block %u", l, p, b);
+				cr_assert_eq(bad_block(&g.me, l, p, b, want), 0, "layer %u plane %u block %u", l, p, b);
 			}
-	cr_assert_eq(child_finish(&c) != 0, 1, "a READ leaves the target's pool as it was");
-	trace_cma_log_free(&log);
-	cr_assert_null(log.e);
-	free(info);
-	side_free(&me);
+	cr_assert_eq(rig_down(&g) != 0, 1, "a READ leaves the target's pool as it was");
+	cr_assert_null(g.log.e);
 }
 
 Test(bench_trace_cma, write_lands_the_initiator_blocks_on_the_target_ids)
 {
-	struct side me, t;
-	side_init(&me, 1);
-	struct child c;
-	void *info;
-	size_t len;
-	child_start(&c, &t, &info, &len);
-	struct trace_cma_log log = {0};
-	initiator_log(&log);
+	struct rig g;
+	rig_up(&g);
+	initiator_log(&g.log);
 	struct trace_cma_result r;
-	trace_cma_run(&log, &me.pool, 1, info, len, &r);
+	trace_cma_run(&g.log, &g.me.pool, 1, g.info, g.len, &r);
 	cr_assert_eq(r.status, 0, "%d", r.status);
 	cr_assert_eq(r.bytes, 3u * BL * PLANES * LAYERS);
-	cr_assert_eq(child_finish(&c), 0, "target blocks that differ from the expected WRITE");
-	trace_cma_log_free(&log);
-	free(info);
-	side_free(&me);
+	cr_assert_eq(rig_down(&g), 0, "target blocks that differ from the expected WRITE");
 }
 
 Test(bench_trace_cma, split_runs_make_one_range_each)
 {
-	struct side me, t;
-	side_init(&me, 1);
-	struct child c;
-	void *info;
-	size_t len;
-	child_start(&c, &t, &info, &len);
-	struct trace_cma_log log = {0};
+	struct rig g;
+	rig_up(&g);
 	uint32_t ids[] = {0, 1, 7}; /* pairs (0,4) (1,5) run on, (7,6) does not */
-	cr_assert_eq(trace_cma_log_add(&log, 7, ids, 3), 0);
+	cr_assert_eq(trace_cma_log_add(&g.log, 7, ids, 3), 0);
 	struct trace_cma_result r;
-	trace_cma_run(&log, &me.pool, 0, info, len, &r);
+	trace_cma_run(&g.log, &g.me.pool, 0, g.info, g.len, &r);
 	cr_assert_eq(r.status, 0);
 	cr_assert_eq(r.iovs, 2 * PLANES * LAYERS);
-	cr_assert_eq(bad_block(&me, 1, 1, 7, val(2, 1, 1, 6)), 0);
-	cr_assert_eq(bad_block(&me, 0, 0, 1, val(2, 0, 0, 5)), 0);
-	cr_assert_eq(bad_block(&me, 0, 0, 2, val(1, 0, 0, 2)), 0);
-	child_finish(&c);
-	trace_cma_log_free(&log);
-	free(info);
-	side_free(&me);
+	cr_assert_eq(bad_block(&g.me, 1, 1, 7, val(2, 1, 1, 6)), 0);
+	cr_assert_eq(bad_block(&g.me, 0, 0, 1, val(2, 0, 0, 5)), 0);
+	cr_assert_eq(bad_block(&g.me, 0, 0, 2, val(1, 0, 0, 2)), 0);
+	rig_down(&g);
 }
 
 Test(bench_trace_cma, bad_info_and_ids_outside_the_pool_are_refused_before_moving)
 {
-	struct side me, t;
-	side_init(&me, 1);
-	struct child c;
-	void *info;
-	size_t len;
-	child_start(&c, &t, &info, &len);
-	struct trace_cma_log log = {0};
-	initiator_log(&log);
+	struct rig g;
+	rig_up(&g);
+	initiator_log(&g.log);
 	struct trace_cma_result r;
-	trace_cma_run(&log, &me.pool, 0, info, len - 1, &r);
+	trace_cma_run(&g.log, &g.me.pool, 0, g.info, g.len - 1, &r);
 	cr_assert_eq(r.status, -EPROTO);
 	cr_assert_eq(r.bytes, 0);
-	trace_cma_run(&log, &me.pool, 0, info, 8, &r);
+	trace_cma_run(&g.log, &g.me.pool, 0, g.info, 8, &r);
 	cr_assert_eq(r.status, -EPROTO);
 	struct trace_cma_log bad = {0};
 	uint32_t ids[] = {NB};
 	cr_assert_eq(trace_cma_log_add(&bad, 9, ids, 1), 0);
-	trace_cma_run(&bad, &me.pool, 0, info, len, &r);
+	trace_cma_run(&bad, &g.me.pool, 0, g.info, g.len, &r);
 	cr_assert_eq(r.status, -EINVAL);
 	cr_assert_eq(r.bytes, 0);
-	me.pool.planes = 1;
-	trace_cma_run(&log, &me.pool, 0, info, len, &r);
+	g.me.pool.planes = 1;
+	trace_cma_run(&g.log, &g.me.pool, 0, g.info, g.len, &r);
 	cr_assert_eq(r.status, -EINVAL, "geometry differs");
 	for (uint32_t b = 0; b < NB; b++)
-		cr_assert_eq(bad_block(&me, 0, 0, b, val(1, 0, 0, b)), 0);
-	child_finish(&c);
-	trace_cma_log_free(&log);
+		cr_assert_eq(bad_block(&g.me, 0, 0, b, val(1, 0, 0, b)), 0);
+	rig_down(&g);
 	trace_cma_log_free(&bad);
-	free(info);
-	side_free(&me);
 }

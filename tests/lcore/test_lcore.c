@@ -480,17 +480,26 @@ static uint64_t thread_cpu_ns(pthread_t t)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t proc_ticks(pid_t tid)
+/* Read /proc/self/task/TID/stat into buf[cap] and return its closing ')' of comm (asserts):
+ * the fields after it are space-separated, state first. */
+static const char *task_stat(pid_t tid, char *buf, size_t cap)
 {
-	char path[64], buf[1024];
+	char path[64];
 	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
 	FILE *f = fopen(path, "re");
 	cr_assert_not_null(f);
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	size_t n = fread(buf, 1, cap - 1, f);
 	fclose(f);
 	buf[n] = '\0';
 	const char *p = strrchr(buf, ')'); /* comm may hold spaces */
 	cr_assert_not_null(p);
+	return p;
+}
+
+static uint64_t proc_ticks(pid_t tid)
+{
+	char buf[1024];
+	const char *p = task_stat(tid, buf, sizeof(buf));
 	unsigned long utime = 0, stime = 0;
 	/* fields after ')': state(3) ... utime(14) stime(15) */
 	int field = 2;
@@ -589,16 +598,8 @@ Test(lcore, adaptive_sleep_is_bounded_by_attached_timer)
  * syscall (the loop blocks only in its sleep's ppoll), 'R' while it runs or is runnable. */
 static char task_state(pid_t tid)
 {
-	char path[64], buf[512];
-	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-	FILE *f = fopen(path, "re");
-	cr_assert_not_null(f);
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	const char *p = strrchr(buf, ')');
-	cr_assert_not_null(p);
-	return p[2];
+	char buf[512];
+	return task_stat(tid, buf, sizeof(buf))[2];
 }
 
 /* Asleep: the flag is up and the thread is blocked (the re-check poll after the flag is done). */

@@ -41,8 +41,17 @@ void et_start(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
 
 void et_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
 {
-	char err[256] = "";
 	memset(g, 0, sizeof(*g));
+	for (uint32_t l = 0; l < ET_NL; l++) {
+		g->mem[l] = calloc(2 * ET_NB, ET_BLOCK);
+		cr_assert_not_null(g->mem[l]);
+	}
+	et_create_over(g, p, pattern);
+}
+
+void et_create_over(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
+{
+	char err[256] = "";
 	cr_assert_eq(kvx_engine_create(p, &g->e, err, sizeof(err)), 0, "engine create: %s", err);
 	/* [2, NB, BS=4, H=2, HD=8] bf16: K plane, then V plane; one block is 4*2*8*2 = 128 bytes. */
 	const struct kvx_layout_tensor t = {.ndim = 5,
@@ -50,8 +59,7 @@ void et_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern
 					    .stride = {ET_NB * 64, 64, 16, 8, 1},
 					    .elem_size = 2};
 	for (uint32_t l = 0; l < ET_NL; l++) {
-		g->mem[l] = calloc(2 * ET_NB, ET_BLOCK);
-		cr_assert_not_null(g->mem[l]);
+		memset(g->mem[l], 0, 2 * ET_NB * ET_BLOCK);
 		for (uint32_t pl = 0; pattern && pl < 2; pl++)
 			for (uint32_t b = 0; b < ET_NB; b++)
 				memset(et_block(g, l, pl, b), et_pattern(l, pl, b), ET_BLOCK);

@@ -43,6 +43,11 @@ void et_start(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
 void et_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern);
 int et_start_layers(struct et_eng *g);
 
+/** et_create() over layer memory the caller placed in g->mem[0..ET_NL) (each at least
+ * 2 * ET_NB * ET_BLOCK bytes, freed by the caller, not et_free()): create the engine, fill the
+ * layers (et_pattern() or zeros) and register them. Asserts on failure. */
+void et_create_over(struct et_eng *g, const struct kvx_engine_params *p, bool pattern);
+
 /** Destroy the engine and free its layers. */
 void et_free(struct et_eng *g);
 

@@ -255,9 +255,11 @@ Test(runtime_engine, c_full_hit_read_releases_producer_without_rdma)
 	eng_free(&P);
 }
 
-Test(runtime_engine, d_silent_producer_times_out_and_sends_nothing)
+/* A TCP port on loopback that accepts connections but never speaks (a silent producer): the
+ * handshake never completes. Returns the listening socket (the test closes it); *port is its
+ * number. */
+static int silent_listener(uint16_t *port)
 {
-	/* A TCP port that accepts connections but never speaks: the handshake never completes. */
 	int ls = socket(AF_INET, SOCK_STREAM, 0);
 	cr_assert_geq(ls, 0);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -265,21 +267,41 @@ Test(runtime_engine, d_silent_producer_times_out_and_sends_nothing)
 	cr_assert_eq(listen(ls, 8), 0);
 	socklen_t al = sizeof(a);
 	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
-	uint16_t port = ntohs(a.sin_port);
+	*port = ntohs(a.sin_port);
+	return ls;
+}
 
+/* Consumer D (READ, poller idle policy @p idle) facing a silent producer: transfer timeout
+ * 300 ms. The handshake deadline (3 s) is far behind the transfer's, so that a poller stalled
+ * on a loaded machine still sees the transfer's deadline first. */
+static void silent_consumer_start(struct eng *D, enum kvx_engine_idle idle)
+{
 	struct kvx_engine_params dp;
-	struct eng D;
 	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	/* The handshake deadline is far behind the transfer's, so that a poller stalled on a
-	 * loaded machine still sees the transfer's deadline first. */
+	dp.idle = idle;
 	dp.transfer_timeout_ms = 300;
 	dp.handshake_timeout_ms = 3000;
-	eng_start(&D, &dp, 0);
-	struct kvx_engine_read r = {.transfer_id = "tx-silent",
-				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
-				    .local_blocks = (uint32_t[]){1},
-				    .remote_blocks = (uint32_t[]){1},
-				    .n = 1};
+	eng_start(D, &dp, 0);
+}
+
+/* A READ of block 1 into block 1 as @p tid from the silent producer on @p port. */
+static struct kvx_engine_read silent_read(const char *tid, uint16_t port)
+{
+	static const uint32_t one[1] = {1};
+	return (struct kvx_engine_read){.transfer_id = tid,
+					.peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
+					.local_blocks = one,
+					.remote_blocks = one,
+					.n = 1};
+}
+
+Test(runtime_engine, d_silent_producer_times_out_and_sends_nothing)
+{
+	uint16_t port;
+	int ls = silent_listener(&port);
+	struct eng D;
+	silent_consumer_start(&D, KVX_ENGINE_IDLE_ADAPTIVE);
+	struct kvx_engine_read r = silent_read("tx-silent", port);
 	uint64_t t0 = kvx_now_ns();
 	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
 	struct seen s = {.transfer = -1};
@@ -359,20 +381,10 @@ static void poller_sleeps(struct kvx_engine *e, uint64_t *sleeps, uint64_t *wake
 
 Test(runtime_engine, idle_pollers_make_no_wakeup_until_a_submission)
 {
-	int ls = socket(AF_INET, SOCK_STREAM, 0); /* a producer that never speaks (as in d) */
-	cr_assert_geq(ls, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(listen(ls, 8), 0);
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
-	uint16_t port = ntohs(a.sin_port);
-	struct kvx_engine_params dp;
+	uint16_t port;
+	int ls = silent_listener(&port); /* a producer that never speaks (as in d) */
 	struct eng D;
-	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	dp.transfer_timeout_ms = 300;
-	dp.handshake_timeout_ms = 3000;
-	eng_start(&D, &dp, 0);
+	silent_consumer_start(&D, KVX_ENGINE_IDLE_ADAPTIVE);
 	unsigned n;
 	cr_assert(pollers_blocked_within(20000000000ull, &n), "the idle pollers never went to sleep");
 	struct kvx_engine_stats st;
@@ -389,11 +401,7 @@ Test(runtime_engine, idle_pollers_make_no_wakeup_until_a_submission)
 	cr_assert(pollers_blocked(&n));
 	/* A submission wakes its poller at once (the submission ring's waiter); the transfer's
 	 * deadline is then scanned without any cap on the sleeps (it times out, as in d). */
-	struct kvx_engine_read r = {.transfer_id = "tx-idle",
-				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
-				    .local_blocks = (uint32_t[]){1},
-				    .remote_blocks = (uint32_t[]){1},
-				    .n = 1};
+	struct kvx_engine_read r = silent_read("tx-idle", port);
 	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
 	struct seen s = {.transfer = -1};
 	cr_assert(wait_for(D.e, "tx-idle", &s, true, 20000000000ull));
@@ -407,26 +415,11 @@ Test(runtime_engine, idle_pollers_make_no_wakeup_until_a_submission)
 Test(runtime_engine, busy_pollers_scan_deadlines_silent_producer_times_out)
 {
 	/* --idle busy: the pollers never sleep; the deadline scan timer still runs in their loop. */
-	int ls = socket(AF_INET, SOCK_STREAM, 0);
-	cr_assert_geq(ls, 0);
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	cr_assert_eq(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
-	cr_assert_eq(listen(ls, 8), 0);
-	socklen_t al = sizeof(a);
-	cr_assert_eq(getsockname(ls, (struct sockaddr *)&a, &al), 0);
-	uint16_t port = ntohs(a.sin_port);
-	struct kvx_engine_params dp;
+	uint16_t port;
+	int ls = silent_listener(&port);
 	struct eng D;
-	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
-	dp.idle = KVX_ENGINE_IDLE_BUSY;
-	dp.transfer_timeout_ms = 300;
-	dp.handshake_timeout_ms = 3000;
-	eng_start(&D, &dp, 0);
-	struct kvx_engine_read r = {.transfer_id = "tx-busy",
-				    .peer = {.host = "127.0.0.1", .handshake_port = port, .notify_port = port},
-				    .local_blocks = (uint32_t[]){1},
-				    .remote_blocks = (uint32_t[]){1},
-				    .n = 1};
+	silent_consumer_start(&D, KVX_ENGINE_IDLE_BUSY);
+	struct kvx_engine_read r = silent_read("tx-busy", port);
 	uint64_t t0 = kvx_now_ns();
 	cr_assert_eq(kvx_xfer_read(D.e, &r), 0);
 	struct seen s = {.transfer = -1};

@@ -345,27 +345,13 @@ static bool held_back(struct kvx_engine *e, void *arg)
  * with paged_free(). */
 static void paged_create(struct et_eng *g, const struct kvx_engine_params *p, bool pattern)
 {
-	char err[256] = "";
-	memset(g, 0, sizeof(*g));
-	cr_assert_eq(kvx_engine_create(p, &g->e, err, sizeof(err)), 0, "engine create: %s", err);
-	const struct kvx_layout_tensor t = {.ndim = 5,
-					    .shape = {2, ET_NB, 4, 2, 8},
-					    .stride = {ET_NB * 64, 64, 16, 8, 1},
-					    .elem_size = 2};
 	const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	memset(g, 0, sizeof(*g));
 	for (uint32_t l = 0; l < ET_NL; l++) {
 		g->mem[l] = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		cr_assert_neq(g->mem[l], MAP_FAILED);
-		memset(g->mem[l], 0, 2 * ET_NB * ET_BLOCK);
-		for (uint32_t pl = 0; pattern && pl < 2; pl++)
-			for (uint32_t b = 0; b < ET_NB; b++)
-				memset(et_block(g, l, pl, b), et_pattern(l, pl, b), ET_BLOCK);
-		char name[32];
-		snprintf(name, sizeof(name), "model.layers.%u.attn", l);
-		struct kvx_engine_layer ly = {.name = name, .base = g->mem[l], .tensor = t,
-					      .spec = {.block_size = 4, .num_kv_heads = 2, .head_size = 8}};
-		cr_assert_eq(kvx_engine_register_layer(g->e, &ly), (int)l);
 	}
+	et_create_over(g, p, pattern);
 }
 
 static void paged_free(struct et_eng *g)

@@ -342,10 +342,11 @@ int peer_unreg(struct peer *p, int idx)
 	return rc;
 }
 
-int peer_accept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen)
+/* Send blob A with @p cmd (CMD_ACCEPT or CMD_REACCEPT); blob B comes back on success. */
+static int blob_rpc(struct peer *p, uint32_t cmd, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen)
 {
 	struct msg *m = calloc(1, sizeof(*m));
-	*m = (struct msg){.cmd = CMD_ACCEPT, .blob_len = (uint32_t)alen};
+	*m = (struct msg){.cmd = cmd, .blob_len = (uint32_t)alen};
 	memcpy(m->blob, a, alen);
 	int rc = rpc(p, m);
 	if (!rc)
@@ -358,20 +359,14 @@ int peer_accept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_
 	return rc;
 }
 
+int peer_accept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen)
+{
+	return blob_rpc(p, CMD_ACCEPT, a, alen, b, blen);
+}
+
 int peer_reaccept(struct peer *p, const uint8_t *a, size_t alen, uint8_t *b, size_t *blen)
 {
-	struct msg *m = calloc(1, sizeof(*m));
-	*m = (struct msg){.cmd = CMD_REACCEPT, .blob_len = (uint32_t)alen};
-	memcpy(m->blob, a, alen);
-	int rc = rpc(p, m);
-	if (!rc)
-		rc = m->rc;
-	if (!rc) {
-		memcpy(b, m->blob, m->blob_len);
-		*blen = m->blob_len;
-	}
-	free(m);
-	return rc;
+	return blob_rpc(p, CMD_REACCEPT, a, alen, b, blen);
 }
 
 int peer_fill(struct peer *p, int idx, uint64_t off, uint64_t len, uint64_t seed, uint64_t spos)

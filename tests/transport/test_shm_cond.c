@@ -29,41 +29,13 @@
 #include "kvxfer/common.h"
 #include "kvxfer/transport.h"
 #include "peer.h"
+#include "xport_test_util.h"
 
 #define SEED_R 21u   /* the target region's original bytes */
 #define SEED_W 22u   /* what the initiator writes */
 #define SEED_L 23u   /* the word region */
 #define SEED_REV 24u /* the word region after the "revocation" */
 #define POISON 0x5a
-
-static struct kvx_xport_cpl wait_cpl(struct kvx_xport_ep *ep)
-{
-	uint64_t deadline = kvx_now_ns() + 30000000000ull;
-	struct kvx_xport_cpl c;
-	while (kvx_xport_poll_burst(ep, &c, 1) == 0)
-		cr_assert_lt(kvx_now_ns(), deadline, "no completion within 30 s");
-	return c;
-}
-
-static struct kvx_xport_mr *local(struct kvx_xport_ctx *ctx, uint8_t **mem, uint64_t len)
-{
-	*mem = aligned_alloc(4096, (len + 4095) & ~4095ull);
-	cr_assert_not_null(*mem);
-	struct kvx_xport_mr_params p = {.addr = *mem, .len_bytes = len, .access = KVX_XPORT_ACCESS_ALL,
-					.mem_type = KVX_XPORT_MEM_HOST};
-	struct kvx_xport_mr *mr = NULL;
-	cr_assert_eq(kvx_xport_mr_register(ctx, &p, &mr), 0);
-	return mr;
-}
-
-static uint64_t word_of(uint64_t seed, uint64_t off)
-{
-	uint8_t b[8];
-	pat_fill(b, 8, seed, off);
-	uint64_t w;
-	memcpy(&w, b, 8);
-	return w;
-}
 
 static void post1(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc, struct kvx_xport_mr *l,
 		  struct kvx_xport_rmr *rm, uint64_t off, uint64_t len, uint64_t cookie,
@@ -81,18 +53,10 @@ Test(transport_shm_cond, stale_word_moves_no_byte_each_post_checks_its_own_word)
 	struct kvx_xport_ctx_params p;
 	kvx_xport_ctx_params_init(&p);
 	struct peer pe;
-	cr_assert_eq(peer_start(&pe, "shm", &p), 0);
-	struct kvx_xport_ctx *ctx = NULL;
-	cr_assert_eq(kvx_xport_open("shm", &p, &ctx), 0);
-	struct kvx_xport_caps caps;
-	cr_assert_eq(kvx_xport_query_caps(ctx, &caps), 0);
-	cr_assert(caps.cond_ops);
-	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
-	size_t al = 0, bl = 0;
-	struct kvx_xport_ep *ep = NULL;
-	cr_assert_eq(kvx_xport_ep_create(ctx, &ep, a, sizeof(a), &al), 0);
-	cr_assert_eq(peer_accept(&pe, a, al, b, &bl), 0);
-	cr_assert_eq(kvx_xport_ep_connect(ep, b, bl), 0);
+	struct kvx_xport_ctx *ctx;
+	struct kvx_xport_ep *ep;
+	cond_rig_connect(&pe, "shm", &p, &ctx, &ep);
+	uint8_t d[KVX_XPORT_RDESC_BYTES];
 	const uint64_t len = 3 * 65536 + 100;
 	int ri = peer_reg(&pe, len, KVX_XPORT_ACCESS_ALL, SEED_R, d);
 	cr_assert_geq(ri, 0);
@@ -102,7 +66,7 @@ Test(transport_shm_cond, stale_word_moves_no_byte_each_post_checks_its_own_word)
 	cr_assert_geq(li, 0);
 	cr_assert_eq(kvx_xport_rmr_import(ep, d, sizeof(d), &lw), 0);
 	uint8_t *m;
-	struct kvx_xport_mr *lm = local(ctx, &m, len);
+	struct kvx_xport_mr *lm = local_mr(ctx, &m, len);
 	struct kvx_xport_cond ok = {.rmr = lw, .roff = 64, .expect = word_of(SEED_L, 64)};
 	struct kvx_xport_cond bad = ok;
 	bad.expect ^= 1ull << 40;
@@ -220,7 +184,7 @@ Test(transport_shm_cond, owner_sees_copy_in_flight_until_it_returns_then_later_c
 	cr_assert_eq(kvx_xport_mr_export(wmr, d, sizeof(d), NULL), 0);
 	cr_assert_eq(kvx_xport_rmr_import(ep, d, sizeof(d), &rw), 0);
 	uint8_t *m;
-	struct kvx_xport_mr *lm = local(ini, &m, 2 * pg);
+	struct kvx_xport_mr *lm = local_mr(ini, &m, 2 * pg);
 	pat_fill(m, 2 * pg, SEED_W, 0);
 	struct kvx_xport_cond cond = {.rmr = rw, .roff = 0, .expect = W};
 

@@ -21,6 +21,7 @@
 #include "kvxfer/common.h"
 #include "kvxfer/transport.h"
 #include "peer.h"
+#include "xport_test_util.h"
 
 #define MIB (1ull << 20)
 #define SEED_R 11u   /* the target region's original bytes */
@@ -46,16 +47,7 @@ static void rig_up(struct rig *r, uint32_t chunk)
 	p.chunk_bytes = chunk;
 	memset(r, 0, sizeof(*r));
 	r->chunk = chunk;
-	cr_assert_eq(peer_start(&r->peer, "tcp", &p), 0);
-	cr_assert_eq(kvx_xport_open("tcp", &p, &r->ctx), 0);
-	struct kvx_xport_caps caps;
-	cr_assert_eq(kvx_xport_query_caps(r->ctx, &caps), 0);
-	cr_assert(caps.cond_ops);
-	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX];
-	size_t al = 0, bl = 0;
-	cr_assert_eq(kvx_xport_ep_create(r->ctx, &r->ep, a, sizeof(a), &al), 0);
-	cr_assert_eq(peer_accept(&r->peer, a, al, b, &bl), 0);
-	cr_assert_eq(kvx_xport_ep_connect(r->ep, b, bl), 0);
+	cond_rig_connect(&r->peer, "tcp", &p, &r->ctx, &r->ep);
 }
 
 static void rig_down(struct rig *r)
@@ -77,34 +69,7 @@ static struct kvx_xport_rmr *remote(struct rig *r, uint64_t len, uint32_t access
 
 static struct kvx_xport_mr *local(struct rig *r, uint8_t **mem, uint64_t len)
 {
-	*mem = aligned_alloc(4096, (len + 4095) & ~4095ull);
-	cr_assert_not_null(*mem);
-	struct kvx_xport_mr_params p = {.addr = *mem, .len_bytes = len, .access = KVX_XPORT_ACCESS_ALL,
-					.mem_type = KVX_XPORT_MEM_HOST};
-	struct kvx_xport_mr *mr = NULL;
-	cr_assert_eq(kvx_xport_mr_register(r->ctx, &p, &mr), 0);
-	return mr;
-}
-
-/* The word at byte offset off of a region filled with pattern seed (little-endian load). */
-static uint64_t word_of(uint64_t seed, uint64_t off)
-{
-	uint8_t b[8];
-	pat_fill(b, 8, seed, off);
-	uint64_t w;
-	memcpy(&w, b, 8);
-	return w;
-}
-
-static struct kvx_xport_cpl wait_cpl(struct kvx_xport_ep *ep)
-{
-	uint64_t deadline = kvx_now_ns() + 30000000000ull;
-	struct kvx_xport_cpl c;
-	while (kvx_xport_poll_burst(ep, &c, 1) == 0) {
-		cr_assert_lt(kvx_now_ns(), deadline, "no completion within 30 s");
-		kvx_xport_ep_wait(ep, 1);
-	}
-	return c;
+	return local_mr(r->ctx, mem, len);
 }
 
 static void post(struct rig *r, enum kvx_xport_opcode opc, struct kvx_xport_mr *l, uint64_t loff,
