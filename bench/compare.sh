@@ -9,7 +9,11 @@
 #   3. plain process_vm_readv loop, 1 MiB           vs  kvxfer-perf bw -t shm -m read -s 1M
 #      single-core memcpy, 1 MiB                    (reference ceiling for shm)
 #   4. process_vm_readv loop, 128 x 4 KiB iovecs per call  vs  kvxfer-perf bw -t shm -m read
-#      -s 4K --batch 1 (one op per post, 128 in flight: small ops, issue 16)
+#      -s 4K --batch 1 (one op per post, 128 in flight: small ops, issue 16). Same working set
+#      (one 4 KiB page each side: all ops and all iovecs at offset 0), same pinning, and the same
+#      iovecs per call: the provider keeps growing its pending group while bw's polls (64) are
+#      filled by finished completions, so each process_vm_readv carries 128 (bw prints "CMA
+#      calls"). The gap left is kvxfer's per-op post/poll work (docs/performance.md §4).
 #   5. plain ZMQ DEALER/ROUTER echo                vs  kvxfer-perf notify's round trip (p50; the
 #      median of its alternating rounds' ratios, both measured by that one command)
 #   6. iperf3 single stream, 1 MiB writes          vs  kvxfer-perf trace --local -t tcp, WRITE and

@@ -1096,6 +1096,9 @@ static int bw_run(const struct px_cfg *c, struct px_sess *s, uint64_t size, FILE
 			(unsigned long long)cap);
 		goto out;
 	}
+	/* Resident before the timed phase: its first ops must not pay page faults here. */
+	memset(tpost, 0, cap * sizeof(*tpost));
+	memset(tcpl, 0, cap * sizeof(*tcpl));
 	for (uint32_t i = 0; i < c->batch; i++)
 		ops[i] = (struct kvx_xport_op){.lmr = s->lmr, .rmr = s->rmr, .len = size};
 	uint64_t depth = c->depth < c->batch ? c->batch : c->depth;
@@ -1372,10 +1375,22 @@ int px_main(int argc, char **argv, bool lat)
 				rc = prc;
 			}
 		}
+		/* shm: how many ops shared each process_vm_readv/writev (warm-up included), the
+		 * figure to set beside the --peer cma loop's --batch (iovecs per call). */
+		struct kvx_xport_counters k;
+		kvx_xport_ep_counters(s.ep, &k);
+		double per_call = k.cma_calls ? (double)(k.ops_ok + k.ops_failed) / (double)k.cma_calls : 0;
+		if (!rc && !lat && k.cma_calls && !c.output_bw)
+			printf(" CMA calls       : %llu, %.1f ops per call (all sizes, warm-up included)\n",
+			       (unsigned long long)k.cma_calls, per_call);
 		if (!c.output_bw)
 			printf(RESULT_LINE);
 		if (json) {
-			fprintf(json, "\n]}\n");
+			if (!lat && k.cma_calls)
+				fprintf(json, "\n], \"cma_calls\": %llu, \"ops_per_cma_call\": %.2f}\n",
+					(unsigned long long)k.cma_calls, per_call);
+			else
+				fprintf(json, "\n]}\n");
 			if (perf_out_close(json) && !rc)
 				rc = -EIO;
 		}

@@ -78,6 +78,8 @@ static void usage(FILE *f)
 "                       control lcores)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
+"  --spread on|off      on (default): with >= 2 polling lcores per engine a transfer's layers\n"
+"                       are posted by lcore (layer mod n); off: all by the transfer's own lcore\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
 "  --verify, --no-verify  check the per-page stamps of every transferred block: a stale,\n"
@@ -108,7 +110,7 @@ static void usage(FILE *f)
 
 enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
-	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_PREFIX,
+	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
 	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR, OPT_PEER,
@@ -195,6 +197,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"lcores", required_argument, 0, 'l'},
 		{"control-lcore", required_argument, 0, OPT_CTL_LCORE},
 		{"idle", required_argument, 0, OPT_IDLE},
+		{"spread", required_argument, 0, OPT_SPREAD},
 		{"prefix-cache", no_argument, 0, OPT_PREFIX},
 		{"verify", no_argument, 0, OPT_VERIFY},
 		{"no-verify", no_argument, 0, OPT_NO_VERIFY},
@@ -372,6 +375,14 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				o->idle_busy = false;
 			else {
 				fprintf(stderr, "kvxfer-perf trace: --idle: '%s' is not busy or adaptive\n", optarg);
+				return -EINVAL;
+			}
+			break;
+		case OPT_SPREAD:
+			if (!strcmp(optarg, "on") || !strcmp(optarg, "off")) {
+				o->no_spread = !strcmp(optarg, "off");
+			} else {
+				fprintf(stderr, "kvxfer-perf trace: --spread: '%s' is not on or off\n", optarg);
 				return -EINVAL;
 			}
 			break;

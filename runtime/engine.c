@@ -2,7 +2,7 @@
 /* The engine: ties the lcores, the control lcore and a transport provider together and drives
  * both transfer modes on both roles (docs/protocol.md §1.3, §1.4, §5 with §6 fixed; docs/architecture.md §1).
  * This file: create, layer registration, start, stop, destroy, stats. The rest, by thread:
- * api.c (app thread), poller.c (polling lcores), peer.c (control lcore: handshakes,
+ * api.c (app thread), poller*.c (polling lcores), peer.c (control lcore: handshakes,
  * connections, inbound notifications), xfer.c (per-transfer state, no I/O).
  *
  * Threads and ownership:
@@ -23,9 +23,11 @@
  *    peer id, and routes notifications to the owning poller's ring. No lock is shared with
  *    the pollers: they hand it work through the `dead` stack and fence counters, with an
  *    eventfd doorbell (eng_on_ctl_work()).
- * Rings (all SPSC, element rings of fixed messages), per polling lcore k: app->k `sub`
+ * Rings (element rings of fixed messages), per polling lcore k, SPSC: app->k `sub`
  * (submission, then handles), control->k `cin` (notifications by id, peer events), k->app
- * `cpl`, k->control (its control inbox `ib`).
+ * `cpl`, k->control (its control inbox `ib`); MPSC, the layer spread (issue 16, poller_post.c):
+ * any owner poller -> k `dreq` ("post layer L of transfer X" for helper k), any helper
+ * poller -> k `dres` (that layer's outcome back to its owner k).
  * Peer connections: pollers look a peer's connection up in the RCU table (QSBR: their poll
  * loop announces a quiescent state once per iteration) and take a reference while a transfer
  * or a poll list uses it; a re-handshake (endpoint error, peer restart: new epoch) publishes a
@@ -76,6 +78,7 @@ KVX_API void kvx_engine_params_init(struct kvx_engine_params *p)
 	p->transfer_timeout_ms = 30000;
 	p->defer_timeout_ms = 60000;
 	p->peer_idle_ms = 60000;
+	p->spread = KVX_ENGINE_SPREAD_LAYERS;
 	p->max_transfers = 1024;
 	p->max_blocks = 8192;
 }
@@ -113,6 +116,8 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		return bad(err, errlen, "transport", "must be auto, verbs, tcp or shm");
 	if (!p->host || !*p->host || strlen(p->host) >= KVX_ENGINE_HOST_MAX)
 		return bad(err, errlen, "host", "required, 1..63 bytes");
+	if (p->spread != KVX_ENGINE_SPREAD_LAYERS && p->spread != KVX_ENGINE_SPREAD_NONE)
+		return bad(err, errlen, "spread", "must be KVX_ENGINE_SPREAD_LAYERS or KVX_ENGINE_SPREAD_NONE");
 	if (p->idle != KVX_ENGINE_IDLE_BUSY && p->idle != KVX_ENGINE_IDLE_ADAPTIVE)
 		return bad(err, errlen, "idle", "must be BUSY or ADAPTIVE");
 	if (p->dp_size == 0)
@@ -397,6 +402,29 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			return rc;
 		kvx_ring_set_waiter(po->sub, kvx_lcore_waiter(po->lc));
 		kvx_ring_set_waiter(po->cin, kvx_lcore_waiter(po->lc));
+		/* Layer spread (poller_post.c): each owner has at most SPREAD_CAP layers handed to one
+		 * helper, so a helper holds at most n_po x SPREAD_CAP and a ring never fills. */
+		uint32_t dcnt = 2;
+		while (dcnt < 2 * e->n_po * SPREAD_CAP)
+			dcnt <<= 1;
+		struct kvx_ring_params dp = {.name = name, .count = dcnt, .elem_size = sizeof(struct dmsg)};
+		snprintf(name, sizeof(name), "eng-dreq%u", k);
+		if ((rc = kvx_ring_create(&dp, &po->dreq)))
+			return rc;
+		dp.elem_size = sizeof(struct dres);
+		snprintf(name, sizeof(name), "eng-dres%u", k);
+		if ((rc = kvx_ring_create(&dp, &po->dres)))
+			return rc;
+		kvx_ring_set_waiter(po->dreq, kvx_lcore_waiter(po->lc));
+		kvx_ring_set_waiter(po->dres, kvx_lcore_waiter(po->lc));
+		po->n_dlg = e->n_po * SPREAD_CAP;
+		po->dlg = calloc(po->n_dlg, sizeof(*po->dlg));
+		po->dpend = calloc(po->n_dlg, sizeof(*po->dpend));
+		if (!po->dlg || !po->dpend)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < po->n_dlg; i++)
+			po->dlg[i].next_free = i + 2 <= po->n_dlg ? i + 2 : 0;
+		po->dlg_free = 1;
 	}
 	if ((rc = kvx_waiter_init(&e->app_w)))
 		return rc;
@@ -635,6 +663,10 @@ KVX_API void kvx_engine_destroy(struct kvx_engine *e)
 		kvx_ring_destroy(po->sub);
 		kvx_ring_destroy(po->cin);
 		kvx_ring_destroy(po->cpl);
+		kvx_ring_destroy(po->dreq);
+		kvx_ring_destroy(po->dres);
+		free(po->dlg);
+		free(po->dpend);
 		kvx_plan_cache_destroy(po->pc);
 		kvx_xfer_table_destroy(po->tab);
 		free(po->ops);

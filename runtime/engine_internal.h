@@ -2,7 +2,7 @@
 #ifndef KVX_ENGINE_INTERNAL_H
 #define KVX_ENGINE_INTERNAL_H
 /*
- * Module-private: the engine's shared types (runtime/engine.c, peer.c, poller.c, api.c) and the
+ * Module-private: the engine's shared types (runtime/engine.c, peer.c, poller*.c, api.c) and the
  * functions one of those files calls in another. Which thread writes which field is said at
  * each struct; the threads are described at the top of engine.c.
  */
@@ -67,6 +67,51 @@ struct cmsg {
 	void *xf;
 	uint32_t last;
 	uint32_t pad;
+};
+
+/* Layer spread (issue 16, docs/performance.md §7; poller_post.c "Layer spread"). The owner of a
+ * transfer hands "post layer L" to helper poller h = L mod n_po over h's `dreq` ring; h posts
+ * it on its own link (link[h]) of the transfer's connection and, once every op of the layer is
+ * terminal, returns one `dres` to the owner's ring. The owner counts the hand-off in
+ * lf.ops_out and layer_batches[L] until the result is back, so it settles, rebinds or retires
+ * the transfer only after every helper is done with it. An owner has at most SPREAD_CAP layers
+ * out at one helper (more are posted by the owner itself). */
+#define SPREAD_CAP 64u
+
+/* owner -> helper (`dreq` of the helper, MP: any owner). Written whole by the owner; the
+ * pointers stay valid until the helper's dres is taken by the owner: conn (the owner's
+ * reference of the bound connection; a helper that posts takes its own for its poll list),
+ * lids / rids (the transfer object's block-id arena, written before submission, or, P WRITE,
+ * once before its first hand-off), peer (immutable while the transfer is live). */
+struct dmsg {
+	struct xf *x;     /* read by the helper: only x->dlg_stop */
+	struct conn *c;
+	struct peer *peer;
+	const uint32_t *lids, *rids;
+	uint64_t n;
+	uint64_t expect, roff; /* with cnd: the lease condition (post_layer()) */
+	uint32_t owner, layer, op, cnd;
+	uint32_t slot, gen; /* the owner's handle of x, returned in the dres */
+};
+
+/* helper -> owner (`dres` of the owner, MP: any helper): the layer's outcome. */
+struct dres {
+	uint64_t bytes;    /* moved by the layer's ops */
+	uint32_t slot, gen, layer, helper;
+	int32_t status;    /* the first failed op's status, 0 */
+	int32_t post_err;  /* a batch after the first could not be posted (partial layer) */
+	uint32_t ep_dead;  /* the failed op's endpoint is in error state */
+	uint32_t canceled; /* x->dlg_stop was set before it was posted: nothing was posted */
+};
+
+/* A hand-off a helper holds, from its dequeue to its dres. The helper's only. */
+struct dlg {
+	struct dmsg m;
+	uint64_t bytes;
+	uint32_t batches; /* posted, not completed */
+	int32_t status, post_err;
+	bool ep_dead, canceled, posted;
+	uint32_t next_free; /* free list, index+1 */
 };
 
 enum hs_state {
@@ -252,9 +297,17 @@ struct xf {
 	 * (eng_writers_busy(), poller.c report()). */
 	uint64_t lease_revoked;
 	bool busy_hold;
+	/* Layer spread (owning poller): hand-offs whose dres is not back (dlg_n), and whether
+	 * rblocks holds a P WRITE's pairing of D's allocation for the helpers (rb_ready). dlg_stop:
+	 * written by the owning poller (reset only while dlg_n is 0, set once posting is over:
+	 * reported, failed, awaiting the peer, entry gone), read by the helpers before they post
+	 * a layer of x (a set flag: the layer is returned canceled, nothing posted). */
+	uint32_t dlg_n;
+	bool rb_ready;
+	atomic_bool dlg_stop;
 };
 
-/* D READ lease check of one transfer (runtime/lease.c, poller.c read_progress()). */
+/* D READ lease check of one transfer (runtime/lease.c, poller_post.c read_progress()). */
 enum lease_phase {
 	LP_NONE = 0,     /* not looked up yet */
 	LP_BEFORE = 1,   /* the window read is outstanding */
@@ -295,7 +348,19 @@ struct poller {
 	struct kvx_timer scan;
 	uint32_t n_fence_pending;
 	uint32_t n_busy_hold; /* live transfers with busy_hold set */
-	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller.c hs_ask()) */
+	uint64_t hs_retry[KVX_ENGINE_MAX_PEERS / 64]; /* peer slot: a handshake request is owed (poller_conn.c hs_ask()) */
+	/* Layer spread: `dreq` (hand-offs to this poller as a helper; consumer: this poller,
+	 * producers: the other pollers) and `dres` (outcomes of this poller's hand-offs; consumer:
+	 * this poller, producers: the helpers). The rest is this poller's own: as a helper, dlg
+	 * (Array[n_dlg] = n_po x SPREAD_CAP), its free list and dpend (Array[n_dlg]: hand-offs
+	 * whose first batch could not be posted yet, retried every poll); as an owner, dlg_out[h]
+	 * (hand-offs out at helper h, at most SPREAD_CAP). */
+	struct kvx_ring *dreq, *dres;
+	struct dlg *dlg;
+	uint32_t n_dlg, dlg_free;
+	uint32_t *dpend;
+	uint32_t n_dpend;
+	uint32_t dlg_out[KVX_ENGINE_MAX_POLLERS];
 	_Atomic uint64_t st_bytes, st_ops, st_transfers, st_failures;
 };
 

@@ -1,119 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The polling lcores: the poll loop and its glue (submissions, control messages, completions,
- * timeouts, reader fences), posting through the providers, and outbound notifications through
- * the poller's own control inbox. Every function here runs on the polling lcore that owns the
- * transfer (eng_tid_poller()), except eng_cpl_build() / eng_push_cpl() / eng_remove_live(),
- * which kvx_engine_stop() also calls once the pollers are joined. */
+/* The polling lcores: the poll loop and its glue (submissions, control messages, lifecycle
+ * actions, timeouts, reader fences). Connections and handshakes are in poller_conn.c, posting,
+ * completions and the layer spread in poller_post.c, notifications in poller_notify.c; the
+ * functions they share are declared in poller_internal.h. Every function here runs on the
+ * polling lcore that owns the transfer (eng_tid_poller()), except eng_cpl_build() /
+ * eng_push_cpl() / eng_remove_live(), which kvx_engine_stop() also calls once the pollers are
+ * joined. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 
-#include "engine_internal.h"
-
-/* ---------------------------------------------------------------------------------------- */
-/* Pollers                                                                                   */
-/* ---------------------------------------------------------------------------------------- */
-
-static uint32_t port_off(const struct kvx_engine *e, uint32_t dp, uint32_t tp, uint32_t tp_size)
-{
-	uint32_t off = 0;
-	kvx_ctl_port_offset(e->p.vllm_port_compat ? KVX_CTL_PORT_VLLM : KVX_CTL_PORT_INJECTIVE, dp, tp, tp_size,
-			    &off);
-	return off;
-}
-
-static uint32_t peer_tp(const struct kvx_engine *e, const struct peer *pr)
-{
-	return pr->tp_size ? pr->tp_size : e->p.tp_size;
-}
-
-/* Host of the peer's DP rank @p dp: its pod's host, else the peer host (docs/protocol.md §5.8). */
-static const char *peer_host_of(const struct peer *pr, uint32_t dp)
-{
-	const char *host;
-	uint32_t local;
-	kvx_ctl_dp_target(dp, pr->dp_size_local, pr->n_pods ? pr->pod_ptr : NULL, pr->n_pods, pr->host, &host,
-			  &local);
-	return host;
-}
-
-/* Notify port of the peer TP rank this worker pairs with (docs/protocol.md §2.4 targets). */
-static uint16_t peer_notify_port(const struct kvx_engine *e, const struct peer *pr, uint32_t rtp)
-{
-	uint32_t ptp = peer_tp(e, pr);
-	return (uint16_t)(pr->notify_port + port_off(e, kvx_ctl_fold_local_rank(pr->dp_rank, pr->dp_size_local), rtp, ptp));
-}
-
-static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
-			   const char *tid, const uint32_t *blocks, uint32_t n, bool own_epoch);
-
-/* To the peer's own DP rank (its pod host). */
-static void send_notify(struct poller *po, const struct peer *pr, uint16_t port, enum kvx_msg_type t,
-			const char *tid, const uint32_t *blocks, uint32_t n, bool own_epoch)
-{
-	send_notify_to(po, peer_host_of(pr, pr->dp_rank), port, t, tid, blocks, n, own_epoch);
-}
-
-/* Queue @p m for host:port; kvxfer's acks, failure notes and queries name this worker (engine
- * id, TP rank, epoch: extra keys a MoRIIO peer ignores), so a duplicate is recognised. */
-static void send_msg(struct poller *po, const char *host, uint16_t port, struct kvx_msg_notify *m)
-{
-	struct kvx_engine *e = po->e;
-	if (m->type != KVX_MSG_REMOTE_BLOCKS) {
-		snprintf(m->sender_id, sizeof(m->sender_id), "%s", e->self_id);
-		m->sender_rank = e->p.tp_rank;
-		m->sender_epoch = e->self_epoch;
-	}
-	if (kvx_ctl_send_notify(po->ib, host, port, m))
-		atomic_fetch_add_explicit(&e->st_notify_drop, 1, memory_order_relaxed);
-}
-
-/* own_epoch (remote_blocks): the receiving P rank writes into this worker, so this engine's epoch
- * names the incarnation it writes to; else the key is left out (P then settles it as for MoRIIO). */
-static void send_notify_to(struct poller *po, const char *host, uint16_t port, enum kvx_msg_type t,
-			   const char *tid, const uint32_t *blocks, uint32_t n, bool own_epoch)
-{
-	struct kvx_engine *e = po->e;
-	struct kvx_msg_notify m;
-	memset(&m, 0, sizeof(m));
-	m.type = t;
-	strcpy(m.transfer_id, tid);
-	if (t == KVX_MSG_RELEASE) {
-		m.consumer_tp_size = e->p.tp_size;
-		m.has_consumer_tp_size = true;
-	} else if (t == KVX_MSG_REMOTE_BLOCKS) {
-		m.block_ids = (uint32_t *)blocks;
-		m.num_blocks = n;
-		m.decode_rank = e->p.dp_rank;
-		m.sender_epoch = own_epoch ? kvx_ctl_epoch(e->ctl) : 0; /* names this incarnation (kvxfer peers) */
-	}
-	send_msg(po, host, port, &m);
-}
-
-static void send_to_paired_rank(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid)
-{
-	struct kvx_engine *e = po->e;
-	uint32_t rtp = 0;
-	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, peer_tp(e, pr), &rtp, NULL, 0);
-	send_notify(po, pr, peer_notify_port(e, pr, rtp), t, tid, NULL, 0, true);
-}
-
-/* D WRITE: remote_blocks / release go to every P TP rank, from TP rank 0 only (docs/protocol.md
- * §1.3 step 5b: the scheduler of the D DP rank sends once). */
-static void send_to_all_ranks(struct poller *po, const struct peer *pr, enum kvx_msg_type t, const char *tid,
-			      const uint32_t *blocks, uint32_t n)
-{
-	struct kvx_engine *e = po->e;
-	if (e->p.tp_rank != 0)
-		return;
-	for (uint32_t r = 0; r < peer_tp(e, pr); r++) {
-		uint32_t dtp = UINT32_MAX; /* the D rank P rank r writes to (§4.5 pairing) */
-		kvx_ctl_remote_tp_rank(r, peer_tp(e, pr), e->p.tp_size, &dtp, NULL, 0);
-		send_notify(po, pr, peer_notify_port(e, pr, r), t, tid, blocks, n, dtp == e->p.tp_rank);
-	}
-}
+#include "poller_internal.h"
 
 void eng_cpl_build(const struct kvx_engine *e, const struct xf *x, struct cmsg *c, enum kvx_cpl_kind kind,
 		  enum kvx_cpl_status st, int error, bool last)
@@ -157,13 +56,13 @@ void eng_remove_live(struct poller *po, struct xf *x)
 
 /* The transfer's entry in the poller's table while it still belongs to it (an entry made
  * terminal stays until the LRU evicts it; evicted or reused, it no longer names x). */
-static struct kvx_xfer *xf_entry(struct xf *x)
+struct kvx_xfer *po_xf_entry(struct xf *x)
 {
 	return x->t && x->t->user == x ? x->t : NULL;
 }
 
 /* The live transfer a handle names on this poller, or NULL (retired, reused). */
-static struct xf *handle_xf(struct poller *po, uint32_t slot, uint32_t gen)
+struct xf *po_handle_xf(struct poller *po, uint32_t slot, uint32_t gen)
 {
 	if (slot >= po->e->p.max_transfers || po->owned[slot] != gen)
 		return NULL;
@@ -247,155 +146,42 @@ static void report(struct poller *po, struct xf *x, enum kvx_cpl_status st, int 
 		kvx_waiter_wake(&e->app_w);
 }
 
-static void progress(struct poller *po, struct xf *x);
-static struct kvx_xfer *xf_entry(struct xf *x);
-
-/* P WRITE: write_done (DONE) or kvx_failed (else) to the D DP rank that sent remote_blocks (its
- * decode rank, else the peer's), its TP rank paired with ours. Also answers a status query or
- * a late allocation from the entry alone (the transfer object may be gone). */
-static void send_outcome(struct poller *po, const struct peer *pr, const struct kvx_xfer *t, const char *tid,
-			 enum kvx_cpl_status st, int error, const char *why)
-{
-	struct kvx_engine *e = po->e;
-	int32_t decode_dp = t ? t->decode_dp_rank : -1;
-	uint32_t rtp = 0, dtp = peer_tp(e, pr);
-	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, dtp, &rtp, NULL, 0);
-	uint32_t dp = decode_dp >= 0 ? (uint32_t)decode_dp : pr->dp_rank;
-	uint16_t port = (uint16_t)(pr->notify_port +
-				   port_off(e, kvx_ctl_fold_local_rank(dp, pr->dp_size_local), rtp, dtp));
-	struct kvx_msg_notify m;
-	memset(&m, 0, sizeof(m));
-	snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
-	m.type = st == KVX_CPL_DONE ? KVX_MSG_WRITE_DONE : KVX_MSG_FAILED;
-	if (m.type == KVX_MSG_FAILED) {
-		m.fail_status = (uint32_t)st;
-		m.fail_error = error <= 0 && error >= -4095 ? error : -EIO;
-		snprintf(m.reason, sizeof(m.reason), "%s",
-			 why			  ? why
-			 : st == KVX_CPL_ABORTED   ? "the producer aborted the transfer"
-			 : st == KVX_CPL_TIMED_OUT ? "the producer timed out"
-						   : "the producer failed (handshake, connection or write)");
-	}
-	send_msg(po, peer_host_of(pr, dp), port, &m);
-}
-
-static struct kvx_xfer *tab_get(struct poller *po, const char *tid);
-
-/* P SERVE: kvx_failed for transfer @p tid (status @p st, not DONE) to the READ consumer that
- * asked for it at @p host : @p port (docs/protocol.md §5.10). */
-static void send_serve_note(struct poller *po, const char *host, uint16_t port, const char *tid,
-			    enum kvx_cpl_status st, int error, const char *why)
-{
-	struct kvx_msg_notify m;
-	memset(&m, 0, sizeof(m));
-	snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
-	m.type = KVX_MSG_FAILED;
-	m.fail_status = st == KVX_CPL_DONE ? KVX_CPL_FAILED : (uint32_t)st;
-	m.fail_error = error < 0 && error >= -4095 ? error : -EIO;
-	snprintf(m.reason, sizeof(m.reason), "%s",
-		 why			  ? why
-		 : st == KVX_CPL_ABORTED   ? "the producer aborted the served transfer"
-		 : st == KVX_CPL_TIMED_OUT ? "the producer's defer timeout passed before the consumer's release"
-					   : "the producer's serve failed");
-	send_msg(po, host, port, &m);
-}
-
-/* P SERVE: a READ consumer's status query naming its notify listener (@p m: host in m->ptr,
- * port m->n, m->status 1 if it found the lease revoked). A serve that ended without success
- * is answered at once; a running one (or one not submitted yet: parked on its entry) when it
- * ends (apply()); a DONE one never (its consumer released it). Takes m->ptr. */
-static void serve_query(struct poller *po, struct emsg *m)
-{
-	char *host = m->ptr;
-	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
-	struct xf *x = t ? t->user : NULL;
-	bool ended = t && t->has_out && (!x || x->lf.reported);
-	if (ended && t->out_status != KVX_CPL_DONE) {
-		send_serve_note(po, host, (uint16_t)m->n, m->tid, (enum kvx_cpl_status)t->out_status, t->out_error, NULL);
-	} else if (!ended && !t && m->status) {
-		/* Revoked, and no record left of it here: the lease says it ended. */
-		send_serve_note(po, host, (uint16_t)m->n, m->tid, KVX_CPL_FAILED, -ESTALE,
-				"the producer no longer serves the transfer (lease revoked, no record left)");
-	} else if (!ended && (t || (t = tab_get(po, m->tid)) != NULL) && t->state == KVX_XFER_S_LIVE &&
-		   strlen(host) < sizeof(t->reply_host)) {
-		snprintf(t->reply_host, sizeof(t->reply_host), "%s", host);
-		t->reply_port = (uint16_t)m->n;
-	} else {
-		atomic_fetch_add_explicit(&po->e->st_late, 1, memory_order_relaxed);
-	}
-	free(host);
-}
-
-/* D READ, once, when its lease window shows the producer's grant (@p revoked false) or its
- * revocation (true): ask the producer (a kvxfer engine: READs only run against those) to send
- * kvx_failed here if its serve ends, or ended, without success. The transfer takes an entry
- * in the table so that the note finds it. */
-static void read_ask(struct poller *po, struct xf *x, bool revoked)
-{
-	struct kvx_engine *e = po->e;
-	if (x->lf.queried || !e->self_nt)
-		return;
-	x->lf.queried = true;
-	if (!x->t) {
-		struct kvx_xfer *t = tab_get(po, x->tid);
-		if (t && !t->user) {
-			t->user = x;
-			x->t = t;
-		}
-	}
-	uint32_t rtp = 0;
-	kvx_ctl_remote_tp_rank(e->p.tp_rank, e->p.tp_size, peer_tp(e, x->peer), &rtp, NULL, 0);
-	struct kvx_msg_notify m;
-	memset(&m, 0, sizeof(m));
-	m.type = KVX_MSG_STATUS_QUERY;
-	strcpy(m.transfer_id, x->tid);
-	snprintf(m.notify_host, sizeof(m.notify_host), "%s", e->host);
-	m.notify_port = e->self_nt;
-	m.lease_revoked = revoked;
-	send_msg(po, peer_host_of(x->peer, x->peer->dp_rank), peer_notify_port(e, x->peer, rtp), &m);
-}
-
-static void send_write_done(struct poller *po, struct xf *x)
-{
-	send_outcome(po, x->peer, xf_entry(x), x->tid, KVX_CPL_DONE, 0, NULL);
-}
-
 /* Perform what a lifecycle decision of xfer.c asks for (enum kvx_xfer_do, in its order). The
  * transfer may retire here (KVX_XFER_DO_RELEASE): the caller must not touch it afterwards. */
-static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
+void po_apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 {
 	uint32_t a = o->act;
 	if (a & KVX_XFER_DO_SEND_RELEASE)
-		send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
+		po_send_to_paired_rank(po, x->peer, KVX_MSG_RELEASE, x->tid);
 	if (a & KVX_XFER_DO_SEND_RELEASE_ALL)
-		send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
+		po_send_to_all_ranks(po, x->peer, KVX_MSG_RELEASE, x->tid, NULL, 0);
 	if (a & KVX_XFER_DO_SEND_BLOCKS) {
-		kvx_ctl_mark_live(po->ib, x->tid, peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
+		kvx_ctl_mark_live(po->ib, x->tid, po_peer_host_of(x->peer, x->peer->dp_rank), x->peer->notify_port);
 		if (!x->consumer_tp) /* else the scheduler sent it (kvx_notifier_announce()) */
-			send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
+			po_send_to_all_ranks(po, x->peer, KVX_MSG_REMOTE_BLOCKS, x->tid, x->lblocks, (uint32_t)x->n);
 	}
 	if (a & KVX_XFER_DO_SEND_WRITE_DONE) {
 		if (a & KVX_XFER_DO_REPORT && o->status == KVX_CPL_DONE)
-			send_write_done(po, x);
+			po_send_write_done(po, x);
 		else
-			send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
+			po_send_to_paired_rank(po, x->peer, KVX_MSG_WRITE_DONE, x->tid);
 	}
 	if (a & KVX_XFER_DO_SEND_FAILED) {
 		/* The status the transfer ends with: this step's, else the one reported before. */
-		struct kvx_xfer *t = xf_entry(x);
+		struct kvx_xfer *t = po_xf_entry(x);
 		enum kvx_cpl_status st = a & KVX_XFER_DO_REPORT ? o->status
 					 : t && t->has_out	 ? (enum kvx_cpl_status)t->out_status
 								 : o->status;
 		int err = a & KVX_XFER_DO_REPORT ? o->error : t && t->has_out ? t->out_error : o->error;
-		send_outcome(po, x->peer, t, x->tid, st == KVX_CPL_DONE ? KVX_CPL_FAILED : st, err, NULL);
+		po_send_outcome(po, x->peer, t, x->tid, st == KVX_CPL_DONE ? KVX_CPL_FAILED : st, err, NULL);
 	}
 	if (a & KVX_XFER_DO_SEND_QUERY) {
-		for (uint32_t r = 0; r < peer_tp(po->e, x->peer); r++) {
+		for (uint32_t r = 0; r < po_peer_tp(po->e, x->peer); r++) {
 			struct kvx_msg_notify m;
 			memset(&m, 0, sizeof(m));
 			m.type = KVX_MSG_STATUS_QUERY;
 			strcpy(m.transfer_id, x->tid);
-			send_msg(po, peer_host_of(x->peer, x->peer->dp_rank), peer_notify_port(po->e, x->peer, r), &m);
+			po_send_msg(po, po_peer_host_of(x->peer, x->peer->dp_rank), po_peer_notify_port(po->e, x->peer, r), &m);
 		}
 	}
 	if (a & KVX_XFER_DO_STOP_WRITES)
@@ -406,9 +192,9 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 	}
 	if (a & KVX_XFER_DO_REPORT && x->lf.kind == KVX_XFER_K_SERVE && o->status != KVX_CPL_DONE && !x->lf.reported) {
 		/* A READ consumer asked to be told (serve_query()): its reads can end now. */
-		struct kvx_xfer *t = xf_entry(x);
+		struct kvx_xfer *t = po_xf_entry(x);
 		if (t && t->reply_port)
-			send_serve_note(po, t->reply_host, t->reply_port, x->tid, o->status, o->error, NULL);
+			po_send_serve_note(po, t->reply_host, t->reply_port, x->tid, o->status, o->error, NULL);
 	}
 	if (a & KVX_XFER_DO_REPORT) {
 		report(po, x, o->status, o->error, a & KVX_XFER_DO_RELEASE);
@@ -419,12 +205,12 @@ static void apply(struct poller *po, struct xf *x, const struct kvx_xfer_out *o)
 		return;
 	}
 	if (a & KVX_XFER_DO_PROGRESS)
-		progress(po, x);
+		po_progress(po, x);
 }
 
 /* Feed one event into the transfer's lifecycle (kvx_xfer_step()) and perform its actions.
  * Returns true if the transfer retired: the caller must not touch it afterwards. */
-static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
+bool po_step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 {
 	struct kvx_engine *e = po->e;
 	struct kvx_xfer_out o;
@@ -434,412 +220,17 @@ static bool step(struct poller *po, struct xf *x, struct kvx_xfer_ev ev)
 	    ev.type == KVX_XFER_EV_LAYER_WRITTEN)
 		ev.now_ns = kvx_now_ns(); /* the quarantine deadline, a WRITE's own deadline; a tick
 					   * brings its own */
-	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
-	apply(po, x, &o);
-	return o.act & KVX_XFER_DO_RELEASE;
-}
-
-/* The peer's current connection (RCU lookup; valid until this poller's next quiescent state
- * unless a reference is taken). */
-static struct conn *conn_lookup(struct poller *po, const struct peer *pr)
-{
-	return kvx_rcu_table_lookup_u64(po->e->conns, pr->id);
-}
-
-static void conn_stale(struct poller *po, struct conn *c);
-
-/* Ask the control lcore for a handshake with @p pr (a connection went stale, or a retry is
- * owed); unless one runs (PENDING), in which case its result answers. A request that could not
- * be queued (inbox full), or that the control lcore refused as a duplicate of an epoch check
- * (M_PEER_CHECKED with -EBUSY), leaves the peer's bit in hs_retry: xf_conn() and rehs_scan()
- * ask again. Nothing else asks, so a cold peer gets the app thread's one handshake. */
-static void hs_ask(struct poller *po, struct peer *pr)
-{
-	uint32_t i = (uint32_t)(pr - po->e->peers); /* slot index */
-	uint64_t bit = 1ull << (i % 64);
-	po->hs_retry[i / 64] |= bit;
-	if (atomic_load_explicit(&pr->hs_state, memory_order_acquire) == HS_PENDING)
-		return;
-	if (eng_hs_request(po->e, po->ib, pr) == 0)
-		po->hs_retry[i / 64] &= ~bit;
-}
-
-static bool hs_retry_owed(const struct poller *po, const struct peer *pr)
-{
-	uint32_t i = (uint32_t)(pr - po->e->peers);
-	return po->hs_retry[i / 64] & (1ull << (i % 64));
-}
-
-static void conn_bind(struct xf *x, struct conn *c)
-{
-	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* the table's ref is held */
-	x->conn = c;
-}
-
-/* Bind x to connection n in place of the one it holds (a reference each). */
-static void conn_rebind(struct xf *x, struct conn *n)
-{
-	eng_conn_put(x->conn);
-	conn_bind(x, n);
-}
-
-/* 1 if x has a usable connection to post on, 0 to wait (no connection yet, re-handshake in
- * progress, own ops still draining), -1 if the lifecycle ended it here (the caller must not
- * touch it again). The decisions are kvx_xfer_step()'s (PEER_CONNECTED, PEER_FAILED); this
- * function gathers the facts and performs BIND / REPOST. */
-static int xf_conn(struct poller *po, struct xf *x)
-{
-	struct conn *c = x->conn;
-	if (c && !atomic_load_explicit(&c->stale, memory_order_acquire))
-		return 1;
-	struct conn *n = conn_lookup(po, x->peer);
-	int hs = atomic_load_explicit(&x->peer->hs_state, memory_order_acquire);
-	if (!n && !c && hs == HS_FAILED) {
-		/* No connection and the peer's last handshake failed (the failure can reach this
-		 * poller before the submission: M_PEER_FAILED then found no transfer to fail); the
-		 * step tells whether it ended after this transfer's submission. */
-		int err = atomic_load_explicit(&x->peer->hs_error, memory_order_relaxed);
-		struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_FAILED, .unbound = true,
-					 .error = err < 0 ? err : -ECONNREFUSED,
-					 .hs_ends = atomic_load_explicit(&x->peer->hs_ends, memory_order_acquire)};
-		struct kvx_xfer_out o;
-		kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
-		if (o.act & KVX_XFER_DO_REPORT) {
-			apply(po, x, &o);
-			return -1;
-		}
-	}
-	bool n_stale = n && atomic_load_explicit(&n->stale, memory_order_acquire);
-	if ((!n || n_stale) && hs_retry_owed(po, x->peer))
-		hs_ask(po, x->peer); /* a request was refused (-EBUSY) or could not be queued */
-	if (!n || n == c || n_stale)
-		return 0;
-	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_CONNECTED, .epoch = n->epoch, .bound = c != NULL,
-				 .moved = x->bytes != 0};
-	struct kvx_xfer_out o;
-	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
-	if (o.act & KVX_XFER_DO_BIND) {
-		conn_rebind(x, n);
-		if (o.act & KVX_XFER_DO_REPOST) {
-			memset(x->layer_batches, 0, po->e->n_layers * sizeof(*x->layer_batches));
-			x->lease_phase = LP_NONE; /* a new connection: the lease is looked up again */
-			x->bytes = 0;             /* the completion counts the bytes of one pass */
-		}
-		return 1;
-	}
-	if (!o.act)
-		return 0;
-	apply(po, x, &o); /* FAILED: it ends here */
-	return -1;
-}
-
-
-/* How recent a successful completion on the link must be to vouch for the peer's epoch. */
-#define KVX_EPOCH_FRESH_NS 20000000ull
-
-/* P WRITE: which incarnation of the consumer made the allocation (remote_blocks)? tcp/shm do
- * not watch idle connections, so a consumer that died and restarted on the same ports is not
- * noticed until an op fails. kvx_xfer_step(PEER_EPOCH) decides from the facts gathered here:
- * the epoch the allocation named (`kvx_epoch` of a kvxfer consumer), or for a MoRIIO consumer
- * the connection's epoch when its link carried a successful op within KVX_EPOCH_FRESH_NS,
- * else the result of a metadata-only handshake (an epoch check on the control lcore). An
- * allocation epoch other than the connection's means the consumer restarted: the connection is
- * marked stale and re-handshaken, and PEER_CONNECTED later refuses to write into a connection
- * of another epoch than the allocation's. Returns true once the allocation epoch is settled. */
-static bool alloc_epoch_settle(struct poller *po, struct xf *x)
-{
-	struct peer *pr = x->peer;
-	if (x->lf.alloc_known)
+	kvx_xfer_step(po->tab, po_xf_entry(x), &x->lf, &ev, &o);
+	po_apply(po, x, &o);
+	if (o.act & KVX_XFER_DO_RELEASE)
 		return true;
-	struct conn *c = conn_lookup(po, pr);
-	struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_PEER_EPOCH};
-	if (c) {
-		ev.has_conn = true;
-		ev.conn_stale = atomic_load_explicit(&c->stale, memory_order_acquire);
-		ev.conn_epoch = c->epoch;
-		ev.link_fresh = kvx_now_ns() - c->link[po->k].last_ok_ns < KVX_EPOCH_FRESH_NS;
-	}
-	ev.check_started = atomic_load_explicit(&pr->check_started, memory_order_acquire);
-	ev.check_done = atomic_load_explicit(&pr->check_done, memory_order_acquire);
-	ev.checked_epoch = atomic_load_explicit(&pr->checked_epoch, memory_order_relaxed);
-	struct kvx_xfer_out o;
-	kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
-	if (o.act & KVX_XFER_DO_RESET_PEER)
-		conn_stale(po, c);
-	if (o.act & KVX_XFER_DO_EPOCH_CHECK)
-		eng_epoch_check_start(po, pr);
-	return x->lf.alloc_known;
-}
-
-
-static void list_link(struct poller *po, struct conn *c)
-{
-	struct clink *l = &c->link[po->k];
-	if (l->listed)
-		return;
-	l->listed = true;
-	atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed); /* held by a bound xf */
-	l->next = po->plist;
-	po->plist = c;
-}
-
-/* Post one layer of a transfer on its connection's link of this poller: plan (cached per
- * geometry), one batch per caps.max_batch ops. */
-static int post_layer(struct poller *po, struct xf *x, uint32_t layer, enum kvx_xport_opcode op,
-		      const uint32_t *lids, const uint32_t *rids, size_t n)
-{
-	struct kvx_engine *e = po->e;
-	struct conn *c = x->conn;
-	struct clink *l = &c->link[po->k];
-	struct kvx_plan plan;
-	int rc = kvx_plan_cache_get(po->pc, &c->geom[layer], lids, rids, n, &plan);
-	if (rc < 0)
-		return rc;
-	uint32_t maxb = e->caps[c->xi].max_batch ? e->caps[c->xi].max_batch : 1;
-	uint32_t nb = (uint32_t)((plan.n + maxb - 1) / maxb);
-	if (nb == 0)
-		return 0;
-	for (size_t i = 0; i < plan.n; i++) {
-		po->ops[i] = (struct kvx_xport_op){.lmr = e->layers[layer].mr[c->xi], .rmr = l->rmr[layer],
-						   .loff = plan.loc[i], .roff = plan.rem[i], .len = plan.size[i]};
-	}
-	uint64_t cookie = ((uint64_t)x->slot << 16) | layer;
-	/* A leased transfer on a provider whose target checks a condition (tcp): every op is
-	 * applied only while the lease word found before the first op still holds, so an op that
-	 * reaches the target after the owner revoked fails -ESTALE and touches nothing
-	 * (docs/protocol.md §5.11). */
-	struct kvx_xport_cond cond = {0};
-	bool cnd = x->lease_phase == LP_HELD && e->caps[c->xi].cond_ops;
-	if (cnd)
-		cond = (struct kvx_xport_cond){.rmr = l->lease_rmr, .expect = x->lease_word,
-					       .roff = (uint64_t)(eng_lease_base(x->lease_key, c->lease_n) + x->lease_pos) * 8};
-	for (uint32_t b = 0; b < nb; b++) {
-		size_t first = (size_t)b * maxb;
-		uint32_t cnt = (uint32_t)(plan.n - first < maxb ? plan.n - first : maxb);
-		rc = cnd ? kvx_xport_post_bulk_cond(l->ep, op, po->ops + first, cnt, cookie, &cond)
-			 : kvx_xport_post_bulk(l->ep, op, po->ops + first, cnt, cookie);
-		if (rc) {
-			if (b == 0)
-				return rc; /* -ENOBUFS: retry the layer later */
-			/* A partial layer cannot be retried without double-posting: fail it. */
-			x->lf.failed = true;
-			x->lf.error = rc;
-			break;
-		}
-		x->lf.ops_out++;
-		x->layer_batches[layer]++;
-		l->outstanding++;
-		list_link(po, c);
-		atomic_fetch_add_explicit(&po->st_ops, cnt, memory_order_relaxed);
-		atomic_fetch_add_explicit(&x->peer->ops, cnt, memory_order_relaxed);
-	}
-	return 0;
-}
-
-/* D READ lease check (runtime/lease.c): read the producer's lease window of this transfer
- * (before: LP_BEFORE) or the one word found there (after: LP_AFTER) into the transfer's slot
- * of lease_buf, as one batch on the bound connection. 0 posted, else the post's error. */
-static int lease_post(struct poller *po, struct xf *x, bool after)
-{
-	struct kvx_engine *e = po->e;
-	struct conn *c = x->conn;
-	struct clink *l = &c->link[po->k];
-	if (!after)
-		x->lease_key = eng_lease_key(x->tid, c->epoch);
-	uint64_t base = eng_lease_base(x->lease_key, c->lease_n);
-	struct kvx_xport_op op = {.lmr = e->lease_buf_mr[c->xi], .rmr = l->lease_rmr,
-				  .loff = (uint64_t)x->slot * LEASE_WIN * 8,
-				  .roff = (base + (after ? x->lease_pos : 0)) * 8, .len = after ? 8 : LEASE_WIN * 8};
-	e->lease_buf[(size_t)x->slot * LEASE_WIN] = 0;
-	int rc = kvx_xport_post_bulk(l->ep, KVX_XPORT_OP_READ, &op, 1, ((uint64_t)x->slot << 16) | LEASE_COOKIE);
-	if (rc)
-		return rc;
-	x->lease_phase = after ? LP_AFTER : LP_BEFORE;
-	x->lf.ops_out++;
-	l->outstanding++;
-	list_link(po, c);
-	return 0;
-}
-
-/* Whether the transfer's lease was found (data ops may go). */
-static bool lease_held(const struct xf *x)
-{
-	return x->lease_phase == LP_HELD || x->lease_phase == LP_AFTER || x->lease_phase == LP_VERIFIED;
-}
-
-/* Completion of a lease read: the lease is found / still held, or the transfer fails with
- * -ESTALE (never granted in this producer incarnation, or revoked: released, aborted, timed out). */
-static void lease_cpl(struct poller *po, struct xf *x)
-{
-	const uint64_t *w = po->e->lease_buf + (size_t)x->slot * LEASE_WIN;
-	bool ok;
-	if (x->lease_phase == LP_BEFORE) {
-		int rc = eng_lease_find(w, x->lease_key, &x->lease_pos);
-		if (rc == -EAGAIN && x->lf.kind == KVX_XFER_K_READ) {
-			/* Not served yet: vLLM's producer hands the block ids on at request_finished and
-			 * serves them a scheduler step later. Wait for the grant (until the transfer's
-			 * deadline; a restarted producer never grants its predecessor's transfers). */
-			x->lease_phase = LP_WAIT;
-			return;
-		}
-		ok = rc == 0;
-		if (ok)
-			x->lease_word = w[x->lease_pos];
-	} else {
-		ok = w[0] == x->lease_word;
-	}
-	if (x->lf.kind == KVX_XFER_K_READ && (ok || !x->lf.queried))
-		read_ask(po, x, !ok); /* the producer then says why, if its serve ends early */
-	if (!ok) {
-		x->lf.done_posting = true;
-		if (x->lf.peer_status)
-			return; /* the producer's kvx_failed came first: its status and error stand */
-		x->lf.failed = true;
-		x->lf.error = -ESTALE;
-		/* Its producer's kvx_failed says why (until the deadline; else -ESTALE). */
-		x->lf.await_note = x->lf.kind == KVX_XFER_K_READ && x->lf.queried;
-		return;
-	}
-	x->lease_phase = x->lease_phase == LP_BEFORE ? LP_HELD : LP_VERIFIED;
-}
-
-static void read_progress(struct poller *po, struct xf *x)
-{
-	struct kvx_engine *e = po->e;
-	if (x->lf.reported) {
-		/* Terminal (timed out / aborted): release P and the blocks once the ops are terminal. */
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
-		return;
-	}
-	/* A failed transfer finishes even while its (stale) peer is re-handshaking; one that
-	 * awaits the peer's next connection is decided there (PEER_CONNECTED). */
-	if (x->lf.await_peer || (!x->lf.failed && !x->lf.done_posting)) {
-		int cr = xf_conn(po, x);
-		if (cr <= 0)
-			return;
-	}
-	if (!x->lf.failed && x->n && !lease_held(x)) {
-		/* No data op before the lease was found (runtime/lease.c). */
-		int lr = x->lease_phase == LP_NONE ? lease_post(po, x, false) : 0;
-		if (lr) {
-			x->lf.failed = true; /* the endpoint's queue is full (-ENOBUFS) */
-			x->lf.error = lr;
-			x->lf.done_posting = true;
-		}
-		if (!x->lf.failed)
-			return;
-	}
-	if (!x->lf.failed)
-		kvx_plan_cache_reset(po->pc);
-	while (!x->lf.failed && x->lf.next_layer < e->n_layers) {
-		if (post_layer(po, x, x->lf.next_layer, KVX_XPORT_OP_READ, x->lblocks, x->rblocks, x->n))
-			break;
-		x->lf.next_layer++;
-	}
-	if (x->lf.next_layer == e->n_layers || x->lf.failed)
-		x->lf.done_posting = true;
-	if (x->lf.done_posting && !x->lf.ops_out && !x->lf.failed && x->n && x->lease_phase == LP_HELD) {
-		/* Every data op completed: DONE only if the lease word is still the one found
-		 * before the first op (the seqlock's second read). */
-		int lr = lease_post(po, x, true);
-		if (lr == 0)
-			return;
-		x->lf.failed = true;
-		x->lf.error = lr;
-	}
-	if (x->lf.done_posting && !x->lf.ops_out) /* else the step has nothing to decide */
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_READ_SETTLE});
-}
-
-/* 1 the layer may be written, 0 not yet, negative errno if its event failed (hipEventQuery
- * error). Never blocks (kvx_mem_event_query() is a load or one hipEventQuery). */
-static int layer_gate_open(const struct xf *x, uint32_t layer)
-{
-	const struct lgate *g = &x->gate[layer];
-	if (g->flag)
-		return atomic_load_explicit(g->flag, memory_order_acquire) != 0;
-	return kvx_mem_event_query(&g->ev);
-}
-
-/* The transfer may retire here: the caller must not touch it afterwards. */
-static void write_fail(struct poller *po, struct xf *x, int err)
-{
-	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = err});
-	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
-}
-
-static void write_progress(struct poller *po, struct xf *x)
-{
-	struct kvx_xfer *t = xf_entry(x);
-	if (x->lf.reported || !t || t->state != KVX_XFER_S_LIVE) {
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_SETTLE});
-		return;
-	}
-	if (!t->has_alloc || !alloc_epoch_settle(po, x))
-		return;
-	if (xf_conn(po, x) <= 0)
-		return;
-	if (t->alloc_epoch && !lease_held(x)) {
-		/* An allocation a kvxfer consumer announced (`kvx_epoch`): nothing is written before
-		 * its lease was found on this connection; a restarted consumer holds no lease of its
-		 * predecessor (runtime/lease.c). remote_blocks without `kvx_epoch` (a MoRIIO decode
-		 * scheduler or worker) carry no lease: the epoch rules of alloc_epoch_settle() only. */
-		int lr = x->lease_phase == LP_NONE ? lease_post(po, x, false) : 0;
-		if (lr)
-			write_fail(po, x, lr);
-		return;
-	}
-	/* Pair by token position: D's announced blocks hold the tail of the prompt; an extra D
-	 * block (first generated token) stays unpaired (docs/protocol.md §6 item 8). */
-	size_t nl = x->n, nr = t->n_remote_blocks, n = nl < nr ? nl : nr;
-	const uint32_t *lids = x->lblocks + (nl > nr ? nl - nr : 0);
-	kvx_plan_cache_reset(po->pc);
-	for (uint32_t w = 0; w < KVX_ENGINE_MAX_LAYERS / 64; w++) {
-		uint64_t bits = x->want_post[w];
-		while (bits) {
-			uint32_t layer = w * 64 + (uint32_t)__builtin_ctzll(bits);
-			bits &= bits - 1;
-			int g = layer_gate_open(x, layer);
-			if (g == 0) {
-				po->gated = true;
-				continue;
-			}
-			if (g < 0) {
-				/* The producer's event failed: nothing of this layer is known to be
-				 * computed, so nothing more is written; the transfer fails. */
-				write_fail(po, x, g);
-				return;
-			}
-			if (post_layer(po, x, layer, KVX_XPORT_OP_WRITE, lids, t->remote_blocks, n))
-				return;
-			x->want_post[w] &= ~(1ull << (layer % 64));
-			if (x->layer_batches[layer] == 0 && !x->lf.failed) {
-				/* Nothing to move for this layer (empty plan): it is done. */
-				if (step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN}))
-					return; /* write_done sent, retired */
-			}
-		}
-	}
-}
-
-static void progress(struct poller *po, struct xf *x)
-{
-	switch (x->lf.kind) {
-	case KVX_XFER_K_READ:
-		read_progress(po, x);
-		break;
-	case KVX_XFER_K_WRITE:
-		write_progress(po, x);
-		break;
-	case KVX_XFER_K_ANNOUNCE:
-	case KVX_XFER_K_SERVE:
-		break; /* driven by notifications and timeouts */
-	}
+	po_spread_fence(x);
+	return false;
 }
 
 /* The poller's entry for a transfer id: found, or opened (a notification that arrives before
  * its transfer is submitted is parked there). NULL if the table is full. */
-static struct kvx_xfer *tab_get(struct poller *po, const char *tid)
+struct kvx_xfer *po_tab_get(struct poller *po, const char *tid)
 {
 	struct kvx_xfer *t = kvx_xfer_find(po->tab, tid);
 	if (!t && kvx_xfer_open(po->tab, tid, &t))
@@ -850,7 +241,7 @@ static struct kvx_xfer *tab_get(struct poller *po, const char *tid)
 /* Attach x to its entry (announce, write, serve: the kinds that receive notifications). */
 static struct kvx_xfer *attach(struct poller *po, struct xf *x)
 {
-	struct kvx_xfer *t = tab_get(po, x->tid);
+	struct kvx_xfer *t = po_tab_get(po, x->tid);
 	if (t) {
 		t->user = x;
 		t->peer_ref = x->peer;
@@ -866,167 +257,12 @@ static void handle_submit(struct poller *po, struct xf *x)
 	po->live[po->n_live++] = x;
 	x->live = true;
 	x->t = NULL;
+	x->rb_ready = false;
 	po->owned[x->slot] = x->gen;
 	/* The kinds that receive notifications get their entry (found parked, or opened). */
 	if (x->lf.kind != KVX_XFER_K_READ && (x->n || x->lf.kind != KVX_XFER_K_ANNOUNCE))
 		attach(po, x);
-	step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = x->n});
-}
-
-/* The peer of a (possibly retired) transfer's entry, unless its slot was given to another peer
- * since (params.peer_idle_ms). */
-static const struct peer *entry_peer(const struct kvx_xfer *t)
-{
-	const struct peer *pr = t ? t->peer_ref : NULL;
-	return pr && atomic_load_explicit(&pr->id, memory_order_relaxed) == t->peer_id ? pr : NULL;
-}
-
-/* Inbound notification for a transfer id: the one place on a poller where an id is resolved
- * (its table: the live transfer attached to the entry, or a parked entry). */
-static void handle_notify(struct poller *po, struct emsg *m)
-{
-	struct kvx_engine *e = po->e;
-	struct kvx_xfer *t = kvx_xfer_find(po->tab, m->tid);
-	struct xf *x = t ? t->user : NULL;
-	struct kvx_xfer_ev ev = {.n_blocks = m->n, .block_ids = m->ptr, .decode_dp_rank = m->status,
-				 .sender_key = m->key};
-	if (x && m->key && x->peer)
-		atomic_store_explicit(&x->peer->is_kvx, true, memory_order_relaxed); /* it named itself */
-	switch (m->u32) {
-	case KVX_MSG_REMOTE_BLOCKS:
-		ev.type = KVX_XFER_EV_REMOTE_BLOCKS;
-		ev.alloc_epoch = m->u64;
-		break;
-	case KVX_MSG_RELEASE:
-		ev.type = KVX_XFER_EV_RELEASE;
-		ev.consumer_tp = (uint32_t)m->u64;
-		ev.producer_tp = e->p.tp_size;
-		break;
-	case KVX_MSG_WRITE_DONE:
-	case KVX_MSG_FAILED:
-		ev.type = m->u32 == KVX_MSG_FAILED ? KVX_XFER_EV_PEER_FAILED_NOTE : KVX_XFER_EV_WRITE_DONE;
-		ev.consumer_tp = x && x->peer ? peer_tp(e, x->peer) : e->p.tp_size;
-		ev.producer_tp = e->p.tp_size;
-		ev.fail_status = m->fst;
-		ev.error = m->err;
-		ev.now_ns = kvx_now_ns();
-		ev.defer_timeout_ns = ms_ns(e->p.defer_timeout_ms);
-		break;
-	case KVX_MSG_STATUS_QUERY:
-		if (m->ptr) {
-			serve_query(po, m); /* a READ consumer's: names where to answer */
-			return;
-		}
-		ev.type = KVX_XFER_EV_STATUS_QUERY;
-		break;
-	default:
-		return;
-	}
-	if (!t && !(x && x->lf.kind == KVX_XFER_K_WRITE) && ev.type != KVX_XFER_EV_STATUS_QUERY)
-		t = tab_get(po, m->tid); /* before its submission: parked on the entry (faults b) */
-	if (ev.type == KVX_XFER_EV_STATUS_QUERY) {
-		/* Answered from the entry (kept in the terminal LRU with its outcome and peer); the
-		 * live transfer, if any, only says whether its writes are still in flight. */
-		struct kvx_xfer_out o;
-		kvx_xfer_step(po->tab, t, x && x->lf.kind == KVX_XFER_K_WRITE ? &x->lf : NULL, &ev, &o);
-		if (o.act && entry_peer(t))
-			send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error, NULL);
-		else
-			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-		return;
-	}
-	if (x) {
-		struct kvx_xfer_out o;
-		kvx_xfer_step(po->tab, t, &x->lf, &ev, &o);
-		if (o.late)
-			atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-		apply(po, x, &o);
-		return;
-	}
-	struct kvx_xfer_out o;
-	kvx_xfer_step(po->tab, t, NULL, &ev, &o);
-	if (o.late)
-		atomic_fetch_add_explicit(&e->st_late, 1, memory_order_relaxed);
-	if (o.act & KVX_XFER_DO_SEND_FAILED && t && entry_peer(t))
-		send_outcome(po, entry_peer(t), t, m->tid, o.status, o.error,
-			     "the allocation arrived after the producer's side had ended"); /* late allocation */
-}
-
-/* A connection's endpoint is in error state (transport.h: every op on it fails from now on):
- * no new transfer binds it, and the peer is re-handshaken at once (a new connection with new
- * endpoints; the old one drains and is freed when unreferenced) (docs/protocol.md §6 item 18). */
-static void conn_stale(struct poller *po, struct conn *c)
-{
-	if (atomic_exchange_explicit(&c->stale, true, memory_order_acq_rel))
-		return;
-	atomic_fetch_add_explicit(&po->e->st_peer_resets, 1, memory_order_relaxed);
-	hs_ask(po, c->pr); /* not queued (inbox full): retried by rehs_scan() */
-}
-
-static void handle_cpl(struct poller *po, struct conn *cn, const struct kvx_xport_cpl *c)
-{
-	struct kvx_engine *e = po->e;
-	uint32_t slot = (uint32_t)(c->cookie >> 16), layer = (uint32_t)(c->cookie & 0xffff);
-	cn->link[po->k].outstanding--;
-	/* The cookie's slot names a transfer of this poller only while it is live here. */
-	if (slot >= e->p.max_transfers || !po->owned[slot] || (layer >= e->n_layers && layer != LEASE_COOKIE))
-		return;
-	struct xf *x = &e->xpool[slot];
-	if (layer == LEASE_COOKIE) {
-		x->lf.ops_out--;
-		if (c->status == 0) {
-			cn->link[po->k].last_ok_ns = kvx_now_ns();
-			if (!x->lf.failed && !x->lf.reported)
-				lease_cpl(po, x);
-		} else {
-			/* As a data op's failure (below): a READ that read nothing yet (its lease lookup
-			 * failed on a dead endpoint) awaits the peer's next connection; the lease is
-			 * looked up again there (xf_conn(), REPOST). */
-			struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_OP_FAILED, .error = c->status,
-						 .moved = x->bytes != 0 || x->lease_phase != LP_BEFORE,
-						 .ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0};
-			struct kvx_xfer_out o;
-			kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
-			if (o.act & KVX_XFER_DO_RESET_PEER)
-				conn_stale(po, cn);
-			if (x->lf.await_peer)
-				x->lease_phase = LP_NONE;
-		}
-		if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported)
-			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = x->lf.error});
-		progress(po, x);
-		return;
-	}
-	x->lf.ops_out--;
-	x->layer_batches[layer]--;
-	x->bytes += c->bytes;
-	atomic_fetch_add_explicit(&po->st_bytes, c->bytes, memory_order_relaxed);
-	atomic_fetch_add_explicit(&x->peer->bytes, c->bytes, memory_order_relaxed);
-	if (c->status == 0)
-		cn->link[po->k].last_ok_ns = kvx_now_ns();
-	if (c->status) {
-		struct kvx_xfer_ev ev = {.type = KVX_XFER_EV_OP_FAILED, .error = c->status, .moved = x->bytes != 0,
-					 .ep_dead = kvx_xport_ep_status(cn->link[po->k].ep) != 0};
-		struct kvx_xfer_out o;
-		kvx_xfer_step(po->tab, xf_entry(x), &x->lf, &ev, &o);
-		if (o.act & KVX_XFER_DO_RESET_PEER)
-			conn_stale(po, cn);
-	}
-	if (x->layer_batches[layer] == 0 && !x->lf.failed && !x->lf.await_peer) {
-		if (x->first_layer_ns <= x->lf.start_ns) /* first whole layer of this submission */
-			x->first_layer_ns = kvx_now_ns();
-		if (x->lf.kind == KVX_XFER_K_READ) {
-			/* Per-layer barrier: release pairs with the acquire in kvx_xfer_layer_poll(). */
-			atomic_fetch_or_explicit(&x->layer_done[layer / 64], 1ull << (layer % 64), memory_order_release);
-			kvx_waiter_wake(&e->app_w); /* P1: after the release store, pairs with prepare */
-		} else if (x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported) {
-			if (step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_WRITTEN}))
-				return; /* write_done sent, retired */
-		}
-	}
-	if (x->lf.failed && x->lf.kind == KVX_XFER_K_WRITE && !x->lf.reported)
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_WRITE_FAILED, .error = x->lf.error});
-	progress(po, x);
+	po_step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SUBMIT, .n_blocks = x->n});
 }
 
 static void handle_sub(struct poller *po, struct smsg *m)
@@ -1035,27 +271,27 @@ static void handle_sub(struct poller *po, struct smsg *m)
 		handle_submit(po, (struct xf *)m->ptr);
 		return;
 	}
-	struct xf *x = handle_xf(po, m->slot, m->gen);
+	struct xf *x = po_handle_xf(po, m->slot, m->gen);
 	if (!x || x->lf.reported)
 		return;
 	switch (m->type) {
 	case M_LAYER_READY: {
 		struct kvx_xfer_out o;
-		kvx_xfer_step(po->tab, xf_entry(x), &x->lf,
+		kvx_xfer_step(po->tab, po_xf_entry(x), &x->lf,
 			      &(struct kvx_xfer_ev){.type = KVX_XFER_EV_LAYER_READY, .layer = m->u32}, &o);
 		if (!(o.act & KVX_XFER_DO_POST_LAYER))
 			return; /* duplicate (transfer, layer): no-op */
 		x->gate[m->u32].flag = m->ptr;
 		x->gate[m->u32].ev = m->ev;
 		x->want_post[m->u32 / 64] |= 1ull << (m->u32 % 64);
-		write_progress(po, x);
+		po_write_progress(po, x);
 		return;
 	}
 	case M_SEAL:
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = m->u32});
+		po_step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_SEAL, .n_layers = m->u32});
 		return;
 	case M_ABORT:
-		step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
+		po_step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_ABORT});
 		return;
 	default:
 		return;
@@ -1066,7 +302,7 @@ static void handle_cin(struct poller *po, struct emsg *m)
 {
 	struct peer *pr = m->ptr;
 	if (m->type == M_NOTIFY) {
-		handle_notify(po, m);
+		po_handle_notify(po, m);
 		return;
 	}
 	uint32_t si = (uint32_t)(pr - po->e->peers);
@@ -1081,10 +317,10 @@ static void handle_cin(struct poller *po, struct emsg *m)
 		if (x->peer == pr && !x->lf.reported) {
 			bool unbound = !x->conn || atomic_load_explicit(&x->conn->stale, memory_order_acquire);
 			if (m->type == M_PEER_FAILED)
-				step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound,
+				po_step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_PEER_FAILED, .unbound = unbound,
 								 .error = m->status, .hs_ends = m->u64});
 			else
-				progress(po, x);
+				po_progress(po, x);
 		}
 		if (po->n_live == before)
 			i++;
@@ -1116,7 +352,7 @@ static void fence_release(struct poller *po)
 		uint32_t before = po->n_live;
 		if (x->lf.fence_pending && x->fence_ticket <= done) {
 			po->n_fence_pending--;
-			step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED});
+			po_step(po, x, (struct kvx_xfer_ev){.type = KVX_XFER_EV_FENCED});
 		}
 		if (po->n_live == before)
 			i++;
@@ -1142,11 +378,11 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
-		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? xf_entry(x) : NULL;
+		struct kvx_xfer *tw = x->lf.kind == KVX_XFER_K_WRITE ? po_xf_entry(x) : NULL;
 		/* D WRITE asks a kvxfer producer a quarter of the transfer timeout (at most a
 		 * second) before its deadline. */
 		uint64_t grace = ms_ns(po->e->p.transfer_timeout_ms) / 4;
-		step(po, x,
+		po_step(po, x,
 		     (struct kvx_xfer_ev){.type = KVX_XFER_EV_TICK,
 					  .now_ns = now,
 					  .has_alloc = tw && tw->has_alloc,
@@ -1156,7 +392,7 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 					  .fence_writers = po->e->fence_writers});
 		if (po->n_live == before && x->lease_phase == LP_WAIT && !x->lf.reported) {
 			x->lease_phase = LP_NONE; /* look the lease up again */
-			progress(po, x);
+			po_progress(po, x);
 		}
 		if (po->n_live == before)
 			i++;
@@ -1165,15 +401,6 @@ static void scan_timeouts(struct poller *po, uint64_t now)
 		fence_release(po);
 	if (po->n_busy_hold)
 		busy_release(po);
-}
-
-/* A stale connection whose re-handshake could not be queued (inbox full): retry. */
-static void rehs_scan(struct poller *po)
-{
-	for (struct conn *c = po->plist; c; c = c->link[po->k].next)
-		if (atomic_load_explicit(&c->stale, memory_order_relaxed) && hs_retry_owed(po, c->pr) &&
-		    conn_lookup(po, c->pr) == c)
-			hs_ask(po, c->pr);
 }
 
 /* Deadline scan period while a poller has live transfers or ops outstanding: how late a
@@ -1185,7 +412,7 @@ static void scan_tick(struct kvx_timer *t, void *arg)
 	(void)t;
 	struct poller *po = arg;
 	scan_timeouts(po, kvx_now_ns());
-	rehs_scan(po);
+	po_rehs_scan(po);
 }
 
 int eng_poller_wait_init(struct kvx_engine *e, struct poller *po)
@@ -1223,6 +450,9 @@ int eng_poll_fn(void *arg)
 	for (unsigned i = 0; i < n; i++)
 		handle_cin(po, &m[i]);
 	busy |= n != 0;
+	/* Layer spread: hand-offs to post here, outcomes of ours. */
+	busy |= po_dlg_serve(po);
+	busy |= po_dlg_results(po);
 	/* Completions on this poller's link of every connection with ops outstanding. New
 	 * connections are listed at the head, so they are not visited this round. */
 	struct kvx_xport_cpl c[32];
@@ -1233,7 +463,7 @@ int eng_poll_fn(void *arg)
 		if (l->outstanding) {
 			int k = kvx_xport_poll_burst(l->ep, c, 32);
 			for (int i = 0; i < k; i++)
-				handle_cpl(po, cn, &c[i]);
+				po_handle_cpl(po, cn, &c[i]);
 			if (k > 0 || (l->outstanding && kvx_xport_ep_arm(l->ep, po->wfd) != 1))
 				busy = 1;
 			else
@@ -1258,8 +488,9 @@ int eng_poll_fn(void *arg)
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;
+		po_spread_fence(x);
 		if (!x->lf.reported && ((x->lf.kind == KVX_XFER_K_READ && !x->lf.done_posting) || x->lf.kind == KVX_XFER_K_WRITE))
-			progress(po, x);
+			po_progress(po, x);
 		if (po->n_live == before)
 			i++;
 	}

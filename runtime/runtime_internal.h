@@ -157,7 +157,8 @@ struct kvx_life {
 	bool fence_pending; /* P READ: timed out, blocks held until every reader is revoked; D WRITE:
 			     * quarantine expired, blocks held until every writer is cut */
 	int error;          /* 0 or negative errno */
-	uint32_t ops_out;   /* op batches in flight */
+	uint32_t ops_out;   /* op batches in flight, and layers handed to another poller whose
+			     * outcome is not back yet (layer spread, poller_post.c) */
 	uint32_t next_layer; /* D READ: layers posted so far */
 	uint64_t start_ns;  /* submission time (app thread clock) */
 	uint64_t hs_after;  /* the peer's count of finished handshakes at submission (app thread) */

@@ -231,6 +231,7 @@ static void cnt_read(const struct kvx_xport_cnt *c, struct kvx_xport_counters *o
 	RD(async_errors);
 	RD(sock_calls);
 	RD(sock_would_block);
+	RD(cma_calls);
 #undef RD
 }
 

@@ -33,7 +33,8 @@ enum kvx_xport_provider_id {
 struct kvx_xport_cnt {
 	_Atomic uint64_t ops_posted, ops_ok, ops_failed, batches_done, bytes_read, bytes_written,
 		post_nobufs, timeouts, resets, reqs_served, reqs_rejected, bytes_served,
-		proto_errors, async_events, async_errors, auth_refused, sock_calls, sock_would_block;
+		proto_errors, async_events, async_errors, auth_refused, sock_calls, sock_would_block,
+		cma_calls;
 };
 
 /** Add to a counter owned by the calling thread (single writer: load + store, no RMW). */

@@ -147,6 +147,19 @@ enum kvx_engine_idle {
 	KVX_ENGINE_IDLE_ADAPTIVE = 1, /**< Spin, back off, then sleep on an eventfd; default. */
 };
 
+/** How one transfer's layers are posted over an engine's polling lcores (issue 16,
+ *  docs/performance.md §7). */
+enum kvx_engine_spread {
+	KVX_ENGINE_SPREAD_LAYERS = 0, /**< Default: with >= 2 polling lcores and >= 2 layers, the
+	                                   transfer's owning lcore posts layer L itself when
+	                                   L mod n_lcores is its own index, else hands "post layer L"
+	                                   to lcore L mod n_lcores, which posts it on its own
+	                                   endpoint of the connection and returns the layer's
+	                                   outcome; the transfer's state stays with its owner. */
+	KVX_ENGINE_SPREAD_NONE = 1,   /**< The owning lcore posts every layer of its transfers
+	                                   (transfers still spread by id, FNV-1a mod n_lcores). */
+};
+
 /** Memory type of a registered layer. */
 enum kvx_engine_mem {
 	KVX_ENGINE_MEM_HOST = 0, /**< Host memory. */
@@ -222,6 +235,9 @@ struct kvx_engine_params {
 	                                    slot is busy or still draining gets -ENOBUFS and may be
 	                                    retried. Default 60000; 0 = as soon as it has none. A
 	                                    forgotten peer named again is handshaken again. */
+	enum kvx_engine_spread spread; /**< Layer spread over the polling lcores (default
+	                                    KVX_ENGINE_SPREAD_LAYERS; docs/performance.md §7 says
+	                                    why, from measurements). */
 };
 
 /** A KV layer to register (docs/protocol.md §4.1). */

@@ -223,6 +223,8 @@ struct kvx_xport_counters {
 	uint64_t sock_calls;      /**< tcp: data-path recv()/sendmsg() calls on connected sockets. */
 	uint64_t sock_would_block; /**< tcp: of those, calls that found the socket not ready
 	                                (EAGAIN): readiness tracking keeps them rare. */
+	uint64_t cma_calls;       /**< shm: process_vm_readv/writev calls that moved host ops (ops per
+	                               call = host ops / cma_calls: small ops share calls). */
 };
 
 struct kvx_xport_ctx;

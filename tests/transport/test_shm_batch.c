@@ -197,3 +197,145 @@ Test(transport_shm_batch, posts_move_in_order_read_failure_stays_in_its_post)
 	cr_assert_eq(k.bytes_read, PG + 2000);
 	srig_down(&r);
 }
+
+/*
+ * 256 one-op READs of 64 B, 128 in flight, polled 64 at a time (as kvxfer-perf bw does):
+ * op k reads remote bytes [64k, 64k + 64) into local slot (37k mod 256) (a permutation of the
+ * first four local pages). With @p ro_page >= 0 that local page is read-only, so the ops whose
+ * slot lies in it fail in the kernel, inside a group. Checks per op: status, bytes, the slot's
+ * contents; and the grouping: a poll whose 64 completions are already final leaves the ops
+ * posted since then pending, so the 256 ops move in two process_vm_readv calls of 128 iovecs
+ * (counter cma_calls; a failing group adds one call per op redone).
+ */
+#define SM 64u
+#define NSM 256u
+
+static uint64_t slot_of(uint32_t k)
+{
+	return (uint64_t)((k * 37u) % NSM) * SM;
+}
+
+static void post_small(struct srig *r, uint32_t from, uint32_t to)
+{
+	for (uint32_t k = from; k < to; k++) {
+		struct kvx_xport_op o = op(r, slot_of(k), (uint64_t)k * SM, SM);
+		post(r, KVX_XPORT_OP_READ, &o, 1, k + 1);
+	}
+}
+
+/* Poll exactly @p n completions with bursts of 64: cookies from + 1 .. from + n. */
+static void poll_burst(struct srig *r, struct kvx_xport_cpl *c, uint32_t from, uint32_t n)
+{
+	uint32_t got = 0;
+	uint64_t deadline = kvx_now_ns() + 30000000000ull;
+	while (got < n) {
+		int k = kvx_xport_poll_burst(r->ep, c + from + got, 64);
+		cr_assert_geq(k, 0);
+		got += (uint32_t)k;
+		cr_assert_leq(got, n, "polled %u completions, expected %u", got, n);
+		cr_assert_lt(kvx_now_ns(), deadline, "%u of %u completions within 30 s", got, n);
+	}
+	for (uint32_t i = from; i < from + n; i++)
+		cr_assert_eq(c[i].cookie, i + 1, "completion %u has cookie %llu", i,
+			     (unsigned long long)c[i].cookie);
+}
+
+static uint64_t cma_calls(struct srig *r)
+{
+	struct kvx_xport_counters k;
+	kvx_xport_ep_counters(r->ep, &k);
+	return k.cma_calls;
+}
+
+static void small_reads(int ro_page)
+{
+	struct srig r;
+	srig_up(&r);
+	if (ro_page >= 0)
+		cr_assert_eq(mprotect(r.lm + (uint64_t)ro_page * PG, PG, PROT_READ), 0);
+	uint32_t bad = 0; /* ops whose slot is in the read-only page */
+	for (uint32_t k = 0; k < NSM; k++)
+		bad += ro_page >= 0 && slot_of(k) / PG == (uint64_t)ro_page;
+	struct kvx_xport_cpl c[NSM];
+	post_small(&r, 0, 128);
+	poll_burst(&r, c, 0, 64);   /* moves ops 1..128 in one call, returns 1..64 */
+	uint64_t calls1 = cma_calls(&r);
+	post_small(&r, 128, 192);
+	poll_burst(&r, c, 64, 64);  /* 65..128 were final: 129..192 stay pending */
+	cr_assert_eq(cma_calls(&r), calls1, "a poll filled by final completions moved ops");
+	post_small(&r, 192, 256);
+	poll_burst(&r, c, 128, 64); /* moves 129..256 in one call */
+	poll_burst(&r, c, 192, 64);
+	if (ro_page < 0) {
+		cr_assert_eq(calls1, 1, "128 pending ops took %llu calls",
+			     (unsigned long long)calls1);
+		cr_assert_eq(cma_calls(&r), 2, "256 ops, two groups of 128: %llu calls",
+			     (unsigned long long)cma_calls(&r));
+	} else {
+		/* A failed group is redone op by op from its first op not fully moved. */
+		cr_assert_gt(calls1, 1);
+		cr_assert_leq(cma_calls(&r), 2 + NSM);
+	}
+	uint32_t failed = 0;
+	for (uint32_t k = 0; k < NSM; k++) {
+		uint64_t s = slot_of(k);
+		cr_assert_eq(c[k].n_ops, 1);
+		if (ro_page >= 0 && s / PG == (uint64_t)ro_page) {
+			cr_assert_eq(c[k].status, -ERANGE, "op %u: %d", k, c[k].status);
+			cr_assert_eq(c[k].n_failed, 1);
+			cr_assert_eq(c[k].first_failed, 0);
+			cr_assert_eq(c[k].bytes, 0);
+			cr_assert_eq(pat_check(r.lm + s, SM, LSEED, s), SM, "failed op %u wrote", k);
+			failed++;
+			continue;
+		}
+		cr_assert_eq(c[k].status, 0, "op %u: %d", k, c[k].status);
+		cr_assert_eq(c[k].n_failed, 0);
+		cr_assert_eq(c[k].first_failed, 1);
+		cr_assert_eq(c[k].bytes, SM);
+		cr_assert_eq(pat_check(r.lm + s, SM, RSEED, (uint64_t)k * SM), SM, "op %u's bytes", k);
+	}
+	cr_assert_eq(failed, bad);
+	cr_assert_eq(pat_check(r.lm + 4 * PG, (NPG - 4) * PG, LSEED, 4 * PG), (NPG - 4) * PG,
+		     "bytes outside the ops' slots changed");
+	struct kvx_xport_counters k;
+	kvx_xport_ep_counters(r.ep, &k);
+	cr_assert_eq(k.ops_posted, NSM);
+	cr_assert_eq(k.ops_ok, NSM - bad);
+	cr_assert_eq(k.ops_failed, bad);
+	cr_assert_eq(k.bytes_read, (uint64_t)(NSM - bad) * SM);
+	cr_assert_eq(k.batches_done, NSM);
+	srig_down(&r);
+}
+
+Test(transport_shm_batch, poll_filled_by_final_completions_leaves_group_to_grow_bytes_exact)
+{
+	small_reads(-1);
+}
+
+Test(transport_shm_batch, grown_group_with_failing_ops_fails_only_their_posts)
+{
+	small_reads(2);
+}
+
+/* A poll of 0 completions only drives I/O: it moves the pending group even when final
+ * completions wait to be taken, and returns none. */
+Test(transport_shm_batch, poll_of_zero_moves_held_group_returns_nothing)
+{
+	struct srig r;
+	srig_up(&r);
+	struct kvx_xport_cpl c[NSM];
+	post_small(&r, 0, 2);
+	cr_assert_eq(kvx_xport_poll_burst(r.ep, c, 1), 1); /* moves ops 1..2, returns 1 */
+	cr_assert_eq(c[0].cookie, 1);
+	post_small(&r, 2, 3);      /* pending behind final completion 2 */
+	cr_assert_eq(kvx_xport_poll_burst(r.ep, c, 0), 0);
+	cr_assert_eq(pat_check(r.lm + slot_of(2), SM, RSEED, 2 * SM), SM,
+		     "poll(0) did not move the pending op");
+	cr_assert_eq(cma_calls(&r), 2);
+	cr_assert_eq(kvx_xport_poll_burst(r.ep, c + 1, 2), 2);
+	cr_assert_eq(c[1].cookie, 2);
+	cr_assert_eq(c[2].cookie, 3);
+	cr_assert_eq(c[2].bytes, SM);
+	srig_down(&r);
+}

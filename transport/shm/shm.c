@@ -17,6 +17,14 @@
  * post, as a poller posting block by block does) thus share one syscall, and each post still
  * gets its own completion: an op whose bytes did not move fails only its own post's
  * completion (the group is redone op by op to find it). Ops move in post order.
+ * A poll that can fill its whole burst with completions already final (posts before the
+ * group's first) returns those and leaves the group to grow: an application that polls in
+ * bursts smaller than what it keeps in flight (kvxfer-perf bw: 64 of 128) would otherwise
+ * move every group at half its size. The group still moves at the first poll whose burst the
+ * final completions do not fill, so a pending op waits at most for the application to take
+ * the completions posted before it; a group of SHM_HOLD_BYTES or more does not wait (one
+ * call's cost, about a microsecond, is already small beside its copy), nor does one at a poll
+ * of 0 completions (which only drives I/O).
  *
  * Conditional ops (kvx_xport_post_bulk_cond(), the block leases of docs/protocol.md §5.11):
  * CMA cannot be revoked by the target, so the initiator checks the condition word in the
@@ -54,6 +62,7 @@
 #define SHM_MAX_BATCH 4096u
 #define SHM_IOV_MAX 1024u
 #define SHM_MAX_OP (1ull << 30)
+#define SHM_HOLD_BYTES (1ull << 20) /* a pending group this large moves at the next poll */
 #define SHM_RMR_VERIFIED 1u
 #define SHM_RMR_DEVICE 2u   /* remote device region: prov_flags >> 8 is its IPC cache entry */
 #define SHM_IPC_ENTRIES 256 /* peer device allocations mapped per endpoint */
@@ -125,7 +134,7 @@ struct shm_ep {
 	uint32_t *idx;             /* Array[SHM_IOV_MAX]: op index of each iov in its post */
 	uint32_t *cqi;             /* Array[SHM_IOV_MAX]: completion (free-running) of each iov */
 	int32_t *st;               /* Array[SHM_IOV_MAX]: status of each iov of a flushed group */
-	uint32_t pend;             /* iovs pending */
+	uint32_t pend;             /* iovs pending (their bytes are already in their cq[].bytes) */
 	uint64_t pend_bytes;       /* their bytes */
 	enum kvx_xport_opcode pend_opc;
 	bool pend_cond;            /* the group moves only while the peer's word at pend_caddr */
@@ -651,6 +660,7 @@ static void xfer_each(struct shm_ep *e, uint32_t from, uint32_t k)
 			continue;
 		}
 		ssize_t n = xfer(e->peer, e->pend_opc, &e->liov[j], &e->riov[j], 1);
+		xport_cnt_add(&e->base.cnt, cma_calls, 1);
 		if (n == (ssize_t)e->liov[j].iov_len)
 			continue;
 		e->st[j] = n < 0 ? errno_status(errno) : -ERANGE;
@@ -661,17 +671,18 @@ static void xfer_each(struct shm_ep *e, uint32_t from, uint32_t k)
 	}
 }
 
-/* Account each iov of a group whose statuses are in st[] to its post's completion. */
+/* Account each iov of a group whose statuses are in st[] to its post's completion (post
+ * counted every pending iov's bytes in it: a failed iov takes its bytes back). */
 static void account_group(struct shm_ep *e, uint32_t k)
 {
 	uint64_t ok = 0, bytes = 0;
 	for (uint32_t j = 0; j < k; j++) {
 		struct kvx_xport_cpl *c = &e->cq[e->cqi[j] & e->cq_mask];
 		if (e->st[j]) {
+			c->bytes -= e->liov[j].iov_len;
 			cpl_fail(c, e->idx[j], e->st[j]);
 			continue;
 		}
-		c->bytes += e->liov[j].iov_len;
 		bytes += e->liov[j].iov_len;
 		ok++;
 	}
@@ -687,9 +698,9 @@ static void account_group(struct shm_ep *e, uint32_t k)
 static void move_group(struct shm_ep *e, uint32_t k, uint64_t total)
 {
 	ssize_t n = xfer(e->peer, e->pend_opc, e->liov, e->riov, k);
+	xport_cnt_add(&e->base.cnt, cma_calls, 1);
 	if (KVX_LIKELY(n >= 0 && (uint64_t)n == total)) {
-		for (uint32_t j = 0; j < k; j++)
-			e->cq[e->cqi[j] & e->cq_mask].bytes += e->liov[j].iov_len;
+		/* Each iov's bytes were counted in its completion at post. */
 		xport_cnt_add(&e->base.cnt, ops_ok, k);
 		if (e->pend_opc == KVX_XPORT_OP_READ)
 			xport_cnt_add(&e->base.cnt, bytes_read, total);
@@ -864,6 +875,19 @@ static int cond_check(const struct kvx_xport_cond *cd)
 	return 0;
 }
 
+/* Append @p o (checked) to the pending group: iov j, completion @p ci. */
+static inline void pend_add(struct shm_ep *e, const struct kvx_xport_op *o, uint32_t i, uint32_t ci)
+{
+	uint32_t j = e->pend++;
+	e->liov[j].iov_base = o->lmr->addr + o->loff;
+	e->liov[j].iov_len = o->len;
+	e->riov[j].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
+	e->riov[j].iov_len = o->len;
+	e->idx[j] = i;
+	e->cqi[j] = ci;
+	e->pend_bytes += o->len;
+}
+
 static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie,
 		    const struct kvx_xport_cond *cd)
@@ -885,7 +909,12 @@ static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		dead = -ECONNRESET;
 	}
 	struct kvx_mem_event *ev = &e->cq_ev[e->cq_head & e->cq_mask];
-	kvx_mem_event_init_ready(ev);
+	/* A host-only batch is final once its group moved: its event only has to read ready (the
+	 * kind is all kvx_mem_event_query() reads of it); device ops record their copy in it. */
+	if (ndev)
+		kvx_mem_event_init_ready(ev);
+	else
+		ev->kind = KVX_MEM_EVENT_READY;
 	struct kvx_xport_cpl *c = &e->cq[e->cq_head & e->cq_mask];
 	*c = (struct kvx_xport_cpl){.cookie = cookie, .n_ops = n, .first_failed = n};
 	/* Ops move in post order: a pending group of the other opcode or condition goes first. */
@@ -894,7 +923,11 @@ static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 	if (e->pend && (e->pend_opc != opc || e->pend_cond != cnd ||
 			(cnd && (e->pend_caddr != caddr || e->pend_cexp != cexp))))
 		flush_group(e);
+	/* The group is empty or has this post's opcode and condition. */
 	e->pend_opc = opc;
+	e->pend_cond = cnd;
+	e->pend_caddr = caddr;
+	e->pend_cexp = cexp;
 	int cst = cnd ? cond_check(cd) : 0;
 	/* Device ops copy asynchronously: their condition is checked once, here (no busy word). */
 	int dev_cst = cnd && ndev && !cst && !dead ? cond_read(e, caddr, cexp) : 0;
@@ -919,36 +952,55 @@ static int post_any(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 			continue;
 		}
 		/* One syscall's total stays far below what process_vm_rw moves in one call. */
-		if (e->pend == SHM_IOV_MAX || e->pend_bytes + o->len > SHM_MAX_OP)
+		if (KVX_UNLIKELY(e->pend == SHM_IOV_MAX || e->pend_bytes + o->len > SHM_MAX_OP)) {
 			flush_group(e);
-		uint32_t j = e->pend++;
-		e->liov[j].iov_base = o->lmr->addr + o->loff;
-		e->liov[j].iov_len = o->len;
-		e->riov[j].iov_base = (void *)(uintptr_t)(o->rmr->addr + o->roff);
-		e->riov[j].iov_len = o->len;
-		e->idx[j] = i;
-		e->cqi[j] = e->cq_head;
-		e->pend_bytes += o->len;
-		e->pend_cond = cnd; /* again after a flush in this post */
-		e->pend_caddr = caddr;
-		e->pend_cexp = cexp;
+			e->pend_cond = cnd; /* flush_group() cleared it */
+		}
+		pend_add(e, o, i, e->cq_head);
+		c->bytes += o->len; /* taken back by account_group() if it does not move */
 	}
 	e->cq_head++;
 	e->ops_queued += n;
 	xport_cnt_add(&ep->cnt, ops_posted, n);
-	xport_cnt_add(&ep->cnt, ops_ok, dev_ok);
-	xport_cnt_add(&ep->cnt, ops_failed, bad);
-	if (opc == KVX_XPORT_OP_READ)
-		xport_cnt_add(&ep->cnt, bytes_read, dev_bytes);
-	else
-		xport_cnt_add(&ep->cnt, bytes_written, dev_bytes);
+	if (KVX_UNLIKELY(dev_ok | bad)) {
+		xport_cnt_add(&ep->cnt, ops_ok, dev_ok);
+		xport_cnt_add(&ep->cnt, ops_failed, bad);
+		if (opc == KVX_XPORT_OP_READ)
+			xport_cnt_add(&ep->cnt, bytes_read, dev_bytes);
+		else
+			xport_cnt_add(&ep->cnt, bytes_written, dev_bytes);
+	}
 	return 0;
 }
 
+/*
+ * One host op that joins the pending group as it is (small ops posted one by one): the work of
+ * post_any() for that case and nothing else. Anything else (more ops, device memory, a group to
+ * move first, an op that fails its checks, no room, a dead endpoint) goes to post_any().
+ */
 static int shm_post(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
 		    const struct kvx_xport_op *ops, uint32_t n, uint64_t cookie)
 {
-	return post_any(ep, opc, ops, n, cookie, NULL);
+	struct shm_ep *e = (struct shm_ep *)ep;
+	const struct kvx_xport_op *o = ops;
+	if (KVX_UNLIKELY(n != 1 || e->cq_head - e->cq_tail > e->cq_mask ||
+			 e->ops_queued + 1 > ep->ctx->params.queue_depth ||
+			 atomic_load_explicit(&ep->status, memory_order_relaxed) ||
+			 (e->pend && (e->pend_opc != opc || e->pend_cond)) || e->pend == SHM_IOV_MAX ||
+			 e->pend_bytes + o->len > SHM_MAX_OP || (o->rmr->prov_flags & SHM_RMR_DEVICE) ||
+			 o->lmr->mem_type != KVX_XPORT_MEM_HOST || op_check(opc, o)))
+		return post_any(ep, opc, ops, n, cookie, NULL);
+	uint32_t ci = e->cq_head;
+	e->cq_ev[ci & e->cq_mask].kind = KVX_MEM_EVENT_READY; /* as post_any(): host only */
+	e->cq[ci & e->cq_mask] = (struct kvx_xport_cpl){.cookie = cookie, .n_ops = 1,
+							 .first_failed = 1, .bytes = o->len};
+	e->pend_opc = opc;
+	e->pend_cond = false;
+	pend_add(e, o, 0, ci);
+	e->cq_head = ci + 1;
+	e->ops_queued++;
+	xport_cnt_add(&ep->cnt, ops_posted, 1);
+	return 0;
 }
 
 static int shm_post_cond(struct kvx_xport_ep *ep, enum kvx_xport_opcode opc,
@@ -962,11 +1014,19 @@ static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t
 {
 	struct shm_ep *e = (struct shm_ep *)ep;
 	uint32_t got = 0;
-	flush_group(e); /* every queued completion is final after this */
-	while (got < max && e->cq_tail != e->cq_head) {
+	/* Completions of posts before the pending group's first are final. When they fill the
+	 * burst, the group waits to grow (header); else it moves now, and every queued completion
+	 * is final after that. */
+	uint32_t end = e->pend ? e->cqi[0] : e->cq_head;
+	bool held = max && e->pend && e->pend_bytes < SHM_HOLD_BYTES && end - e->cq_tail >= max;
+	if (!held) {
+		flush_group(e);
+		end = e->cq_head;
+	}
+	while (got < max && e->cq_tail != end) {
 		struct kvx_mem_event *ev = &e->cq_ev[e->cq_tail & e->cq_mask];
 		struct kvx_xport_cpl *c = &e->cq[e->cq_tail & e->cq_mask];
-		int rc = kvx_mem_event_query(ev);
+		int rc = ev->kind == KVX_MEM_EVENT_READY ? 1 : kvx_mem_event_query(ev);
 		if (rc == 0)
 			break; /* the batch's device copies are still running: in order */
 		if (KVX_UNLIKELY(rc < 0)) {
@@ -981,6 +1041,8 @@ static int shm_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t
 		e->cq_tail++;
 		got++;
 	}
+	if (held && got < max)
+		flush_group(e); /* device copies stopped the burst: the group moves meanwhile */
 	if (got)
 		xport_cnt_add(&ep->cnt, batches_done, got);
 	return (int)got;
