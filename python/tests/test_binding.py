@@ -43,6 +43,7 @@ def c_heap_in_use() -> int:
     ("dp_size", 0, ValueError), ("tp_rank", -1, ValueError), ("handshake_port", 70000, ValueError),
     ("max_blocks", 1 << 25, ValueError), ("role", 5, ValueError), ("host", 3, TypeError),
     ("vllm_port_compat", 1, TypeError), ("transfer_timeout_ms", 0, ValueError), ("lcorez", "1", TypeError),
+    ("spread", 2, ValueError),
 ])
 def test_bad_params_name_the_field(field, value, exc):
     with pytest.raises(exc, match=field):
@@ -115,6 +116,31 @@ def _pair(mode):
     p.start()
     d.start()
     return p, d, src, dst
+
+
+@pytest.mark.parametrize("spread", [kvxfer.Spread.LAYERS, kvxfer.Spread.NONE])
+def test_spread_reaches_the_engine_two_lcores_split_layers_or_one_owner(spread):
+    """EngineParams.spread is the C engine's params.spread: on a consumer with two polling
+    lcores, a 2-layer READ moves one layer on each lcore (LAYERS) or both on the owner (NONE);
+    either way the bytes land exactly."""
+    p, d = engine(P, kvxfer.Mode.READ, lcores="0,1"), engine(D, kvxfer.Mode.READ, lcores="0,1", spread=spread)
+    src = [split_layer(fill=i + 1) for i in range(2)]
+    dst = [split_layer() for _ in range(2)]
+    for i in range(2):
+        p.register_tensor(f"layer.{i}", src[i], SPEC)
+        d.register_tensor(f"layer.{i}", dst[i], SPEC)
+    p.start()
+    d.start()
+    dt = Tracker(d)
+    p.serve("tx-spread", [3, 7, 1])
+    d.read("tx-spread", [0, 5, 9], [3, 7, 1], peer_of(p))
+    assert dt.terminal("tx-spread").status == kvxfer.CplStatus.DONE
+    _expect(src, dst, [(0, 3), (5, 7), (9, 1)])
+    layer_bytes = 3 * src[0][:, 0].numel() * src[0].element_size()
+    moved = sorted(lc["bytes"] for lc in d.stats()["lcores"])
+    assert moved == ([layer_bytes, layer_bytes] if spread == kvxfer.Spread.LAYERS else [0, 2 * layer_bytes])
+    p.close()
+    d.close()
 
 
 def _expect(src, dst, pairs):

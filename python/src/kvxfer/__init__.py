@@ -5,8 +5,8 @@
 KV connector that drops in for MoRIIOConnector. Importing this package opens no socket.
 """
 from .engine import (Completion, CplKind, CplStatus, Engine, EngineParams, Idle, KvxError, LayerSpec, Mem, Mode,
-                     Notifier, Peer, Role, geometry, tensor_mem)
+                     Notifier, Peer, Role, Spread, geometry, tensor_mem)
 
 __all__ = ["Completion", "CplKind", "CplStatus", "Engine", "EngineParams", "Idle", "KvxError", "LayerSpec", "Mem",
-           "Mode", "Notifier", "Peer", "Role", "geometry", "tensor_mem"]
+           "Mode", "Notifier", "Peer", "Role", "Spread", "geometry", "tensor_mem"]
 __version__ = "0.1.0"

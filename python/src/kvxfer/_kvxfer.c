@@ -36,7 +36,7 @@ int kvxpy_init_params(PyObject *args, PyObject *kw, bool initialised, const char
 		return -1;
 	}
 	kvx_engine_params_init(p);
-	uint32_t role = p->role, mode = p->mode, idle = p->idle;
+	uint32_t role = p->role, mode = p->mode, idle = p->idle, spread = p->spread;
 	uint32_t hs = p->handshake_port, nt = p->notify_port;
 	if (dict_u32(d, "role", 0, 1, &role) || dict_u32(d, "mode", 0, 1, &mode) || dict_u32(d, "idle", 0, 1, &idle) ||
 	    dict_str(d, "transport", &p->transport) || dict_str(d, "lcores", &p->lcores) ||
@@ -52,11 +52,12 @@ int kvxpy_init_params(PyObject *args, PyObject *kw, bool initialised, const char
 	    dict_str(d, "proxy_addr", &p->proxy_addr) || dict_str(d, "http_addr", &p->http_addr) ||
 	    dict_bool(d, "vllm_port_compat", &p->vllm_port_compat) ||
 	    dict_u32(d, "max_transfers", 1, 1u << 20, &p->max_transfers) ||
-	    dict_u32(d, "max_blocks", 1, 1u << 24, &p->max_blocks))
+	    dict_u32(d, "max_blocks", 1, 1u << 24, &p->max_blocks) || dict_u32(d, "spread", 0, 1, &spread))
 		return -1;
 	p->role = (enum kvx_sched_role)role;
 	p->mode = (enum kvx_sched_mode)mode;
 	p->idle = (enum kvx_engine_idle)idle;
+	p->spread = (enum kvx_engine_spread)spread;
 	p->handshake_port = (uint16_t)hs;
 	p->notify_port = (uint16_t)nt;
 	return 0;

@@ -37,6 +37,14 @@ class Idle(enum.IntEnum):
     ADAPTIVE = 1
 
 
+class Spread(enum.IntEnum):
+    """How one transfer's layers are posted over the engine's polling lcores (enum
+    kvx_engine_spread): LAYERS hands layer L to lcore L mod n (with >= 2 lcores and >= 2
+    layers), NONE keeps every layer on the transfer's owning lcore."""
+    LAYERS = 0
+    NONE = 1
+
+
 class Mem(enum.IntEnum):
     """Memory type of a registered layer (enum kvx_engine_mem)."""
     HOST = 0
@@ -105,10 +113,11 @@ class EngineParams:
     vllm_port_compat: bool = False
     max_transfers: int = 1024
     max_blocks: int = 8192
+    spread: Spread = Spread.LAYERS
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("role", "mode", "idle"):
+        for k in ("role", "mode", "idle", "spread"):
             v = d[k]
             d[k] = int(v) if isinstance(v, enum.IntEnum) else v
         return d
