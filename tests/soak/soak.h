@@ -132,6 +132,7 @@ struct soak_role_opts {
 	uint32_t pool_blocks, max_blocks;
 	uint32_t corrupt_every; /**< Checker self-test: producer fills every Nth request with another
 	                             request's pattern; consumer scribbles into a block it just freed. */
+	const char *lcores;   /**< params.lcores, or NULL for the engine's default. */
 	int ctl_fd;
 };
 

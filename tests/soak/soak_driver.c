@@ -113,6 +113,10 @@ static int spawn(struct driver *D, int which)
 		argv[a++] = mb;
 		argv[a++] = "--corrupt-every";
 		argv[a++] = ce;
+		if (D->o.lcores) {
+			argv[a++] = "--lcores";
+			argv[a++] = D->o.lcores;
+		}
 	} else {
 		argv[a++] = "proxy";
 		argv[a++] = "--fwd-port";

@@ -39,6 +39,7 @@ struct opts {
 	uint32_t trace_tokens;   /* tokens per block when mapping a trace's input length */
 	const char *log;
 	uint32_t corrupt_every;
+	const char *lcores;      /* engines' params.lcores (NULL: the engine's default) */
 	bool verbose;
 };
 

@@ -75,11 +75,12 @@ static void usage(FILE *f)
 		"usage: kvx-soak [--seed N] [--duration S] [--mode read|write] [-t tcp|shm]\n"
 		"                [--faults LIST|all|none] [--timeout-ms MS] [--concurrency N]\n"
 		"                [--pool-blocks N] [--max-req-blocks N] [--gap MIN,MAX] [--trace FILE]\n"
-		"                [--trace-tokens N] [--log FILE] [--corrupt-every N] [-v]\n"
+		"                [--trace-tokens N] [--log FILE] [--corrupt-every N] [--lcores L] [-v]\n"
 		"faults: kill-producer kill-consumer stop-producer stop-consumer partition-long\n"
 		"        partition-short dup-notify drop-notify abort-producer\n"
 		"--corrupt-every N: checker self-test (every Nth request is filled with another\n"
 		"request's bytes and the consumer scribbles into a block it freed): must FAIL.\n"
+		"--lcores L: both engines' polling lcores (params.lcores, e.g. 0,1: layers spread over two).\n"
 		"Prints one summary line; exit 0 only with 0 corrupt, 0 hung, 0 leaked, 0 crashed.\n");
 }
 
@@ -120,7 +121,7 @@ int main(int argc, char **argv)
 	struct soak_role_opts ro = {.transport = "tcp", .ctl_fd = -1};
 	uint16_t fwd = 0;
 	enum { O_SEED = 256, O_DUR, O_MODE, O_FAULTS, O_TO, O_CONC, O_POOL, O_MAXB, O_GAP, O_TRACE, O_TTOK, O_LOG,
-	       O_ROLE, O_HOST, O_HS, O_NT, O_CTL, O_FWD, O_MB, O_CE };
+	       O_ROLE, O_HOST, O_HS, O_NT, O_CTL, O_FWD, O_MB, O_CE, O_LC };
 	static const struct option lo[] = {
 		{"seed", 1, 0, O_SEED}, {"duration", 1, 0, O_DUR}, {"mode", 1, 0, O_MODE},
 		{"faults", 1, 0, O_FAULTS}, {"timeout-ms", 1, 0, O_TO}, {"concurrency", 1, 0, O_CONC},
@@ -128,7 +129,7 @@ int main(int argc, char **argv)
 		{"trace", 1, 0, O_TRACE}, {"trace-tokens", 1, 0, O_TTOK}, {"log", 1, 0, O_LOG},
 		{"role", 1, 0, O_ROLE}, {"host", 1, 0, O_HOST}, {"hs-port", 1, 0, O_HS}, {"nt-port", 1, 0, O_NT},
 		{"ctl-fd", 1, 0, O_CTL}, {"fwd-port", 1, 0, O_FWD}, {"max-blocks", 1, 0, O_MB},
-		{"corrupt-every", 1, 0, O_CE},
+		{"corrupt-every", 1, 0, O_CE}, {"lcores", 1, 0, O_LC},
 		{"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 	int c;
 	while ((c = getopt_long(argc, argv, "t:vh", lo, NULL)) != -1) {
@@ -158,6 +159,7 @@ int main(int argc, char **argv)
 		case O_POOL: o->pool_blocks = ro.pool_blocks = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_MAXB: o->max_req_blocks = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_CE: o->corrupt_every = ro.corrupt_every = (uint32_t)strtoul(optarg, NULL, 0); break;
+		case O_LC: o->lcores = ro.lcores = optarg; break;
 		case O_MB: ro.max_blocks = (uint32_t)strtoul(optarg, NULL, 0); break;
 		case O_GAP:
 			if (sscanf(optarg, "%lf,%lf", &o->gap_min, &o->gap_max) != 2 || o->gap_min <= 0 ||

@@ -466,6 +466,8 @@ static int setup(struct role *R)
 	p.defer_timeout_ms = 2 * o->timeout_ms;
 	p.max_transfers = MAX_RX + 16;
 	p.max_blocks = o->max_blocks;
+	if (o->lcores)
+		p.lcores = o->lcores; /* e.g. "0,1": two polling lcores, so layers spread over both */
 	int rc = kvx_engine_create(&p, &R->e, err, sizeof(err));
 	if (rc) {
 		fprintf(stderr, "kvx-soak: kvx_engine_create: %s: %s\n", kvx_strerror(rc), err);
