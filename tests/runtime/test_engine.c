@@ -27,6 +27,7 @@
 
 #include "kvxfer/engine.h"
 #include "runtime/runtime_internal.h"
+#include "tests/runtime/pipe_io.h"
 
 TestSuite(runtime_engine, .timeout = 60.0);
 
@@ -545,20 +546,6 @@ Test(runtime_engine, read_fan_in_two_consumer_tp_ranks)
 /* A peer engine in a child process: a real process the test can stop with SIGSTOP, so an
  * operation is provably in flight (the stopped side cannot make progress) without any hook in
  * the engine. Forked before this process starts an engine (no threads yet). */
-static int io_all(int fd, void *buf, size_t n, bool wr)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t k = wr ? write(fd, p, n) : read(fd, p, n);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return -1;
-		p += k;
-		n -= (size_t)k;
-	}
-	return 0;
-}
 
 struct kid {
 	pid_t pid;

@@ -26,6 +26,7 @@
 #include "kvxfer/control.h"
 #include "kvxfer/engine.h"
 #include "runtime/runtime_internal.h"
+#include "tests/runtime/pipe_io.h"
 
 TestSuite(runtime_spread, .timeout = 120.0);
 
@@ -349,20 +350,6 @@ Test(runtime_spread, helper_op_failure_fails_transfer_once_owner_posts_nothing)
 /* (3) abort / timeout with the helper's ops outstanding                                     */
 /* ---------------------------------------------------------------------------------------- */
 
-static int io_all(int fd, void *buf, size_t n, bool wr)
-{
-	uint8_t *p = buf;
-	while (n) {
-		ssize_t k = wr ? write(fd, p, n) : read(fd, p, n);
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k <= 0)
-			return -1;
-		p += k;
-		n -= (size_t)k;
-	}
-	return 0;
-}
 
 /* Consumer child: a WRITE consumer engine (tcp target) that reports its ports and runs until
  * the parent writes a byte. Exit status 0 on success. */
