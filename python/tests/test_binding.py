@@ -106,8 +106,8 @@ def test_bad_layers_and_transfer_args_name_the_field():
         e.stats()
 
 
-def _pair(mode):
-    p, d = engine(P, mode), engine(D, mode)
+def _pair(mode, p_kw=None, d_kw=None):
+    p, d = engine(P, mode, **(p_kw or {})), engine(D, mode, **(d_kw or {}))
     src = [split_layer(fill=i + 1) for i in range(2)]
     dst = [split_layer() for _ in range(2)]
     for i in range(2):
@@ -123,14 +123,7 @@ def test_spread_reaches_the_engine_two_lcores_split_layers_or_one_owner(spread):
     """EngineParams.spread is the C engine's params.spread: on a consumer with two polling
     lcores, a 2-layer READ moves one layer on each lcore (LAYERS) or both on the owner (NONE);
     either way the bytes land exactly."""
-    p, d = engine(P, kvxfer.Mode.READ, lcores="0,1"), engine(D, kvxfer.Mode.READ, lcores="0,1", spread=spread)
-    src = [split_layer(fill=i + 1) for i in range(2)]
-    dst = [split_layer() for _ in range(2)]
-    for i in range(2):
-        p.register_tensor(f"layer.{i}", src[i], SPEC)
-        d.register_tensor(f"layer.{i}", dst[i], SPEC)
-    p.start()
-    d.start()
+    p, d, src, dst = _pair(kvxfer.Mode.READ, {"lcores": "0,1"}, {"lcores": "0,1", "spread": spread})
     dt = Tracker(d)
     p.serve("tx-spread", [3, 7, 1])
     d.read("tx-spread", [0, 5, 9], [3, 7, 1], peer_of(p))
