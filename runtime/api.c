@@ -64,7 +64,7 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 		rc = eng_lease_stamp(e, eng_lease_key(tid, kvx_ctl_epoch(e->ctl)), &lease_idx);
 		if (rc) {
 			kvx_log(KVX_LOG_WARN, "engine: '%s': no free lease word in its window: -ENOBUFS", tid);
-			kvx_xfer_make_terminal(e->reg, r);
+			kvx_xfer_discard(e->reg, r); /* refused: the id may be retried */
 			return rc;
 		}
 		lease_idx++;
@@ -108,7 +108,9 @@ static int submit(struct kvx_engine *e, enum kvx_xfer_kind kind, const char *tid
 		if (lease_idx)
 			eng_lease_clear(e, lease_idx - 1);
 		x->next_free = next_free;
-		kvx_xfer_make_terminal(e->reg, r);
+		/* Refused, nothing started: the id is not used up, a retry of it must be accepted
+		 * (the binding retries -ENOBUFS). Marking it terminal here made the retry -EEXIST. */
+		kvx_xfer_discard(e->reg, r);
 		return -ENOBUFS;
 	}
 	e->xfree = next_free;

@@ -112,6 +112,10 @@ struct kvx_xfer *kvx_xfer_find(struct kvx_xfer_table *t, const char *tid);
 int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **out);
 /* Mark terminal: frees per-transfer storage, keeps the id in the LRU. */
 void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x);
+/* Forget a live entry that never started (its submission was refused after kvx_xfer_open():
+ * no lease word, submission ring full): the id is free again, so the caller may retry it.
+ * A terminal entry is left alone (its id stays used). */
+void kvx_xfer_discard(struct kvx_xfer_table *t, struct kvx_xfer *x);
 size_t kvx_xfer_live_count(const struct kvx_xfer_table *t);
 
 /* Per-transfer state changes. They take the entry (found or opened once per event by the

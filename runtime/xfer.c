@@ -150,6 +150,15 @@ void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x)
 		evict_oldest_terminal(t);
 }
 
+void kvx_xfer_discard(struct kvx_xfer_table *t, struct kvx_xfer *x)
+{
+	if (x->state == KVX_XFER_S_LIVE)
+		t->live--;
+	else if (x->state == KVX_XFER_S_TERMINAL)
+		return; /* in the LRU: its id stays used */
+	release_entry(t, x);
+}
+
 size_t kvx_xfer_live_count(const struct kvx_xfer_table *t)
 {
 	return t->live;

@@ -468,7 +468,8 @@ KVX_API int kvx_engine_ports(const struct kvx_engine *e, uint16_t *handshake_por
  *
  * @return 0 accepted; -EEXIST duplicate transfer id (the first is unaffected); -EINVAL bad
  *         request (n > max_blocks, block id out of range, NULL arrays); -ENOBUFS max_transfers
- *         live transfers (message logged, rate-limited) or the owning lcore's ring is full;
+ *         live transfers (message logged, rate-limited) or the owning lcore's ring is full
+ *         (either way nothing is kept: retry with the same id);
  *         -EBUSY wrong role/mode or engine not started.
  * @par Context  Non-blocking (ring enqueue); no allocation (preallocated transfer objects).
  */

@@ -1492,3 +1492,41 @@ Test(runtime_engine, submissions_beyond_max_transfers_get_enobufs_until_polled)
 	cr_assert_eq(kvx_xfer_serve(P.e, &sv), -EEXIST);
 	eng_free(&P);
 }
+
+/* A submission the owning lcore's ring refuses (-ENOBUFS) leaves nothing behind: the same
+ * transfer id is accepted once the ring has drained. (It used to be recorded as used, so the
+ * retry the binding makes got -EEXIST: CI run of b69395b, test_binding.py burst test.) The
+ * ring is filled with no-op messages (aborts of a transfer already aborted, which its poller
+ * drops) until it refuses one; the submission right after finds it full unless the poller
+ * drained it in between, so rounds repeat until one submission was refused. */
+Test(runtime_engine, submission_refused_by_a_full_ring_is_retried_with_the_same_id)
+{
+	struct kvx_engine_params pp;
+	struct eng P;
+	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
+	pp.max_transfers = 64;
+	eng_start(&P, &pp, 0);
+	struct kvx_engine_serve hold = {.transfer_id = "tx-hold", .local_blocks = (uint32_t[]){0}, .n = 1};
+	cr_assert_eq(kvx_xfer_serve(P.e, &hold), 0);
+	int refused = 0, rounds = 0;
+	char tid[24];
+	while (!refused) {
+		cr_assert_lt(rounds, 60, "no submission found the ring full in 60 rounds");
+		long fill = 0;
+		int rc;
+		while ((rc = kvx_xfer_abort(P.e, "tx-hold")) == 0)
+			cr_assert_lt(++fill, 1L << 24, "the ring never filled");
+		cr_assert_eq(rc, -ENOBUFS);
+		snprintf(tid, sizeof(tid), "tx-ring-%d", rounds++);
+		struct kvx_engine_serve sv = {.transfer_id = tid, .local_blocks = (uint32_t[]){1 + (uint32_t)rounds % (NB - 1)},
+					      .n = 1};
+		while ((rc = kvx_xfer_serve(P.e, &sv)) == -ENOBUFS)
+			refused++;
+		cr_assert_eq(rc, 0, "%s: retry after %d refusals: %d", tid, refused, rc);
+		cr_assert_eq(kvx_xfer_serve(P.e, &sv), -EEXIST, "accepted once, then a duplicate");
+	}
+	struct kvx_engine_stats st;
+	kvx_engine_get_stats(P.e, &st);
+	cr_assert_eq(st.duplicates_rejected, (uint64_t)rounds, "one -EEXIST per round, none from a retry");
+	eng_free(&P);
+}

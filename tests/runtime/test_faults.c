@@ -817,3 +817,23 @@ Test(runtime_faults, u_read_failure_note_and_no_done_past_the_deadline)
 	cr_assert_eq(o.status, KVX_CPL_TIMED_OUT);
 	kvx_xfer_table_destroy(t);
 }
+
+Test(runtime_faults, discarded_entry_frees_its_id_terminal_one_stays_used)
+{
+	/* A submission refused after its entry was opened (no lease word, ring full) discards it:
+	 * the id is free again. A finished transfer's id is not: discarding it changes nothing. */
+	struct kvx_xfer_table *t = table();
+	struct kvx_xfer *x, *y;
+	cr_assert_eq(kvx_xfer_open(t, "tx-d", &x), 0);
+	cr_assert_eq(kvx_xfer_live_count(t), 1);
+	kvx_xfer_discard(t, x);
+	cr_assert_eq(kvx_xfer_live_count(t), 0);
+	cr_assert_null(kvx_xfer_find(t, "tx-d"));
+	cr_assert_eq(kvx_xfer_open(t, "tx-d", &y), 0, "the refused id is accepted again");
+	kvx_xfer_make_terminal(t, y);
+	kvx_xfer_discard(t, y);
+	cr_assert_eq(kvx_xfer_find(t, "tx-d"), y);
+	cr_assert_eq(kvx_xfer_open(t, "tx-d", &x), -EEXIST, "a finished id stays used");
+	cr_assert_eq(kvx_xfer_live_count(t), 0);
+	kvx_xfer_table_destroy(t);
+}
