@@ -40,7 +40,7 @@
 struct idle_cfg {
 	const char *transport, *json;
 	uint32_t seconds, samples;
-	bool follow; /* first-post lcore on every allowed CPU, idle follow_waker on */
+	bool follow; /* idle follow_waker of the first-post lcore (the engine's default: on) */
 };
 
 static uint64_t clock_ns(clockid_t c)
@@ -147,6 +147,7 @@ static int engine_idle(const struct idle_cfg *c, struct idle_result *res)
 	p.max_transfers = 16;
 	p.max_blocks = 64;
 	p.idle = KVX_ENGINE_IDLE_ADAPTIVE;
+	p.follow_waker = c->follow;
 	char err[256] = "";
 	struct kvx_engine *e;
 	int rc = kvx_engine_create(&p, &e, err, sizeof(err));
@@ -351,12 +352,6 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 	char err[256] = "";
 	kvx_lcore_cfg_init(&cfg);
 	int rc = kvx_lcore_cfg_default(&cfg, 1, KVX_LCORE_DEFAULT_F_NO_CONTROL, err, sizeof(err));
-	if (!rc && c->follow) {
-		/* Floating on every CPU this process may use, so a waker's CPU is one of the lcore's. */
-		cpu_set_t all;
-		if (sched_getaffinity(0, sizeof(all), &all) == 0)
-			cfg.lcores[0].cpus = all;
-	}
 	if (!rc)
 		rc = kvx_lcore_cfg_validate(&cfg, NULL, NULL, err, sizeof(err));
 	struct kvx_lcore_set *set = NULL;
@@ -483,8 +478,9 @@ static void usage(FILE *f)
 		   "  --samples N     wake samples, each from a sleeping thread, half of them the peer's\n"
 		   "                  (default 2000)\n"
 		   "  --transport T   engine transport (default tcp)\n"
-		   "  --follow        first-post lcore on every allowed CPU (peer too), idle parameter\n"
-		   "                  follow_waker on: the waker moves it to its own CPU before the wake\n");
+		   "  --follow on|off the first-post lcore's idle parameter follow_waker (default on, as\n"
+		   "                  the engine's pollers): the submitter moves the sleeping lcore to its own\n"
+		   "                  CPU for the first poll; off: the wake crosses to the lcore's CPU\n");
 }
 
 /* One line per kind of wake: on the submitter's CPU, or on another CPU. */
@@ -509,11 +505,11 @@ static void json_pctl(FILE *f, const char *name, uint32_t n, const struct pctl *
 
 int kvx_perf_idle_main(int argc, char **argv)
 {
-	struct idle_cfg c = {.transport = "tcp", .seconds = 20, .samples = 2000};
+	struct idle_cfg c = {.transport = "tcp", .seconds = 20, .samples = 2000, .follow = true};
 	static const struct option opts[] = {
 		{"seconds", required_argument, 0, 's'}, {"samples", required_argument, 0, 'n'},
 		{"transport", required_argument, 0, 't'}, {"json", required_argument, 0, 'j'},
-		{"follow", no_argument, 0, 'f'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+		{"follow", required_argument, 0, 'f'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
 	};
 	optind = 1;
 	int o;
@@ -537,7 +533,13 @@ int kvx_perf_idle_main(int argc, char **argv)
 			break;
 		case 't': c.transport = optarg; break;
 		case 'j': c.json = optarg; break;
-		case 'f': c.follow = true; break;
+		case 'f':
+			if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+				fprintf(stderr, "kvxfer-perf idle: --follow '%s' is not on or off\n", optarg);
+				return 2;
+			}
+			c.follow = !strcmp(optarg, "on");
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -548,7 +550,7 @@ int kvx_perf_idle_main(int argc, char **argv)
 		return 1;
 	printf("# kvxfer-perf idle: engine transport %s, adaptive idle, %u s window; first post: %u samples "
 	       "from a sleeping poller (engine idle parameters%s), %u from a thread sleeping in ppoll (peer)\n",
-	       c.transport, c.seconds, wr.n_lc, c.follow ? ", every CPU, follow_waker" : "", wr.n_peer);
+	       c.transport, c.seconds, wr.n_lc, c.follow ? ", follow_waker on" : ", follow_waker off", wr.n_peer);
 	printf("%-28s %10s %10s %12s %12s\n", "idle engine CPU", "% of core", "% (ticks)", "poll sleeps",
 	       "poll wakeups");
 	printf("%-28s %10.3f %10.3f %12llu %12llu\n", "all engine threads", ir.pct, ir.ticks_pct,
@@ -581,9 +583,9 @@ int kvx_perf_idle_main(int argc, char **argv)
 			fprintf(stderr, "kvxfer-perf idle: cannot write %s: %s\n", c.json, strerror(errno));
 			return 1;
 		}
-		fprintf(f, "{\"command\":\"idle\",\"engine\":{\"transport\":\"%s\",\"seconds\":%u,\"cpu_pct_of_core\":%.4f,"
+		fprintf(f, "{\"command\":\"idle\",\"follow_waker\":%s,\"engine\":{\"transport\":\"%s\",\"seconds\":%u,\"cpu_pct_of_core\":%.4f,"
 			   "\"ticks_pct_of_core\":%.4f,\"poll_sleeps\":%llu,\"poll_wakeups\":%llu,\"threads\":[",
-			c.transport, c.seconds, ir.pct, ir.ticks_pct, (unsigned long long)ir.poll_sleeps,
+			c.follow ? "true" : "false", c.transport, c.seconds, ir.pct, ir.ticks_pct, (unsigned long long)ir.poll_sleeps,
 			(unsigned long long)ir.poll_wakeups);
 		for (unsigned i = 0; i < ir.n_busy; i++)
 			fprintf(f, "%s{\"comm\":\"%s\",\"ticks_pct_of_core\":%.4f}", i ? "," : "", ir.threads[i].comm,

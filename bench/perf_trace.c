@@ -80,6 +80,8 @@ static void usage(FILE *f)
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
 "  --spread on|off      on (default): with >= 2 polling lcores per engine a transfer's layers\n"
 "                       are posted by lcore (layer mod n); off: all by the transfer's own lcore\n"
+"  --follow on|off      on (default, adaptive idle): a submission that wakes a sleeping poller\n"
+"                       moves it to the submitter's CPU for its first poll (params.follow_waker)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
 "  --verify, --no-verify  check the per-page stamps of every transferred block: a stale,\n"
@@ -110,7 +112,7 @@ static void usage(FILE *f)
 
 enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
-	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_PREFIX,
+	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_FOLLOW, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
 	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR, OPT_PEER,
@@ -198,6 +200,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"control-lcore", required_argument, 0, OPT_CTL_LCORE},
 		{"idle", required_argument, 0, OPT_IDLE},
 		{"spread", required_argument, 0, OPT_SPREAD},
+		{"follow", required_argument, 0, OPT_FOLLOW},
 		{"prefix-cache", no_argument, 0, OPT_PREFIX},
 		{"verify", no_argument, 0, OPT_VERIFY},
 		{"no-verify", no_argument, 0, OPT_NO_VERIFY},
@@ -383,6 +386,14 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 				o->no_spread = !strcmp(optarg, "off");
 			} else {
 				fprintf(stderr, "kvxfer-perf trace: --spread: '%s' is not on or off\n", optarg);
+				return -EINVAL;
+			}
+			break;
+		case OPT_FOLLOW:
+			if (!strcmp(optarg, "on") || !strcmp(optarg, "off")) {
+				o->no_follow = !strcmp(optarg, "off");
+			} else {
+				fprintf(stderr, "kvxfer-perf trace: --follow: '%s' is not on or off\n", optarg);
 				return -EINVAL;
 			}
 			break;

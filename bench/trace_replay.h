@@ -55,6 +55,7 @@ struct trace_opts {
 	uint32_t control_lcore;   /**< --control-lcore N (UINT32_MAX = any). */
 	bool idle_busy;           /**< --idle busy (true) / adaptive (false). */
 	bool no_spread;           /**< --spread off: each transfer's layers all posted by its owning lcore. */
+	bool no_follow;           /**< --follow off: engine params.follow_waker false. */
 	bool prefix_cache;        /**< --prefix-cache. */
 	int verify;               /**< 1 --verify: per-page stamps; 2 --verify-bytes: every byte; 0 --no-verify;
 	                               -1 = default (stamps with --local). */

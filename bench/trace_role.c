@@ -603,6 +603,7 @@ static int setup_engine(struct role *R)
 	p.control_lcore = o->control_lcore;
 	p.idle = o->idle_busy ? KVX_ENGINE_IDLE_BUSY : KVX_ENGINE_IDLE_ADAPTIVE;
 	p.spread = o->no_spread ? KVX_ENGINE_SPREAD_NONE : KVX_ENGINE_SPREAD_LAYERS;
+	p.follow_waker = !o->no_follow;
 	p.host = o->host;
 	/* --port-range: fixed ports a firewall can open; else kernel-chosen ones. */
 	p.handshake_port = o->port_lo;

@@ -188,6 +188,8 @@ int kvx_lcore_launch(struct kvx_lcore *lc, kvx_lcore_fn fn, void *arg)
 	atomic_store_explicit(&lc->stop, false, memory_order_relaxed);
 	lc->fn = fn;
 	lc->fn_arg = arg;
+	if (sched_getaffinity(0, sizeof(lc->launcher_cpus), &lc->launcher_cpus))
+		CPU_ZERO(&lc->launcher_cpus);
 	lc->done = false;
 	lc->has_work = true;
 	atomic_store_explicit(&lc->running, true, memory_order_release);
@@ -499,21 +501,31 @@ static int lcore_sleep(struct kvx_lcore *lc, uint64_t timeout_ns)
 	return r > 0 ? 1 : 0;
 }
 
-/* follow_waker: the lcore's CPUs as a bitmask, or 0 when it does not apply (busy policy, one
- * CPU, or a CPU >= 64). */
-static uint64_t follow_mask(const struct kvx_lcore *lc)
+/* A CPU set as a bitmask; false if it holds a CPU >= 64. */
+static bool cpu_mask(const cpu_set_t *s, uint64_t *m)
 {
-	if (!lc->idle.follow_waker || lc->idle.policy != KVX_LCORE_IDLE_ADAPTIVE || CPU_COUNT(&lc->cpus) < 2)
-		return 0;
-	uint64_t m = 0;
+	*m = 0;
 	for (int c = 0; c < CPU_SETSIZE; c++) {
-		if (!CPU_ISSET(c, &lc->cpus))
+		if (!CPU_ISSET(c, s))
 			continue;
 		if (c >= 64)
-			return 0;
-		m |= 1ull << c;
+			return false;
+		*m |= 1ull << c;
 	}
-	return m;
+	return true;
+}
+
+/* follow_waker: the CPUs a waker may move the lcore to (its own and its launcher's) as a
+ * bitmask, and its own in @p home; 0 when it does not apply (busy policy, a CPU >= 64, or one
+ * CPU in all, so there is nowhere to move). */
+static uint64_t follow_mask(const struct kvx_lcore *lc, uint64_t *home)
+{
+	uint64_t from;
+	if (!lc->idle.follow_waker || lc->idle.policy != KVX_LCORE_IDLE_ADAPTIVE || !cpu_mask(&lc->cpus, home) ||
+	    !cpu_mask(&lc->launcher_cpus, &from))
+		return 0;
+	uint64_t m = *home | from;
+	return m & (m - 1) ? m : 0;
 }
 
 /* Back to the lcore's own CPUs after a waker narrowed it to the waker's CPU. */
@@ -531,9 +543,10 @@ int kvx_lcore_poll_loop(void *arg)
 	kvx_rcu_register();
 	uint32_t empty = 0;
 	uint64_t t_prev = kvx_now_ns();
-	bool follow = follow_mask(lc) != 0;
+	uint64_t home = 0, fm = follow_mask(lc, &home);
+	bool follow = fm != 0;
 	if (follow)
-		kvx_waiter_follow(&lc->waiter, kvx_lcore_tid(lc), follow_mask(lc));
+		kvx_waiter_follow(&lc->waiter, kvx_lcore_tid(lc), fm, home);
 	while (!atomic_load_explicit(&lc->stop, memory_order_acquire)) {
 		int busy = run_pollers(lc);
 		/* Narrowed by the waker that ended the last sleep: the first poll ran on its CPU
@@ -600,7 +613,7 @@ int kvx_lcore_poll_loop(void *arg)
 		empty = r == 1 ? 0 : spin + backoff;
 	}
 	if (follow) {
-		kvx_waiter_follow(&lc->waiter, 0, 0); /* returns once no waker can narrow us */
+		kvx_waiter_follow(&lc->waiter, 0, 0, 0); /* returns once no waker can narrow us */
 		if (kvx_waiter_take_narrowed(&lc->waiter))
 			widen(lc);
 	}

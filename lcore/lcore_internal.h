@@ -34,6 +34,9 @@ struct kvx_lcore {
 	void *fn_arg;
 	int ret;
 	_Atomic bool running; /* launched and not yet waited for */
+	cpu_set_t launcher_cpus; /* CPUs of the thread that launched it (follow_waker may move the
+	                            lcore to them): written by kvx_lcore_launch() under mu, read by
+	                            the lcore thread after it took the work under mu */
 	_Atomic bool stop;
 
 	void *ctx;
@@ -67,14 +70,6 @@ struct kvx_lcore_set {
 	struct kvx_lcore *control_lc;
 	struct kvx_lcore *lcores[]; /* Array[n]: polling lcores ascending, then control */
 };
-
-/* follow_waker (kvx_lcore_idle_params): the consumer @p tid (0 = off) may run on the CPUs of
- * bitmask @p cpus; a waker that wins a sleep and runs on one of them narrows the consumer's
- * affinity to its own CPU before it writes the eventfd. Consumer thread only. */
-void kvx_waiter_follow(struct kvx_waiter *w, int32_t tid, uint64_t cpus);
-
-/* Consumer: true once per narrowing by a waker (then the consumer widens its affinity back). */
-bool kvx_waiter_take_narrowed(struct kvx_waiter *w);
 
 /* Test hook: move an EMPTY ring's four indices to @p idx (to exercise the 2^32 wrap). */
 void kvx_ring_debug_set_index(struct kvx_ring *r, uint32_t idx);

@@ -16,6 +16,7 @@ int kvx_waiter_init(struct kvx_waiter *w)
 	atomic_store_explicit(&w->follow_tid, 0, memory_order_relaxed);
 	atomic_store_explicit(&w->narrowed, 0, memory_order_relaxed);
 	atomic_store_explicit(&w->follow_cpus, 0, memory_order_relaxed);
+	atomic_store_explicit(&w->follow_home, 0, memory_order_relaxed);
 	atomic_store_explicit(&w->in_follow, 0, memory_order_relaxed);
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (w->efd < 0) {
@@ -84,9 +85,10 @@ bool kvx_waiter_finish(struct kvx_waiter *w)
 	return woken;
 }
 
-void kvx_waiter_follow(struct kvx_waiter *w, int32_t tid, uint64_t cpus)
+void kvx_waiter_follow(struct kvx_waiter *w, int32_t tid, uint64_t cpus, uint64_t home)
 {
 	atomic_store_explicit(&w->follow_cpus, cpus, memory_order_relaxed);
+	atomic_store_explicit(&w->follow_home, home, memory_order_relaxed);
 	/* F1: seq_cst store, then the load of in_follow; pairs with F2 in follow_here(): a waker
 	 * either reads our 0 or is counted in in_follow, and then we wait for it to finish. */
 	atomic_store_explicit(&w->follow_tid, tid, memory_order_seq_cst);
@@ -114,7 +116,8 @@ static void follow_here(struct kvx_waiter *w)
 	int32_t tid = atomic_load_explicit(&w->follow_tid, memory_order_seq_cst); /* F2 */
 	int cpu = sched_getcpu();
 	uint64_t cpus = atomic_load_explicit(&w->follow_cpus, memory_order_relaxed);
-	if (tid > 0 && cpu >= 0 && cpu < 64 && (cpus & (1ull << cpu))) {
+	uint64_t home = atomic_load_explicit(&w->follow_home, memory_order_relaxed);
+	if (tid > 0 && cpu >= 0 && cpu < 64 && (cpus & (1ull << cpu)) && home != 1ull << cpu) {
 		cpu_set_t one;
 		CPU_ZERO(&one);
 		CPU_SET(cpu, &one);

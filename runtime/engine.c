@@ -69,6 +69,7 @@ KVX_API void kvx_engine_params_init(struct kvx_engine_params *p)
 	p->transport = "auto";
 	p->control_lcore = UINT32_MAX;
 	p->idle = KVX_ENGINE_IDLE_ADAPTIVE;
+	p->follow_waker = true;
 	p->host = "127.0.0.1";
 	p->handshake_port = KVX_CTL_DEFAULT_HANDSHAKE_PORT;
 	p->notify_port = KVX_CTL_DEFAULT_NOTIFY_PORT;
@@ -447,6 +448,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		.http_address = e->p.http_addr,
 		.global_rank = e->p.dp_rank * e->p.tp_size + e->p.tp_rank,
 		.lcore = kvx_lcore_set_control(e->set),
+		.follow_waker = e->p.follow_waker && e->p.idle == KVX_ENGINE_IDLE_ADAPTIVE,
 		.on_notify = eng_on_notify,
 		.notify_arg = e,
 		.on_connect = eng_on_connect,
@@ -551,7 +553,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			/* No periodic wake: the deadline scan timer (poller.c) bounds a sleep only
 			 * while there is something to time out. */
 			struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE,
-							   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP};
+							   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP,
+							   .follow_waker = e->p.follow_waker};
 			kvx_lcore_set_idle(po->lc, &ip);
 		}
 	}

@@ -179,6 +179,14 @@ struct kvx_engine_params {
 	                                    transfer id); NULL = one poller on any CPU. */
 	uint32_t control_lcore;        /**< CPU of the control lcore; KVX_LCORE_ID_ANY (UINT32_MAX) = any. */
 	enum kvx_engine_idle idle;     /**< Poller idle policy. */
+	bool follow_waker;             /**< ADAPTIVE: a submission that wakes a sleeping poller first
+	                                    moves it to the submitting thread's CPU, where it makes
+	                                    its first poll (the post) before it returns to its own
+	                                    CPUs: the wake-up needs no idle CPU, which on a VM is the
+	                                    slow part (kvx_lcore_idle_params.follow_waker,
+	                                    docs/performance.md §9). The control lcore follows the
+	                                    pollers that hand it notifications the same way
+	                                    (kvx_ctl_params.follow_waker). Default true. */
 	const char *host;              /**< Advertised IP of this engine; not NULL ("127.0.0.1" for tests). */
 	uint16_t handshake_port;       /**< Handshake base port (default 6301); 0 = ephemeral (tests). */
 	uint16_t notify_port;          /**< Notify base port (default 61005); 0 = ephemeral (tests). */
@@ -391,8 +399,8 @@ struct kvx_engine_stats {
 struct kvx_engine;
 
 /**
- * Fill @p p with defaults: WRITE consumer, transport "auto", adaptive idle, host 127.0.0.1,
- * ports 6301/61005, dp/tp 0 of 1, timeouts 10 s / 30 s / 60 s, 1024 transfers, 8192 blocks.
+ * Fill @p p with defaults: WRITE consumer, transport "auto", adaptive idle with follow_waker,
+ * host 127.0.0.1, ports 6301/61005, dp/tp 0 of 1, timeouts 10 s / 30 s / 60 s, 1024 transfers, 8192 blocks.
  * @param p  Parameters; not NULL.
  */
 KVX_API void kvx_engine_params_init(struct kvx_engine_params *p);

@@ -603,13 +603,17 @@ struct kvx_lcore_idle_params {
 	                                 (0 = KVX_LCORE_BACKOFF_POLLS). */
 	uint64_t max_sleep_ns;      /**< Longest sleep without a wake, ns (0 = KVX_LCORE_MAX_SLEEP_NS,
 	                                 KVX_LCORE_SLEEP_NO_CAP = until a wake, a wait fd or a timer). */
-	bool follow_waker;          /**< ADAPTIVE, lcores on 2-64 CPUs (all < 64): the producer
-	                                 that wakes the sleeping lcore first narrows its affinity to
-	                                 the producer's own CPU when that CPU is one of the lcore's,
-	                                 so the wake needs no other, idle CPU (on a VM, a halted
-	                                 vCPU); the lcore widens it back to its CPUs after its first
-	                                 poll. Costs the waker one sched_setaffinity(2) per sleep.
-	                                 Off by default (docs/performance.md §9). */
+	bool follow_waker;          /**< ADAPTIVE, CPUs < 64: the producer that wakes the
+	                                 sleeping lcore first narrows its affinity to the
+	                                 producer's own CPU when that CPU is one of the lcore's or
+	                                 one the thread that launched the lcore may run on (an
+	                                 lcore pinned to CPU 1, woken by the application on CPU 0,
+	                                 makes its first poll on CPU 0), so the wake needs no other,
+	                                 idle CPU (on a VM, a halted vCPU); the lcore widens back to
+	                                 its own CPUs after that first poll. Costs the waker one
+	                                 sched_setaffinity(2) per sleep, the lcore one. Off by
+	                                 default here; the engine's adaptive pollers turn it on
+	                                 (kvx_engine_params.follow_waker, docs/performance.md §9). */
 };
 
 /**

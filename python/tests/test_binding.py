@@ -43,7 +43,7 @@ def c_heap_in_use() -> int:
     ("dp_size", 0, ValueError), ("tp_rank", -1, ValueError), ("handshake_port", 70000, ValueError),
     ("max_blocks", 1 << 25, ValueError), ("role", 5, ValueError), ("host", 3, TypeError),
     ("vllm_port_compat", 1, TypeError), ("transfer_timeout_ms", 0, ValueError), ("lcorez", "1", TypeError),
-    ("spread", 2, ValueError),
+    ("spread", 2, ValueError), ("follow_waker", 1, TypeError),
 ])
 def test_bad_params_name_the_field(field, value, exc):
     with pytest.raises(exc, match=field):

@@ -284,6 +284,12 @@ Test(bench_perf_cli, trace_lcore_not_on_host_is_usage_error)
 	expect_usage_error(a, "kvxfer-perf trace: -l 0,999 (all lcores): lcore 999: CPU 999 does not exist");
 }
 
+Test(bench_perf_cli, trace_follow_other_than_on_off_is_usage_error)
+{
+	const char *a[] = {"trace", "--local", "-t", "tcp", "--follow", "yes", NULL};
+	expect_usage_error(a, "kvxfer-perf trace: --follow: 'yes' is not on or off");
+}
+
 Test(bench_perf_cli, trace_duplicate_lcores_is_usage_error)
 {
 	const char *a[] = {"trace", "--local", "-t", "tcp", "-l", "0,0,1,1", NULL};

@@ -33,6 +33,7 @@ Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_
 	json_t *j = json_load_file(json, 0, &err);
 	cr_assert_not_null(j, "%s: %s", json, err.text);
 	cr_assert_str_eq(json_string_value(json_object_get(j, "command")), "idle");
+	cr_assert(json_is_true(json_object_get(j, "follow_waker")), "on by default, as in the engine");
 	json_t *e = json_object_get(j, "engine"), *fp = json_object_get(j, "first_post");
 	cr_assert_str_eq(json_string_value(json_object_get(e, "transport")), "tcp");
 	cr_assert(json_is_real(json_object_get(e, "cpu_pct_of_core")));
@@ -71,13 +72,13 @@ Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_
 	rmdir(dir);
 }
 
-Test(bench_perf_idle, follow_measures_a_floating_poller_with_follow_waker)
+Test(bench_perf_idle, follow_off_measures_the_poller_without_follow_waker)
 {
 	char dir[] = "/tmp/kvx-idle-test.XXXXXX", cmd[512], json[64], log[64];
 	cr_assert_not_null(mkdtemp(dir));
 	snprintf(json, sizeof(json), "%s/out.json", dir);
 	snprintf(log, sizeof(log), "%s/log", dir);
-	snprintf(cmd, sizeof(cmd), "'%s' idle --seconds 1 --samples 25 --follow --json %s >%s 2>&1", KVX_PERF_BIN,
+	snprintf(cmd, sizeof(cmd), "'%s' idle --seconds 1 --samples 25 --follow off --json %s >%s 2>&1", KVX_PERF_BIN,
 		 json, log);
 	int st = system(cmd);
 	cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s exited %d (see %s)", cmd, st, log);
@@ -86,10 +87,14 @@ Test(bench_perf_idle, follow_measures_a_floating_poller_with_follow_waker)
 	cr_assert_not_null(f);
 	text[fread(text, 1, sizeof(text) - 1, f)] = '\0';
 	fclose(f);
-	cr_assert_not_null(strstr(text, "every CPU, follow_waker"), "the header names the mode: %s", text);
+	cr_assert_not_null(strstr(text, "follow_waker off"), "the header names the mode: %s", text);
+	snprintf(cmd, sizeof(cmd), "'%s' idle --follow maybe >%s 2>&1", KVX_PERF_BIN, log);
+	st = system(cmd);
+	cr_assert(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 2, "a bad --follow value is a usage error");
 	json_error_t err;
 	json_t *j = json_load_file(json, 0, &err);
 	cr_assert_not_null(j, "%s: %s", json, err.text);
+	cr_assert(json_is_false(json_object_get(j, "follow_waker")));
 	json_t *fp = json_object_get(j, "first_post");
 	cr_assert_eq(json_integer_value(json_object_get(fp, "samples")), 13);
 	json_int_t sleeps = json_integer_value(json_object_get(fp, "sleeps"));

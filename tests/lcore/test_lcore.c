@@ -833,9 +833,10 @@ static void pin_self(int cpu)
 	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0);
 }
 
-/* An lcore floating on the first two allowed CPUs, adaptive, no sleep cap, follow_waker as
- * given; a ring poller noting CPUs. Skips on a host with fewer than two allowed CPUs. */
-static struct kvx_lcore_set *follow_set(bool follow, int cpus[2], struct cpu_poller *cp)
+/* An lcore floating on the first two allowed CPUs (or pinned to the second, @p pinned),
+ * adaptive, no sleep cap, follow_waker as given; a ring poller noting CPUs. Skips on a host
+ * with fewer than two allowed CPUs. */
+static struct kvx_lcore_set *follow_set_on(bool follow, bool pinned, int cpus[2], struct cpu_poller *cp)
 {
 	cpu_set_t allowed;
 	cr_assert_eq(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
@@ -848,7 +849,8 @@ static struct kvx_lcore_set *follow_set(bool follow, int cpus[2], struct cpu_pol
 	kvx_lcore_cfg_init(c);
 	cr_assert_eq(kvx_lcore_cfg_default(c, 1, KVX_LCORE_DEFAULT_F_NO_CONTROL, g_err, sizeof(g_err)), 0, "%s", g_err);
 	CPU_ZERO(&c->lcores[0].cpus);
-	CPU_SET(cpus[0], &c->lcores[0].cpus);
+	if (!pinned)
+		CPU_SET(cpus[0], &c->lcores[0].cpus);
 	CPU_SET(cpus[1], &c->lcores[0].cpus);
 	c->idle = KVX_LCORE_IDLE_ADAPTIVE;
 	cr_assert_eq(kvx_lcore_cfg_validate(c, NULL, NULL, g_err, sizeof(g_err)), 0, "%s", g_err);
@@ -862,6 +864,11 @@ static struct kvx_lcore_set *follow_set(bool follow, int cpus[2], struct cpu_pol
 	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
 	cr_assert_eq(kvx_poller_register(lc, cpu_poll, cp, "inbox", NULL), 0);
 	return set;
+}
+
+static struct kvx_lcore_set *follow_set(bool follow, int cpus[2], struct cpu_poller *cp)
+{
+	return follow_set_on(follow, false, cpus, cp);
 }
 
 static bool affinity_is(struct kvx_lcore *lc, const cpu_set_t *want)
@@ -920,6 +927,42 @@ Test(lcore, follow_waker_off_leaves_the_affinity_alone)
 	kvx_lcore_stop(lc);
 	cr_assert_eq(kvx_lcore_wait(lc), 0);
 	cr_assert(affinity_is(lc, &home));
+	kvx_lcore_set_destroy(set);
+	kvx_ring_destroy(cp.r);
+}
+
+/* The engine's case: a poller pinned to one CPU, launched by a thread that may run on others.
+ * A wake from another of the launcher's CPUs moves its first poll there, and it goes back to
+ * its own CPU; a wake from its own CPU moves nothing (no affinity call: it stays pinned). */
+Test(lcore, follow_waker_pinned_lcore_polls_first_on_the_launchers_cpu_then_goes_home)
+{
+	int cpus[2];
+	struct cpu_poller cp = {0};
+	cpu_set_t launcher;
+	cr_assert_eq(sched_getaffinity(0, sizeof(launcher), &launcher), 0);
+	struct kvx_lcore_set *set = follow_set_on(true, true, cpus, &cp);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	cpu_set_t home;
+	kvx_lcore_cpus(lc, &home);
+	cr_assert_eq(CPU_COUNT(&home), 1);
+	cr_assert(CPU_ISSET(cpus[1], &home));
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0); /* launcher: both CPUs */
+	for (uint64_t round = 1; round <= 8; round++) {
+		int c = cpus[round % 2];
+		pin_self(c);
+		cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000), "round %lu: lcore never slept", (unsigned long)round);
+		cr_assert(affinity_is(lc, &home), "round %lu: asleep on its own CPU", (unsigned long)round);
+		cr_assert_eq(kvx_ring_enqueue_sp(cp.r, (void *)round), 0);
+		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not woken", (unsigned long)round);
+		cr_assert_eq(atomic_load(&cp.cpu), c, "round %lu: woken from CPU %d, first poll on CPU %d",
+			     (unsigned long)round, c, atomic_load(&cp.cpu));
+	}
+	pin_self(cpus[1]);
+	cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000));
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	cr_assert(affinity_is(lc, &home), "stopped lcore keeps its own CPU");
+	sched_setaffinity(0, sizeof(launcher), &launcher);
 	kvx_lcore_set_destroy(set);
 	kvx_ring_destroy(cp.r);
 }

@@ -51,6 +51,7 @@ int kvxpy_init_params(PyObject *args, PyObject *kw, bool initialised, const char
 	    dict_u32(d, "defer_timeout_ms", 1, UINT32_MAX, &p->defer_timeout_ms) ||
 	    dict_str(d, "proxy_addr", &p->proxy_addr) || dict_str(d, "http_addr", &p->http_addr) ||
 	    dict_bool(d, "vllm_port_compat", &p->vllm_port_compat) ||
+	    dict_bool(d, "follow_waker", &p->follow_waker) ||
 	    dict_u32(d, "max_transfers", 1, 1u << 20, &p->max_transfers) ||
 	    dict_u32(d, "max_blocks", 1, 1u << 24, &p->max_blocks) || dict_u32(d, "spread", 0, 1, &spread))
 		return -1;

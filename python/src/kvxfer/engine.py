@@ -96,6 +96,7 @@ class EngineParams:
     lcores: Optional[str] = None
     control_lcore: int = 0xFFFFFFFF
     idle: Idle = Idle.ADAPTIVE
+    follow_waker: bool = True
     host: str = "127.0.0.1"
     handshake_port: int = 6301
     notify_port: int = 61005
