@@ -1272,3 +1272,105 @@ Test(control_ctl, answers_from_an_application_thread_all_go_out_in_order)
 	pthread_cond_destroy(&q.cv);
 	coll_fini(&ca);
 }
+
+/* ---- follow_waker (kvx_ctl_params.follow_waker) ------------------------------------------ */
+
+static _Atomic int g_accept_cpu = -1;
+
+static void note_accept_cpu(void *arg)
+{
+	(void)arg;
+	atomic_store(&g_accept_cpu, sched_getcpu());
+}
+
+/* 'S' while the thread is blocked in a syscall: the control loop blocks only in its poll, and
+ * only with a timeout after it announced the sleep on its waiter. */
+static char thread_state(pid_t tid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	FILE *f = fopen(path, "r");
+	cr_assert_not_null(f);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *rp = strrchr(buf, ')');
+	return rp && rp[1] ? rp[2] : '?';
+}
+
+static void pin_to(int cpu)
+{
+	cpu_set_t one;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+}
+
+/* The control loop pinned to one CPU, started by a thread that may run on two: an inbox
+ * submission from the other CPU that ends its sleep has the submission handled there (the
+ * handshake job's accept callback runs on the submitter's CPU), and the loop goes back to its
+ * own CPU; a submission from its own CPU moves nothing. */
+Test(control_ctl, follow_waker_inbox_work_runs_on_the_submitters_cpu)
+{
+	cpu_set_t allowed;
+	cr_assert_eq(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+	if (CPU_COUNT(&allowed) < 2)
+		cr_skip_test("this host has %d allowed CPUs, follow_waker needs 2", CPU_COUNT(&allowed));
+	int cpus[2];
+	for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++)
+		if (CPU_ISSET(c, &allowed))
+			cpus[k++] = c;
+	static char err[KVX_LCORE_ERRLEN];
+	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
+	kvx_lcore_cfg_init(cfg);
+	cr_assert_eq(kvx_lcore_cfg_default(cfg, 1, 0, err, sizeof(err)), 0, "%s", err);
+	cpu_set_t home;
+	CPU_ZERO(&home);
+	CPU_SET(cpus[1], &home);
+	cfg->control.cpus = home;
+	cfg->share_cpus = true;
+	cr_assert_eq(kvx_lcore_cfg_validate(cfg, NULL, NULL, err, sizeof(err)), 0, "%s", err);
+	struct kvx_lcore_set *set = NULL;
+	cr_assert_eq(kvx_lcore_set_create(cfg, &set), 0);
+	free(cfg);
+	struct kvx_lcore *lc = kvx_lcore_set_control(set);
+	cr_assert_not_null(lc);
+	uint16_t hs;
+	struct kvx_ctl *l = listener(NULL, 1, &hs);
+	struct kvx_ctl_params p;
+	tctl_params(&p, NULL);
+	p.lcore = lc;
+	p.follow_waker = true;
+	struct kvx_ctl *i = tctl_start(&p); /* started from both CPUs */
+	struct kvx_ctl_inbox *ib;
+	cr_assert_eq(kvx_ctl_inbox_open(i, &ib), 0);
+	for (int round = 1; round <= 6; round++) {
+		int c = cpus[round % 2];
+		pin_to(c);
+		double end = now_s() + 20.0;
+		while (thread_state(kvx_lcore_tid(lc)) != 'S' && now_s() < end)
+			usleep(200); /* until the loop sleeps (observable state, not a delay) */
+		cr_assert_eq(thread_state(kvx_lcore_tid(lc)), 'S', "round %d: the loop never slept", round);
+		struct hs_wait w;
+		hsw_init(&w);
+		struct kvx_ctl_hs_params hp;
+		hs_params(&hp, hs, &w);
+		hp.make_blob = NULL;
+		hp.on_accept = note_accept_cpu;
+		atomic_store(&g_accept_cpu, -1);
+		cr_assert_eq(kvx_ctl_handshake_start(ib, &hp), 0);
+		cr_assert(hsw_wait(&w, 15.0), "round %d: handshake never ended", round);
+		cr_assert_eq(w.status, 0, "round %d: %s", round, w.error);
+		cr_assert_eq(atomic_load(&g_accept_cpu), c, "round %d: submitted on CPU %d, accepted on CPU %d", round,
+			     c, atomic_load(&g_accept_cpu));
+	}
+	pin_to(cpus[0]);
+	kvx_ctl_inbox_close(ib);
+	kvx_ctl_stop(i);
+	cpu_set_t after;
+	cr_assert_eq(kvx_lcore_get_affinity(lc, &after), 0);
+	cr_assert(CPU_EQUAL(&after, &home), "the stopped loop's thread is back on its own CPU");
+	kvx_ctl_destroy(i);
+	kvx_ctl_destroy(l);
+	kvx_lcore_set_destroy(set);
+}
