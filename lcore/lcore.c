@@ -543,6 +543,7 @@ int kvx_lcore_poll_loop(void *arg)
 	kvx_rcu_register();
 	uint32_t empty = 0;
 	uint64_t t_prev = kvx_now_ns();
+	kvx_waiter_thread_never_narrows(true);
 	uint64_t home = 0, fm = follow_mask(lc, &home);
 	bool follow = fm != 0;
 	if (follow)
@@ -617,6 +618,7 @@ int kvx_lcore_poll_loop(void *arg)
 		if (kvx_waiter_take_narrowed(&lc->waiter))
 			widen(lc);
 	}
+	kvx_waiter_thread_never_narrows(false);
 	kvx_rcu_unregister();
 	return 0;
 }

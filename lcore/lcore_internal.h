@@ -71,6 +71,11 @@ struct kvx_lcore_set {
 	struct kvx_lcore *lcores[]; /* Array[n]: polling lcores ascending, then control */
 };
 
+/* Wakes made by the calling thread never narrow the woken consumer (follow_waker): set by the
+ * polling lcores' loop, so a poller handing work to another (the layer spread) does not pull it
+ * onto its own CPU, which would serialise the two. Application and control threads do narrow. */
+void kvx_waiter_thread_never_narrows(bool on);
+
 /* Test hook: move an EMPTY ring's four indices to @p idx (to exercise the 2^32 wrap). */
 void kvx_ring_debug_set_index(struct kvx_ring *r, uint32_t idx);
 

@@ -108,10 +108,17 @@ bool kvx_waiter_take_narrowed(struct kvx_waiter *w)
  * waker that won the swap of `sleeping` comes here, once per sleep. `narrowed` is stored after
  * the affinity call returned, so a consumer that widens after reading narrowed = 1 widens
  * after it; one that stops following waits for in_follow = 0 first (F1/F2). */
+static _Thread_local bool t_never_narrow; /* this thread is a polling lcore */
+
+void kvx_waiter_thread_never_narrows(bool on)
+{
+	t_never_narrow = on;
+}
+
 static void follow_here(struct kvx_waiter *w)
 {
-	if (atomic_load_explicit(&w->follow_tid, memory_order_relaxed) <= 0)
-		return; /* off: no RMW on the wake path */
+	if (t_never_narrow || atomic_load_explicit(&w->follow_tid, memory_order_relaxed) <= 0)
+		return; /* off, or a poller waking a poller: no RMW on the wake path */
 	atomic_fetch_add_explicit(&w->in_follow, 1, memory_order_seq_cst);
 	int32_t tid = atomic_load_explicit(&w->follow_tid, memory_order_seq_cst); /* F2 */
 	int cpu = sched_getcpu();

@@ -610,7 +610,10 @@ struct kvx_lcore_idle_params {
 	                                 lcore pinned to CPU 1, woken by the application on CPU 0,
 	                                 makes its first poll on CPU 0), so the wake needs no other,
 	                                 idle CPU (on a VM, a halted vCPU); the lcore widens back to
-	                                 its own CPUs after that first poll. Costs the waker one
+	                                 its own CPUs after that first poll. A polling lcore that
+	                                 wakes another never moves it (that would put two pollers
+	                                 on one CPU); the application's threads and the control
+	                                 loop do. Costs the waker one
 	                                 sched_setaffinity(2) per sleep, the lcore one. Off by
 	                                 default here; the engine's adaptive pollers turn it on
 	                                 (kvx_engine_params.follow_waker, docs/performance.md §9). */

@@ -131,7 +131,8 @@ static inline void kvx_waiter_wake(struct kvx_waiter *w);
  * before its eventfd write, so the wake-up is local to a running CPU instead of an IPI to an
  * idle one (a halted vCPU on a VM); skipped when c is the consumer's only CPU (@p home =
  * {c}). The consumer widens its affinity back to its own CPUs once it has handled the wake
- * (kvx_waiter_take_narrowed()). @p tid = 0 stops following and returns once no waker is inside
+ * (kvx_waiter_take_narrowed()). Wakes made by a polling lcore's loop never narrow (one poller
+ * handing work to another must not pull it onto its own CPU). @p tid = 0 stops following and returns once no waker is inside
  * its affinity call. Used by the lcore poll loop (kvx_lcore_idle_params.follow_waker) and the
  * control loop (kvx_ctl_params.follow_waker).
  *

@@ -966,3 +966,64 @@ Test(lcore, follow_waker_pinned_lcore_polls_first_on_the_launchers_cpu_then_goes
 	kvx_lcore_set_destroy(set);
 	kvx_ring_destroy(cp.r);
 }
+
+/* A poller that moves what it dequeues into another lcore's ring (one lcore handing work to
+ * another, as the engine's layer spread does). */
+struct fwd_poller {
+	struct kvx_ring *in, *out;
+};
+
+static int fwd_poll(void *arg)
+{
+	struct fwd_poller *f = arg;
+	void *obj;
+	if (!kvx_ring_dequeue_burst_sc(f->in, &obj, 1, NULL))
+		return KVX_POLL_IDLE;
+	while (kvx_ring_enqueue_sp(f->out, obj))
+		;
+	return KVX_POLL_BUSY;
+}
+
+/* A polling lcore never pulls another onto its CPU: lcore A (CPU a) wakes the sleeping lcore B
+ * (pinned to CPU b, follow_waker on, launched from a thread allowed on both): B's first poll
+ * stays on b, while a wake from the application thread on a moves it (the control case). */
+Test(lcore, follow_waker_a_polling_lcore_does_not_pull_another)
+{
+	int cpus[2];
+	struct cpu_poller cp = {0};
+	struct kvx_lcore_set *bset = follow_set_on(true, true, cpus, &cp); /* B: pinned to cpus[1] */
+	struct kvx_lcore *b = kvx_lcore_set_at(bset, 0);
+	struct kvx_lcore_cfg *c = malloc(sizeof(*c));
+	kvx_lcore_cfg_init(c);
+	cr_assert_eq(kvx_lcore_cfg_default(c, 1, KVX_LCORE_DEFAULT_F_NO_CONTROL, g_err, sizeof(g_err)), 0, "%s", g_err);
+	CPU_ZERO(&c->lcores[0].cpus);
+	CPU_SET(cpus[0], &c->lcores[0].cpus);
+	cr_assert_eq(kvx_lcore_cfg_validate(c, NULL, NULL, g_err, sizeof(g_err)), 0, "%s", g_err);
+	struct kvx_lcore_set *aset = NULL;
+	cr_assert_eq(kvx_lcore_set_create(c, &aset), 0);
+	free(c);
+	struct kvx_lcore *a = kvx_lcore_set_at(aset, 0);
+	struct fwd_poller fp = {.in = ring_for(a), .out = cp.r};
+	cr_assert_eq(kvx_poller_register(a, fwd_poll, &fp, "fwd", NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(b, kvx_lcore_poll_loop, NULL), 0);
+	cr_assert_eq(kvx_lcore_launch(a, kvx_lcore_poll_loop, NULL), 0);
+	pin_self(cpus[0]);
+	for (uint64_t round = 1; round <= 6; round++) {
+		bool via_a = round % 2;
+		cr_assert(WAIT_UNTIL(blocked_asleep(b), 20000), "round %lu: B never slept", (unsigned long)round);
+		cr_assert_eq(kvx_ring_enqueue_sp(via_a ? fp.in : cp.r, (void *)round), 0);
+		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not delivered", (unsigned long)round);
+		int want = via_a ? cpus[1] : cpus[0];
+		cr_assert_eq(atomic_load(&cp.cpu), want, "round %lu (%s): B's first poll on CPU %d, expected %d",
+			     (unsigned long)round, via_a ? "woken by lcore A" : "woken by the application",
+			     atomic_load(&cp.cpu), want);
+	}
+	kvx_lcore_stop(a);
+	cr_assert_eq(kvx_lcore_wait(a), 0);
+	kvx_lcore_stop(b);
+	cr_assert_eq(kvx_lcore_wait(b), 0);
+	kvx_lcore_set_destroy(aset);
+	kvx_lcore_set_destroy(bset);
+	kvx_ring_destroy(fp.in);
+	kvx_ring_destroy(cp.r);
+}
