@@ -172,8 +172,6 @@ static void *zecho_thread(void *arg)
 	return NULL;
 }
 
-static bool g_follow = true; /* kvx_ctl_params.follow_waker of every control lcore (--follow) */
-
 static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void *arg,
 				     uint32_t busy_poll_us, const char *auth_dir)
 {
@@ -190,7 +188,6 @@ static struct kvx_ctl *make_listener(uint32_t layers, kvx_ctl_notify_fn cb, void
 	p.on_connect = echo_connect;
 	p.inbox_slots = 4096;
 	p.busy_poll_us = busy_poll_us;
-	p.follow_waker = g_follow;
 	p.auth_dir = auth_dir;
 	struct kvx_ctl *c = NULL;
 	if (kvx_ctl_create(&p, &c))
@@ -416,16 +413,13 @@ static int parse(int argc, char **argv, struct nopts *o)
 		int r;
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
 			printf("usage: kvxfer-perf notify [--iters N] [--msgs N] [--window N] "
-			       "[--hs-iters N] [--busy-poll US] [--follow on|off] [--auth-dir DIR] [--json FILE]\n"
+			       "[--hs-iters N] [--busy-poll US] [--auth-dir DIR] [--json FILE]\n"
 			       "  --iters     round-trip samples (default 20000)\n"
 			       "  --msgs      messages for the throughput run (default 200000)\n"
 			       "  --window    in-flight notifications in the throughput run (default 256)\n"
 			       "  --hs-iters  handshakes per layer count, 1 and 64 layers (default 200)\n"
 			       "  --busy-poll both control lcores keep polling this long after the last\n"
 			       "              activity before sleeping, us (default 0: sleep at once)\n"
-			       "  --follow    on (default, as in the engine): a submission that wakes a\n"
-			       "              sleeping control lcore moves it to the submitter's CPU first\n"
-			       "              (kvx_ctl_params.follow_waker); off: the wake crosses CPUs\n"
 			       "  --auth-dir  also measure RTT and handshakes between CURVE-authenticated\n"
 			       "              control lcores (both sides use DIR's key pair, so DIR/allowed/\n"
 			       "              must hold DIR/engine.key) and print the auth/plain ratios\n"
@@ -444,12 +438,6 @@ static int parse(int argc, char **argv, struct nopts *o)
 		else if ((r = perf_opt_value(argc, argv, &i, "--busy-poll", &v)) != 0) {
 			if (r < 0 || perf_parse_u64(v, &o->busy_poll_us) || o->busy_poll_us > 1000000)
 				goto bad;
-			continue;
-		}
-		else if ((r = perf_opt_value(argc, argv, &i, "--follow", &v)) != 0) {
-			if (r < 0 || (strcmp(v, "on") && strcmp(v, "off")))
-				goto bad;
-			g_follow = !strcmp(v, "on");
 			continue;
 		}
 		else if ((r = perf_opt_value(argc, argv, &i, "--auth-dir", &v)) != 0) {
@@ -474,9 +462,8 @@ static int parse(int argc, char **argv, struct nopts *o)
 	return 0;
 bad:
 	fprintf(stderr, "kvxfer-perf notify: option '%s' needs a %s\n", opt,
-		!strncmp(opt, "--follow", 8)	   ? "value: on or off"
-		: strncmp(opt, "--busy-poll", 11) ? "positive number"
-						   : "number of microseconds, 0..1000000");
+		strncmp(opt, "--busy-poll", 11) ? "positive number"
+						 : "number of microseconds, 0..1000000");
 	return -1;
 }
 
@@ -515,7 +502,6 @@ int kvx_perf_notify_main(int argc, char **argv)
 	p.on_notify = count_cb;
 	p.inbox_slots = 4096;
 	p.busy_poll_us = (uint32_t)o.busy_poll_us;
-	p.follow_waker = g_follow;
 	struct kvx_ctl *ctl = NULL, *actl = NULL;
 	struct kvx_ctl_inbox *ib = NULL, *aib = NULL;
 	if (kvx_ctl_create(&p, &ctl) || kvx_ctl_start(ctl) || kvx_ctl_inbox_open(ctl, &ib)) {
@@ -719,9 +705,9 @@ int kvx_perf_notify_main(int argc, char **argv)
 	       (double)s_rtt.p50 / (double)s_trtt.p50, (double)s_rtt.p99 / (double)s_trtt.p99,
 	       (double)s_rtt.p999 / (double)s_trtt.p999);
 	printf("  measuring process CPU per round trip (all its threads): kvxfer %.1f us, TCP "
-	       "echo %.1f us, ratio %.2f (busy-poll %llu us, follow_waker %s)\n",
+	       "echo %.1f us, ratio %.2f (busy-poll %llu us)\n",
 	       cpu_rtt / 1e3, tcp_cpu_rtt / 1e3, cpu_rtt / tcp_cpu_rtt,
-	       (unsigned long long)o.busy_poll_us, g_follow ? "on" : "off");
+	       (unsigned long long)o.busy_poll_us);
 	printf("throughput (window %llu): kvxfer %.0f msg/s, TCP echo (window %llu) %.0f msg/s, "
 	       "ratio %.2f\n",
 	       (unsigned long long)o.window, msgs_s, (unsigned long long)w, tcp_msgs_s,
@@ -763,7 +749,6 @@ int kvx_perf_notify_main(int argc, char **argv)
 			perf_json_double(&j, "rtt_ratio_p99", (double)s_rtt.p99 / (double)s_trtt.p99);
 			perf_json_double(&j, "rtt_ratio_p999", (double)s_rtt.p999 / (double)s_trtt.p999);
 			perf_json_u64(&j, "busy_poll_us", o.busy_poll_us);
-			perf_json_bool(&j, "follow_waker", g_follow);
 			perf_json_double(&j, "cpu_per_rtt_us", cpu_rtt / 1e3);
 			perf_json_double(&j, "tcp_echo_cpu_per_rtt_us", tcp_cpu_rtt / 1e3);
 			perf_json_double(&j, "cpu_ratio", cpu_rtt / tcp_cpu_rtt);

@@ -376,8 +376,6 @@ int kvx_ctl_start(struct kvx_ctl *ctl)
 	if (rc)
 		goto fail;
 	atomic_store(&ctl->running, 1);
-	if (sched_getaffinity(0, sizeof(ctl->launcher_cpus), &ctl->launcher_cpus))
-		CPU_ZERO(&ctl->launcher_cpus);
 	/* Sockets were created here and migrate to the control thread: thread creation / lcore
 	 * launch (mutex + condvar) is the full barrier libzmq requires (zmq.txt). */
 	if (ctl->p.lcore)

@@ -181,8 +181,6 @@ struct kvx_ctl {
 	void *zctx, *hs_router, *nt_router, *hb_dealer;
 	struct kvx_waiter waiter;
 	int waiter_ok;
-	cpu_set_t launcher_cpus; /* follow_waker: CPUs of kvx_ctl_start()'s caller; written there before
-	                            the loop's thread starts, read by it */
 	struct kvx_timer_heap *timers;
 	struct kvx_timer hb_timer;
 	uint8_t hb_buf[2 * KVX_MSG_NAME_MAX + 128];

@@ -12,7 +12,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <unistd.h>
 #include <stdlib.h>
 
 #include <zmq.h>
@@ -232,36 +231,6 @@ static int sock_fd(void *s)
 	return zmq_getsockopt(s, ZMQ_FD, &fd, &l) ? -1 : fd;
 }
 
-/* A CPU set as a bitmask; false if it holds a CPU >= 64. */
-static bool cpu_mask(const cpu_set_t *s, uint64_t *m)
-{
-	*m = 0;
-	for (int c = 0; c < CPU_SETSIZE; c++) {
-		if (!CPU_ISSET(c, s))
-			continue;
-		if (c >= 64)
-			return false;
-		*m |= 1ull << c;
-	}
-	return true;
-}
-
-/* follow_waker: start following the inbox wakers (kvx_waiter_follow()) when they may move this
- * thread somewhere (its own CPUs and the starter's are not one and the same CPU). @p home gets
- * this thread's own CPUs. Returns whether it follows. */
-static bool follow_start(struct kvx_ctl *ctl, cpu_set_t *home)
-{
-	uint64_t own, from;
-	if (!ctl->p.follow_waker || sched_getaffinity(0, sizeof(*home), home) || !cpu_mask(home, &own) ||
-	    !cpu_mask(&ctl->launcher_cpus, &from))
-		return false;
-	uint64_t m = own | from;
-	if (!(m & (m - 1)))
-		return false;
-	kvx_waiter_follow(&ctl->waiter, (int32_t)gettid(), m, own);
-	return true;
-}
-
 /*
  * One poll(2) per iteration over the waiter eventfd, the ROUTERs' ZMQ_FDs, the watched fds and
  * the running handshake jobs' DEALERs. zmq_poll() would cost a zero-timeout poll pass, then a
@@ -284,8 +253,6 @@ void *ctl_loop(void *arg)
 		return NULL;
 	}
 	t_ctl_self = ctl;
-	cpu_set_t home;
-	const bool follow = follow_start(ctl, &home);
 	struct watch_set ws = {.n = 0};
 	watch_loop_live(ctl, 1);
 	watch_sync(ctl, &ws);
@@ -301,10 +268,6 @@ void *ctl_loop(void *arg)
 		uint64_t now = kvx_now_ns();
 		kvx_timer_heap_run(ctl->timers, now);
 		unsigned work = ctl_inboxes_drain(ctl);
-		/* Moved to the CPU of the inbox producer that woke us: its work is handled (its
-		 * notification handed to ZMQ), so back to our own CPUs. */
-		if (follow && kvx_waiter_take_narrowed(&ctl->waiter))
-			(void)sched_setaffinity(0, sizeof(home), &home);
 		ctl_jobs_start_queued(ctl);
 		for (struct hs_job *j = ctl->hs_active, *nx; j; j = nx) {
 			nx = j->next; /* ctl_job_on_readable() may finish and free j */
@@ -434,11 +397,6 @@ void *ctl_loop(void *arg)
 		ctl_job_cancel_unstarted(ctl, j);
 	}
 	ctl->hs_queue_tail = NULL;
-	if (follow) {
-		kvx_waiter_follow(&ctl->waiter, 0, 0, 0); /* returns once no waker can narrow us */
-		if (kvx_waiter_take_narrowed(&ctl->waiter))
-			(void)sched_setaffinity(0, sizeof(home), &home);
-	}
 	watch_loop_live(ctl, 0);
 	t_ctl_self = NULL;
 	free(pfd);

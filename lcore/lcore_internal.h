@@ -71,6 +71,18 @@ struct kvx_lcore_set {
 	struct kvx_lcore *lcores[]; /* Array[n]: polling lcores ascending, then control */
 };
 
+/* follow_waker (kvx_lcore_idle_params): while @p tid > 0, the waker that ends a sleep and runs
+ * on a CPU c in bitmask @p cpus narrows thread @p tid's affinity to c (sched_setaffinity(2))
+ * before its eventfd write, so the wake-up is local to a running CPU instead of an IPI to an
+ * idle one (a halted vCPU on a VM); skipped when c is the consumer's only CPU (@p home = {c}).
+ * @p tid = 0 stops following and returns once no waker is inside its affinity call. Consumer
+ * thread only. */
+void kvx_waiter_follow(struct kvx_waiter *w, int32_t tid, uint64_t cpus, uint64_t home);
+
+/* Consumer: true once per narrowing by a waker (then the consumer widens its affinity back to
+ * its own CPUs). Hot path: one relaxed load when false. */
+bool kvx_waiter_take_narrowed(struct kvx_waiter *w);
+
 /* Wakes made by the calling thread never narrow the woken consumer (follow_waker): set by the
  * polling lcores' loop, so a poller handing work to another (the layer spread) does not pull it
  * onto its own CPU, which would serialise the two. Application and control threads do narrow. */

@@ -448,7 +448,6 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		.http_address = e->p.http_addr,
 		.global_rank = e->p.dp_rank * e->p.tp_size + e->p.tp_rank,
 		.lcore = kvx_lcore_set_control(e->set),
-		.follow_waker = e->p.follow_waker && e->p.idle == KVX_ENGINE_IDLE_ADAPTIVE,
 		.on_notify = eng_on_notify,
 		.notify_arg = e,
 		.on_connect = eng_on_connect,

@@ -184,9 +184,7 @@ struct kvx_engine_params {
 	                                    its first poll (the post) before it returns to its own
 	                                    CPUs: the wake-up needs no idle CPU, which on a VM is the
 	                                    slow part (kvx_lcore_idle_params.follow_waker,
-	                                    docs/performance.md §9). The control lcore follows the
-	                                    pollers that hand it notifications the same way
-	                                    (kvx_ctl_params.follow_waker). Default true. */
+	                                    docs/performance.md §9). Default true. */
 	const char *host;              /**< Advertised IP of this engine; not NULL ("127.0.0.1" for tests). */
 	uint16_t handshake_port;       /**< Handshake base port (default 6301); 0 = ephemeral (tests). */
 	uint16_t notify_port;          /**< Notify base port (default 61005); 0 = ephemeral (tests). */

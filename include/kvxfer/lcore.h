@@ -612,8 +612,8 @@ struct kvx_lcore_idle_params {
 	                                 idle CPU (on a VM, a halted vCPU); the lcore widens back to
 	                                 its own CPUs after that first poll. A polling lcore that
 	                                 wakes another never moves it (that would put two pollers
-	                                 on one CPU); the application's threads and the control
-	                                 loop do. Costs the waker one
+	                                 on one CPU); the application's threads do. Costs the
+	                                 waker one
 	                                 sched_setaffinity(2) per sleep, the lcore one. Off by
 	                                 default here; the engine's adaptive pollers turn it on
 	                                 (kvx_engine_params.follow_waker, docs/performance.md §9). */

@@ -126,35 +126,6 @@ KVX_API bool kvx_waiter_finish(struct kvx_waiter *w);
 static inline void kvx_waiter_wake(struct kvx_waiter *w);
 
 /**
- * Consumer: follow the wakers (or stop). While @p tid > 0, the waker that ends a sleep and runs
- * on a CPU c in bitmask @p cpus narrows thread @p tid's affinity to c (sched_setaffinity(2))
- * before its eventfd write, so the wake-up is local to a running CPU instead of an IPI to an
- * idle one (a halted vCPU on a VM); skipped when c is the consumer's only CPU (@p home =
- * {c}). The consumer widens its affinity back to its own CPUs once it has handled the wake
- * (kvx_waiter_take_narrowed()). Wakes made by a polling lcore's loop never narrow (one poller
- * handing work to another must not pull it onto its own CPU). @p tid = 0 stops following and returns once no waker is inside
- * its affinity call. Used by the lcore poll loop (kvx_lcore_idle_params.follow_waker) and the
- * control loop (kvx_ctl_params.follow_waker).
- *
- * @param w     Waiter; not NULL; initialised.
- * @param tid   Consumer's thread id (gettid), or 0 = off.
- * @param cpus  CPUs (bit c = CPU c, c < 64) a waker may move the consumer to.
- * @param home  The consumer's own CPUs, same encoding.
- * @par Thread safety  Consumer thread only. @par Source  issue 16 (docs/performance.md §9).
- */
-KVX_API void kvx_waiter_follow(struct kvx_waiter *w, int32_t tid, uint64_t cpus, uint64_t home);
-
-/**
- * Consumer: whether a waker narrowed this consumer's affinity since the last call (then the
- * consumer restores its own CPUs). true once per narrowing.
- *
- * @param w  Waiter; not NULL.
- * @return   true if narrowed (the flag is cleared).
- * @par Thread safety  Consumer thread only. @par Context  Hot path: one relaxed load when false.
- */
-KVX_API bool kvx_waiter_take_narrowed(struct kvx_waiter *w);
-
-/**
  * Whether the consumer has announced a sleep (kvx_waiter_prepare()) that no wake, cancel or
  * finish has ended yet (diagnostics, tests, benchmarks).
  *

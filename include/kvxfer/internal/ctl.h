@@ -150,7 +150,6 @@ struct kvx_ctl_params {
 	uint32_t max_inboxes;               /**< Inboxes that may be open; 0 = 16. */
 	uint32_t inbox_slots;               /**< Slots per inbox, power of two; 0 = 256 (each slot holds KVX_CTL_INLINE_BYTES inline, ~1.8 KiB). */
 	uint32_t busy_poll_us;              /**< After the last activity (inbox work, a received message), keep polling without sleeping for this long, µs: the next message then costs no wake-up of the control thread. For a control lcore on a core of its own; 0 = sleep at once (default, right when CPUs are shared). */
-	bool follow_waker;                  /**< A thread whose inbox submission wakes the sleeping control loop first moves the loop's thread to its own CPU (when it is one of the loop's CPUs or of the thread that called kvx_ctl_start()); the loop handles that wake there, then returns to its own CPUs. The wake then needs no idle CPU (on a VM, a halted vCPU); costs one sched_setaffinity(2) per sleep on each side. kvx_waiter_follow(); false = off (default; the engine turns it on with its params.follow_waker). */
 	uint64_t epoch;                     /**< Engine epoch to advertise; 0 = derived from time and pid at create. */
 	kvx_ctl_notify_fn on_notify;        /**< Inbound notifications; NULL = count and drop. */
 	void *notify_arg;                   /**< Passed to on_notify. */
