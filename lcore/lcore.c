@@ -501,30 +501,34 @@ static int lcore_sleep(struct kvx_lcore *lc, uint64_t timeout_ns)
 	return r > 0 ? 1 : 0;
 }
 
-/* A CPU set as a bitmask; false if it holds a CPU >= 64. */
-static bool cpu_mask(const cpu_set_t *s, uint64_t *m)
+/* The CPUs below 64 of a set as a bitmask; *all = whether there were no others. */
+static uint64_t low_mask(const cpu_set_t *s, bool *all)
 {
-	*m = 0;
+	uint64_t m = 0;
+	*all = true;
 	for (int c = 0; c < CPU_SETSIZE; c++) {
 		if (!CPU_ISSET(c, s))
 			continue;
 		if (c >= 64)
-			return false;
-		*m |= 1ull << c;
+			*all = false;
+		else
+			m |= 1ull << c;
 	}
-	return true;
+	return m;
 }
 
-/* follow_waker: the CPUs a waker may move the lcore to (its own and its launcher's) as a
- * bitmask, and its own in @p home; 0 when it does not apply (busy policy, a CPU >= 64, or one
- * CPU in all, so there is nowhere to move). */
+/* follow_waker: the CPUs below 64 a waker may move the lcore to (its own and its launcher's)
+ * as a bitmask, and its own in @p home (all ones when it has a CPU >= 64: no waker then skips
+ * the move as already home); 0 when it does not apply (busy policy, or one CPU in all, so
+ * there is nowhere to move). A waker on a CPU >= 64 never moves it. */
 static uint64_t follow_mask(const struct kvx_lcore *lc, uint64_t *home)
 {
-	uint64_t from;
-	if (!lc->idle.follow_waker || lc->idle.policy != KVX_LCORE_IDLE_ADAPTIVE || !cpu_mask(&lc->cpus, home) ||
-	    !cpu_mask(&lc->launcher_cpus, &from))
+	if (!lc->idle.follow_waker || lc->idle.policy != KVX_LCORE_IDLE_ADAPTIVE)
 		return 0;
-	uint64_t m = *home | from;
+	bool own_all, from_all;
+	uint64_t own = low_mask(&lc->cpus, &own_all), from = low_mask(&lc->launcher_cpus, &from_all);
+	*home = own_all ? own : ~0ull;
+	uint64_t m = own | from;
 	return m & (m - 1) ? m : 0;
 }
 
@@ -599,6 +603,10 @@ int kvx_lcore_poll_loop(void *arg)
 		}
 		uint64_t max_sleep = lc->idle.max_sleep_ns ? lc->idle.max_sleep_ns : KVX_LCORE_MAX_SLEEP_NS;
 		uint64_t timeout = sleep_timeout(lc, max_sleep);
+		/* A waker of an earlier sleep that was preempted before its affinity call may narrow
+		 * us late: do not sleep away from our own CPUs. */
+		if (follow && kvx_waiter_take_narrowed(&lc->waiter))
+			widen(lc);
 		kvx_rcu_offline();
 		int r = lcore_sleep(lc, timeout);
 		kvx_rcu_online();

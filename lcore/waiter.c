@@ -18,6 +18,7 @@ int kvx_waiter_init(struct kvx_waiter *w)
 	atomic_store_explicit(&w->follow_cpus, 0, memory_order_relaxed);
 	atomic_store_explicit(&w->follow_home, 0, memory_order_relaxed);
 	atomic_store_explicit(&w->in_follow, 0, memory_order_relaxed);
+	atomic_store_explicit(&w->narrows, 0, memory_order_relaxed);
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (w->efd < 0) {
 		int e = errno;
@@ -128,8 +129,10 @@ static void follow_here(struct kvx_waiter *w)
 		cpu_set_t one;
 		CPU_ZERO(&one);
 		CPU_SET(cpu, &one);
-		if (sched_setaffinity(tid, sizeof(one), &one) == 0)
+		if (sched_setaffinity(tid, sizeof(one), &one) == 0) {
 			atomic_store_explicit(&w->narrowed, 1, memory_order_release);
+			atomic_fetch_add_explicit(&w->narrows, 1, memory_order_relaxed);
+		}
 	}
 	atomic_fetch_sub_explicit(&w->in_follow, 1, memory_order_release);
 }

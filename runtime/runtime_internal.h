@@ -114,7 +114,7 @@ int kvx_xfer_open(struct kvx_xfer_table *t, const char *tid, struct kvx_xfer **o
 void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x);
 /* Forget a live entry that never started (its submission was refused after kvx_xfer_open():
  * no lease word, submission ring full): the id is free again, so the caller may retry it.
- * A terminal entry is left alone (its id stays used). */
+ * A terminal or free entry is left alone (a terminal id stays used). */
 void kvx_xfer_discard(struct kvx_xfer_table *t, struct kvx_xfer *x);
 size_t kvx_xfer_live_count(const struct kvx_xfer_table *t);
 

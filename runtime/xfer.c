@@ -152,10 +152,9 @@ void kvx_xfer_make_terminal(struct kvx_xfer_table *t, struct kvx_xfer *x)
 
 void kvx_xfer_discard(struct kvx_xfer_table *t, struct kvx_xfer *x)
 {
-	if (x->state == KVX_XFER_S_LIVE)
-		t->live--;
-	else if (x->state == KVX_XFER_S_TERMINAL)
-		return; /* in the LRU: its id stays used */
+	if (x->state != KVX_XFER_S_LIVE)
+		return; /* terminal: in the LRU, its id stays used; free: nothing to release */
+	t->live--;
 	release_entry(t, x);
 }
 

@@ -183,8 +183,11 @@ struct kvx_engine_params {
 	                                    moves it to the submitting thread's CPU, where it makes
 	                                    its first poll (the post) before it returns to its own
 	                                    CPUs: the wake-up needs no idle CPU, which on a VM is the
-	                                    slow part (kvx_lcore_idle_params.follow_waker,
-	                                    docs/performance.md §9). Default true. */
+	                                    slow part. Applies when that CPU is the poller's or one
+	                                    the thread that called kvx_engine_start() may run on,
+	                                    below 64, and the waker is not another poller
+	                                    (kvx_lcore_idle_params.follow_waker, docs/performance.md
+	                                    §9). Default true. */
 	const char *host;              /**< Advertised IP of this engine; not NULL ("127.0.0.1" for tests). */
 	uint16_t handshake_port;       /**< Handshake base port (default 6301); 0 = ephemeral (tests). */
 	uint16_t notify_port;          /**< Notify base port (default 61005); 0 = ephemeral (tests). */

@@ -603,7 +603,7 @@ struct kvx_lcore_idle_params {
 	                                 (0 = KVX_LCORE_BACKOFF_POLLS). */
 	uint64_t max_sleep_ns;      /**< Longest sleep without a wake, ns (0 = KVX_LCORE_MAX_SLEEP_NS,
 	                                 KVX_LCORE_SLEEP_NO_CAP = until a wake, a wait fd or a timer). */
-	bool follow_waker;          /**< ADAPTIVE, CPUs < 64: the producer that wakes the
+	bool follow_waker;          /**< ADAPTIVE, waker's CPU < 64: the producer that wakes the
 	                                 sleeping lcore first narrows its affinity to the
 	                                 producer's own CPU when that CPU is one of the lcore's or
 	                                 one the thread that launched the lcore may run on (an
@@ -612,11 +612,13 @@ struct kvx_lcore_idle_params {
 	                                 idle CPU (on a VM, a halted vCPU); the lcore widens back to
 	                                 its own CPUs after that first poll. A polling lcore that
 	                                 wakes another never moves it (that would put two pollers
-	                                 on one CPU); the application's threads do. Costs the
-	                                 waker one
-	                                 sched_setaffinity(2) per sleep, the lcore one. Off by
-	                                 default here; the engine's adaptive pollers turn it on
-	                                 (kvx_engine_params.follow_waker, docs/performance.md §9). */
+	                                 on one CPU); any other thread does (the application's,
+	                                 the control loop). Costs the waker one
+	                                 sched_setaffinity(2) per sleep, the lcore one. Read when
+	                                 the poll loop starts (a change made while it runs counts
+	                                 from the next launch). Off by default here; the engine's
+	                                 adaptive pollers turn it on (kvx_engine_params.follow_waker,
+	                                 docs/performance.md §9). */
 };
 
 /**

@@ -50,6 +50,7 @@ struct kvx_waiter {
 	_Atomic uint64_t follow_home; /**< Private: the consumer's own CPUs as a bitmask; a waker on
 	                                   its only CPU has nothing to move. */
 	_Atomic uint32_t in_follow;   /**< Private: wakers between reading follow_tid and narrowed. */
+	_Atomic uint64_t narrows;     /**< Private: affinity moves made by wakers (diagnostics, tests). */
 };
 
 /**

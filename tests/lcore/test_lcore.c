@@ -895,6 +895,8 @@ Test(lcore, follow_waker_first_poll_runs_on_the_wakers_cpu_then_widens_back)
 		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not woken", (unsigned long)round);
 		cr_assert_eq(atomic_load(&cp.cpu), c, "round %lu: woken from CPU %d, first poll on CPU %d",
 			     (unsigned long)round, c, atomic_load(&cp.cpu));
+		cr_assert_eq(atomic_load(&kvx_lcore_waiter(lc)->narrows), round, "round %lu: one move per wake",
+			     (unsigned long)round);
 	}
 	/* The stop wake narrows it too; the loop widens before it returns. */
 	pin_self(cpus[0]);
@@ -923,6 +925,7 @@ Test(lcore, follow_waker_off_leaves_the_affinity_alone)
 		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000));
 		cr_assert(affinity_is(lc, &home), "round %lu: affinity changed without follow_waker",
 			  (unsigned long)round);
+		cr_assert_eq(atomic_load(&kvx_lcore_waiter(lc)->narrows), 0);
 	}
 	kvx_lcore_stop(lc);
 	cr_assert_eq(kvx_lcore_wait(lc), 0);
@@ -947,15 +950,20 @@ Test(lcore, follow_waker_pinned_lcore_polls_first_on_the_launchers_cpu_then_goes
 	cr_assert_eq(CPU_COUNT(&home), 1);
 	cr_assert(CPU_ISSET(cpus[1], &home));
 	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0); /* launcher: both CPUs */
+	_Atomic uint64_t *narrows = &kvx_lcore_waiter(lc)->narrows;
 	for (uint64_t round = 1; round <= 8; round++) {
 		int c = cpus[round % 2];
 		pin_self(c);
 		cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000), "round %lu: lcore never slept", (unsigned long)round);
 		cr_assert(affinity_is(lc, &home), "round %lu: asleep on its own CPU", (unsigned long)round);
+		uint64_t n0 = atomic_load(narrows);
 		cr_assert_eq(kvx_ring_enqueue_sp(cp.r, (void *)round), 0);
 		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not woken", (unsigned long)round);
 		cr_assert_eq(atomic_load(&cp.cpu), c, "round %lu: woken from CPU %d, first poll on CPU %d",
 			     (unsigned long)round, c, atomic_load(&cp.cpu));
+		/* One move from the other CPU; none from its own (no affinity call). */
+		cr_assert_eq(atomic_load(narrows) - n0, c == cpus[1] ? 0u : 1u, "round %lu: %lu moves",
+			     (unsigned long)round, (unsigned long)(atomic_load(narrows) - n0));
 	}
 	pin_self(cpus[1]);
 	cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000));
@@ -1014,6 +1022,8 @@ Test(lcore, follow_waker_a_polling_lcore_does_not_pull_another)
 		cr_assert_eq(kvx_ring_enqueue_sp(via_a ? fp.in : cp.r, (void *)round), 0);
 		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not delivered", (unsigned long)round);
 		int want = via_a ? cpus[1] : cpus[0];
+		cr_assert_eq(atomic_load(&kvx_lcore_waiter(b)->narrows), round / 2,
+			     "round %lu: only the application's wakes move B", (unsigned long)round);
 		cr_assert_eq(atomic_load(&cp.cpu), want, "round %lu (%s): B's first poll on CPU %d, expected %d",
 			     (unsigned long)round, via_a ? "woken by lcore A" : "woken by the application",
 			     atomic_load(&cp.cpu), want);
