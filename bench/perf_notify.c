@@ -419,7 +419,8 @@ static int parse(int argc, char **argv, struct nopts *o)
 			       "  --window    in-flight notifications in the throughput run (default 256)\n"
 			       "  --hs-iters  handshakes per layer count, 1 and 64 layers (default 200)\n"
 			       "  --busy-poll both control lcores keep polling this long after the last\n"
-			       "              activity before sleeping, us (default 0: sleep at once)\n"
+			       "              activity before sleeping, us (default 100, the engine's\n"
+			       "              control_busy_poll_us; 0: sleep at once)\n"
 			       "  --auth-dir  also measure RTT and handshakes between CURVE-authenticated\n"
 			       "              control lcores (both sides use DIR's key pair, so DIR/allowed/\n"
 			       "              must hold DIR/engine.key) and print the auth/plain ratios\n"
@@ -469,7 +470,8 @@ bad:
 
 int kvx_perf_notify_main(int argc, char **argv)
 {
-	struct nopts o = {.iters = 20000, .msgs = 200000, .window = 256, .hs_iters = 200};
+	/* busy_poll_us: the engine's default (kvx_engine_params.control_busy_poll_us). */
+	struct nopts o = {.iters = 20000, .msgs = 200000, .window = 256, .hs_iters = 200, .busy_poll_us = 100};
 	int prc = parse(argc, argv, &o);
 	if (prc)
 		return prc > 0 ? 0 : 2;

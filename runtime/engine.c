@@ -79,6 +79,7 @@ KVX_API void kvx_engine_params_init(struct kvx_engine_params *p)
 	p->transfer_timeout_ms = 30000;
 	p->defer_timeout_ms = 60000;
 	p->peer_idle_ms = 60000;
+	p->control_busy_poll_us = 100;
 	p->spread = KVX_ENGINE_SPREAD_LAYERS;
 	p->max_transfers = 1024;
 	p->max_blocks = 8192;
@@ -121,6 +122,8 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		return bad(err, errlen, "spread", "must be KVX_ENGINE_SPREAD_LAYERS or KVX_ENGINE_SPREAD_NONE");
 	if (p->idle != KVX_ENGINE_IDLE_BUSY && p->idle != KVX_ENGINE_IDLE_ADAPTIVE)
 		return bad(err, errlen, "idle", "must be BUSY or ADAPTIVE");
+	if (p->control_busy_poll_us > 1000000)
+		return bad(err, errlen, "control_busy_poll_us", "must be 0..1000000 (us)");
 	if (p->dp_size == 0)
 		return bad(err, errlen, "dp_size", "must be > 0");
 	if (p->dp_rank >= p->dp_size)
@@ -448,6 +451,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		.http_address = e->p.http_addr,
 		.global_rank = e->p.dp_rank * e->p.tp_size + e->p.tp_rank,
 		.lcore = kvx_lcore_set_control(e->set),
+		.busy_poll_us = e->p.control_busy_poll_us,
 		.on_notify = eng_on_notify,
 		.notify_arg = e,
 		.on_connect = eng_on_connect,

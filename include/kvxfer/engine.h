@@ -236,6 +236,14 @@ struct kvx_engine_params {
 	                                    or renamed there, so keys count without a restart.
 	                                    NULL (default) = unauthenticated, MoRIIO-compatible: a
 	                                    warning is logged when the ports are not loopback-only. */
+	uint32_t control_busy_poll_us; /**< After control-plane activity (a notification or handshake
+	                                    handed over, a message received), the control lcore keeps
+	                                    polling its inboxes and sockets this long, µs, yielding
+	                                    the CPU between looks, before it sleeps: the answer to a
+	                                    notification (`write_done` -> `release`) then needs no
+	                                    wake-up of the control thread. 0..1000000; default 100;
+	                                    0 = sleep at once. An idle engine is not affected (no
+	                                    activity, no polling). docs/performance.md §8. */
 	uint32_t peer_idle_ms;         /**< A peer worker with no live transfer for longer than this,
 	                                    ms, may be forgotten (its connection closed) when its slot
 	                                    is needed for a new peer; the slot is reused once no

@@ -44,6 +44,7 @@ def c_heap_in_use() -> int:
     ("max_blocks", 1 << 25, ValueError), ("role", 5, ValueError), ("host", 3, TypeError),
     ("vllm_port_compat", 1, TypeError), ("transfer_timeout_ms", 0, ValueError), ("lcorez", "1", TypeError),
     ("spread", 2, ValueError), ("follow_waker", 1, TypeError),
+    ("control_busy_poll_us", 2000000, ValueError),
 ])
 def test_bad_params_name_the_field(field, value, exc):
     with pytest.raises(exc, match=field):

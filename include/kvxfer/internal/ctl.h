@@ -149,7 +149,7 @@ struct kvx_ctl_params {
 	uint32_t max_active_handshakes;     /**< Jobs running at once (others queue); 0 = 4. */
 	uint32_t max_inboxes;               /**< Inboxes that may be open; 0 = 16. */
 	uint32_t inbox_slots;               /**< Slots per inbox, power of two; 0 = 256 (each slot holds KVX_CTL_INLINE_BYTES inline, ~1.8 KiB). */
-	uint32_t busy_poll_us;              /**< After the last activity (inbox work, a received message), keep polling without sleeping for this long, µs: the next message then costs no wake-up of the control thread. For a control lcore on a core of its own; 0 = sleep at once (default, right when CPUs are shared). */
+	uint32_t busy_poll_us;              /**< After the last activity (inbox work, a received message), keep polling without sleeping for this long, µs: the next message then costs no wake-up of the control thread. Between looks the loop yields the CPU, so it also suits a control lcore that shares its CPU (the engine sets 100 by default, kvx_engine_params.control_busy_poll_us; docs/performance.md §8). 0 = sleep at once (default here). */
 	uint64_t epoch;                     /**< Engine epoch to advertise; 0 = derived from time and pid at create. */
 	kvx_ctl_notify_fn on_notify;        /**< Inbound notifications; NULL = count and drop. */
 	void *notify_arg;                   /**< Passed to on_notify. */

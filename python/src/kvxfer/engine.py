@@ -115,6 +115,7 @@ class EngineParams:
     max_transfers: int = 1024
     max_blocks: int = 8192
     spread: Spread = Spread.LAYERS
+    control_busy_poll_us: int = 100
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
