@@ -334,7 +334,7 @@ Test(bench_perf_bw, lat_default_pins_two_distinct_allowed_cpus)
 static void check_pingpong_server_client(const char *transport)
 {
 	char port[16], outp[] = "/tmp/kvx_lat_srv_XXXXXX";
-	snprintf(port, sizeof(port), "%d", 20000 + (int)(getpid() % 20000));
+	snprintf(port, sizeof(port), "%d", 10000 + (int)(getpid() % 20000)); /* below the ephemeral range */
 	int fo = mkstemp(outp);
 	cr_assert_geq(fo, 0);
 	pid_t srv = fork();

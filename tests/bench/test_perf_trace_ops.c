@@ -347,7 +347,7 @@ Test(bench_perf_trace_ops, port_range_fixes_the_listener_ports, .init = setup, .
 	 * must fail naming it, which shows the range is where the engine binds. */
 	unsigned base = 0;
 	int hold = -1;
-	for (unsigned cand = 20000 + (unsigned)(getpid() % 20000); !base && cand < 60000; cand += 7) {
+	for (unsigned cand = 10000 + (unsigned)(getpid() % 20000); !base && cand < 60000; cand += 7) { /* from below the ephemeral range */
 		int fds[6], ok = 1;
 		for (int i = 0; i < 6; i++) {
 			fds[i] = socket(AF_INET, SOCK_STREAM, 0);
