@@ -118,6 +118,17 @@ enum {
 	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR, OPT_PEER,
 };
 
+/* An on|off option: *off = (s is "off"); -EINVAL with a message naming it otherwise. */
+static int parse_off(const char *name, const char *s, bool *off)
+{
+	if (strcmp(s, "on") && strcmp(s, "off")) {
+		fprintf(stderr, "kvxfer-perf trace: %s: '%s' is not on or off\n", name, s);
+		return -EINVAL;
+	}
+	*off = !strcmp(s, "off");
+	return 0;
+}
+
 static int parse_u64(const char *name, const char *s, uint64_t lo, uint64_t hi, uint64_t *v)
 {
 	char *end;
@@ -382,20 +393,12 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			}
 			break;
 		case OPT_SPREAD:
-			if (!strcmp(optarg, "on") || !strcmp(optarg, "off")) {
-				o->no_spread = !strcmp(optarg, "off");
-			} else {
-				fprintf(stderr, "kvxfer-perf trace: --spread: '%s' is not on or off\n", optarg);
+			if (parse_off("--spread", optarg, &o->no_spread))
 				return -EINVAL;
-			}
 			break;
 		case OPT_FOLLOW:
-			if (!strcmp(optarg, "on") || !strcmp(optarg, "off")) {
-				o->no_follow = !strcmp(optarg, "off");
-			} else {
-				fprintf(stderr, "kvxfer-perf trace: --follow: '%s' is not on or off\n", optarg);
+			if (parse_off("--follow", optarg, &o->no_follow))
 				return -EINVAL;
-			}
 			break;
 		case OPT_PREFIX: o->prefix_cache = true; break;
 		case OPT_VERIFY: o->verify = 1; break;

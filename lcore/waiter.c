@@ -104,11 +104,6 @@ bool kvx_waiter_take_narrowed(struct kvx_waiter *w)
 	       atomic_exchange_explicit(&w->narrowed, 0, memory_order_acquire);
 }
 
-/* The waker's half of follow_waker: move the sleeping consumer to this CPU if it may run here,
- * so the wake-up that follows is a local one (no IPI to another, maybe halted, CPU). Only the
- * waker that won the swap of `sleeping` comes here, once per sleep. `narrowed` is stored after
- * the affinity call returned, so a consumer that widens after reading narrowed = 1 widens
- * after it; one that stops following waits for in_follow = 0 first (F1/F2). */
 static _Thread_local bool t_never_narrow; /* this thread is a polling lcore */
 
 void kvx_waiter_thread_never_narrows(bool on)
@@ -116,6 +111,11 @@ void kvx_waiter_thread_never_narrows(bool on)
 	t_never_narrow = on;
 }
 
+/* The waker's half of follow_waker: move the sleeping consumer to this CPU if it may run here,
+ * so the wake-up that follows is a local one (no IPI to another, maybe halted, CPU). Only the
+ * waker that won the swap of `sleeping` comes here, once per sleep. `narrowed` is stored after
+ * the affinity call returned, so a consumer that widens after reading narrowed = 1 widens
+ * after it; one that stops following waits for in_follow = 0 first (F1/F2). */
 static void follow_here(struct kvx_waiter *w)
 {
 	if (t_never_narrow || atomic_load_explicit(&w->follow_tid, memory_order_relaxed) <= 0)
