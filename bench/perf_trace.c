@@ -82,6 +82,8 @@ static void usage(FILE *f)
 "                       are posted by lcore (layer mod n); off: all by the transfer's own lcore\n"
 "  --follow on|off      on (default, adaptive idle): a submission that wakes a sleeping poller\n"
 "                       moves it to the submitter's CPU for its first poll (params.follow_waker)\n"
+"  --hugepages on|off   on (default): host KV pools are advised MADV_HUGEPAGE (transparent huge\n"
+"                       pages where the kernel allows them; the summary says how much got them)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
 "                       only the suffix is transferred (Mooncake traces)\n"
 "  --verify, --no-verify  check the per-page stamps of every transferred block: a stale,\n"
@@ -112,7 +114,7 @@ static void usage(FILE *f)
 
 enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
-	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_FOLLOW, OPT_PREFIX,
+	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_FOLLOW, OPT_HUGE, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
 	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR, OPT_PEER,
@@ -212,6 +214,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"idle", required_argument, 0, OPT_IDLE},
 		{"spread", required_argument, 0, OPT_SPREAD},
 		{"follow", required_argument, 0, OPT_FOLLOW},
+		{"hugepages", required_argument, 0, OPT_HUGE},
 		{"prefix-cache", no_argument, 0, OPT_PREFIX},
 		{"verify", no_argument, 0, OPT_VERIFY},
 		{"no-verify", no_argument, 0, OPT_NO_VERIFY},
@@ -398,6 +401,10 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 			break;
 		case OPT_FOLLOW:
 			if (parse_off("--follow", optarg, &o->no_follow))
+				return -EINVAL;
+			break;
+		case OPT_HUGE:
+			if (parse_off("--hugepages", optarg, &o->no_hugepages))
 				return -EINVAL;
 			break;
 		case OPT_PREFIX: o->prefix_cache = true; break;
@@ -645,6 +652,14 @@ struct role_extra {
 	const char *host;       /* --host */
 	const char *port_range; /* --port-range */
 };
+
+/* Share of a role's host pool (HELLO) backed by transparent huge pages, percent (0..100). */
+static double huge_pct(const struct trace_msg_hello *h, uint64_t block_bytes)
+{
+	double pool = (double)h->pool_blocks * (double)block_bytes;
+	double p = pool > 0 ? 100.0 * (double)h->huge_bytes / pool : 0;
+	return p > 100 ? 100 : p;
+}
 
 static int spawn_role(struct driver *D, int idx, char **argv, int argc, const struct role_extra *x)
 {
@@ -1345,10 +1360,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			goto out;
 	}
 	fprintf(stderr, "kvxfer-perf trace: %s %s, %" PRIu64 " requests from %s, %s mode, transport %s, pool %" PRIu64
-			" blocks/side (%.2f GB, resident in %.1f s / %.1f s)\n",
+			" blocks/side (%.2f GB, resident in %.1f s / %.1f s, huge pages %.0f %% / %.0f %%)\n",
 		D.m.name, D.m.mla ? "MLA" : "split K/V", D.n, o->trace, o->write_mode ? "WRITE" : "READ",
 		hp->transport, hp->pool_blocks, (double)hp->pool_blocks * (double)D.block_bytes / 1e9,
-		hp->prefault_ms / 1e3, hc->prefault_ms / 1e3);
+		hp->prefault_ms / 1e3, hc->prefault_ms / 1e3, huge_pct(hp, D.block_bytes), huge_pct(hc, D.block_bytes));
 	if ((o->lcores || lc[0]) && o->local)
 		fprintf(stderr, "kvxfer-perf trace: polling lcores: producer %s, consumer %s%s\n",
 			lc[0] ? lc[0] : o->lcores, lc[1] ? lc[1] : o->lcores,

@@ -56,6 +56,7 @@ struct trace_opts {
 	bool idle_busy;           /**< --idle busy (true) / adaptive (false). */
 	bool no_spread;           /**< --spread off: each transfer's layers all posted by its owning lcore. */
 	bool no_follow;           /**< --follow off: engine params.follow_waker false. */
+	bool no_hugepages;        /**< --hugepages off: host pools stay on 4 KiB pages. */
 	bool prefix_cache;        /**< --prefix-cache. */
 	int verify;               /**< 1 --verify: per-page stamps; 2 --verify-bytes: every byte; 0 --no-verify;
 	                               -1 = default (stamps with --local). */
@@ -145,6 +146,7 @@ struct trace_msg_hello {
 	char host[64];           /**< Advertised engine host. */
 	char model[PERF_MODEL_NAME_MAX]; /**< Model name. */
 	char transport[24];      /**< Provider in use, e.g. "tcp" or "tcp (auto)". */
+	uint64_t huge_bytes;     /**< Host pool bytes backed by transparent huge pages (--hugepages). */
 };
 
 /**

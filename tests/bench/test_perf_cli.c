@@ -290,6 +290,12 @@ Test(bench_perf_cli, trace_follow_other_than_on_off_is_usage_error)
 	expect_usage_error(a, "kvxfer-perf trace: --follow: 'yes' is not on or off");
 }
 
+Test(bench_perf_cli, trace_hugepages_other_than_on_off_is_usage_error)
+{
+	const char *a[] = {"trace", "--local", "-t", "tcp", "--hugepages", "2M", NULL};
+	expect_usage_error(a, "kvxfer-perf trace: --hugepages: '2M' is not on or off");
+}
+
 Test(bench_perf_cli, trace_duplicate_lcores_is_usage_error)
 {
 	const char *a[] = {"trace", "--local", "-t", "tcp", "-l", "0,0,1,1", NULL};

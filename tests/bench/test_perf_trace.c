@@ -301,3 +301,52 @@ Test(bench_perf_trace, mem_hostdev_shm_write, .init = setup, .fini = teardown)
 {
 	expect_mem_follows_caps("shm", "write");
 }
+
+/* The summary's "huge pages P % / C %": share of the producer's and consumer's host pools that
+ * transparent huge pages back. -1 when the line is missing. */
+static void huge_pcts(const char *err, int *p, int *c)
+{
+	const char *s = strstr(err, "huge pages ");
+	*p = *c = -1;
+	if (!s || sscanf(s, "huge pages %d %% / %d %%)", p, c) != 2)
+		*p = *c = -1;
+}
+
+/* Big-GQA over tcp, two requests, every byte checked; --hugepages as given. */
+static void run_big(struct run *r, const char *huge)
+{
+	const char *args[] = {"--local", "--models-csv", g_models, "--model", "Big-GQA", "--trace", g_trace,
+			      "--requests", "2", "--speed", "0", "-t", "tcp", "--verify-bytes", "--quiet",
+			      "--hugepages", huge, NULL};
+	run_trace(r, args);
+	cr_assert_eq(r->status, 0, "exit %d\n%s\n%s", r->status, r->out, r->err);
+	cr_assert(strstr(r->out, "verification           OK"), "%s", r->out);
+}
+
+Test(bench_perf_trace, hugepages_off_keeps_the_pools_on_small_pages, .init = setup, .fini = teardown)
+{
+	struct run r;
+	run_big(&r, "off");
+	int p, c;
+	huge_pcts(r.err, &p, &c);
+	cr_assert(p == 0 && c == 0, "want huge pages 0 %% / 0 %% in:\n%s", r.err);
+}
+
+Test(bench_perf_trace, hugepages_on_backs_the_pools_where_the_kernel_allows, .init = setup, .fini = teardown)
+{
+	char mode[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	if (f) {
+		if (!fgets(mode, sizeof(mode), f))
+			mode[0] = 0;
+		fclose(f);
+	}
+	if (!mode[0] || strstr(mode, "[never]"))
+		cr_skip_test("transparent huge pages are off in this kernel (%s)", mode[0] ? "never" : "no sysfs file");
+	struct run r;
+	run_big(&r, "on");
+	int p, c;
+	huge_pcts(r.err, &p, &c);
+	/* Each layer is 7.4 MiB (118 blocks of 64 KiB): at least its 2 MiB-aligned huge pages. */
+	cr_assert(p > 0 && c > 0, "want both pools partly on huge pages (THP %s) in:\n%s", mode, r.err);
+}
