@@ -41,7 +41,18 @@ struct idle_cfg {
 	const char *transport, *json;
 	uint32_t seconds, samples;
 	bool follow; /* idle follow_waker of the first-post lcore (the engine's default: on) */
+	uint32_t slice_us;   /* idle slice_us of the first-post lcore (the engine's default: 100) */
+	uint32_t busy_after_us; /* the submitter computes this long after each submission */
 };
+
+/* --busy-after: the submitting thread keeps its CPU this long after a submission, as an
+ * inference thread that goes on with its work does; a woken thread that shares that CPU must
+ * preempt it to run. */
+static void busy_until(uint64_t t_ns)
+{
+	while (kvx_now_ns() < t_ns)
+		kvx_lcore_pause_impl();
+}
 
 static uint64_t clock_ns(clockid_t c)
 {
@@ -148,6 +159,7 @@ static int engine_idle(const struct idle_cfg *c, struct idle_result *res)
 	p.max_blocks = 64;
 	p.idle = KVX_ENGINE_IDLE_ADAPTIVE;
 	p.follow_waker = c->follow;
+	p.poller_slice_us = c->slice_us;
 	char err[256] = "";
 	struct kvx_engine *e;
 	int rc = kvx_engine_create(&p, &e, err, sizeof(err));
@@ -372,7 +384,7 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 	bool peer_started = false;
 	/* The engine's poller parameters (kvx_engine_start). */
 	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE, .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP,
-					   .follow_waker = c->follow};
+					   .follow_waker = c->follow, .slice_us = c->slice_us};
 	rc = w.lat && w.cross && pe.lat && pe.cross && pe.efd >= 0 ? kvx_ring_create(&rp, &w.r) : -ENOMEM;
 	if (!rc) {
 		kvx_ring_set_waiter(w.r, kvx_lcore_waiter(lc));
@@ -419,6 +431,7 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 				break;
 			}
 			i_peer++;
+			busy_until(t + (uint64_t)c->busy_after_us * 1000u);
 			while (atomic_load_explicit(&pe.got, memory_order_acquire) != i_peer)
 				sleep_ns(20000);
 		} else {
@@ -428,6 +441,7 @@ static int first_post(const struct idle_cfg *c, struct wake_result *res)
 				break;
 			}
 			i_lc++;
+			busy_until(t + (uint64_t)c->busy_after_us * 1000u);
 			while (atomic_load_explicit(&w.got, memory_order_acquire) != i_lc)
 				sleep_ns(20000);
 		}
@@ -480,7 +494,12 @@ static void usage(FILE *f)
 		   "  --transport T   engine transport (default tcp)\n"
 		   "  --follow on|off the first-post lcore's idle parameter follow_waker (default on, as\n"
 		   "                  the engine's pollers): the submitter moves the sleeping lcore to its own\n"
-		   "                  CPU for the first poll; off: the wake crosses to the lcore's CPU\n");
+		   "                  CPU for the first poll; off: the wake crosses to the lcore's CPU\n"
+		   "  --slice US      the first-post lcore's scheduler slice, us (idle parameter slice_us;\n"
+		   "                  default 100, as the engine's pollers; 0: the kernel's default)\n"
+		   "  --busy-after US after each submission the submitter keeps its CPU busy this long\n"
+		   "                  (an inference thread going on with its work; default 0: it waits at\n"
+		   "                  once), for the poller's and the peer's samples alike\n");
 }
 
 /* One line per kind of wake: on the submitter's CPU, or on another CPU. */
@@ -505,11 +524,13 @@ static void json_pctl(FILE *f, const char *name, uint32_t n, const struct pctl *
 
 int kvx_perf_idle_main(int argc, char **argv)
 {
-	struct idle_cfg c = {.transport = "tcp", .seconds = 20, .samples = 2000, .follow = true};
+	struct idle_cfg c = {.transport = "tcp", .seconds = 20, .samples = 2000, .follow = true,
+			     .slice_us = KVX_LCORE_SLICE_MIN_US};
 	static const struct option opts[] = {
 		{"seconds", required_argument, 0, 's'}, {"samples", required_argument, 0, 'n'},
 		{"transport", required_argument, 0, 't'}, {"json", required_argument, 0, 'j'},
-		{"follow", required_argument, 0, 'f'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+		{"follow", required_argument, 0, 'f'}, {"slice", required_argument, 0, 'S'},
+		{"busy-after", required_argument, 0, 'B'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
 	};
 	optind = 1;
 	int o;
@@ -540,6 +561,26 @@ int kvx_perf_idle_main(int argc, char **argv)
 			}
 			c.follow = !strcmp(optarg, "on");
 			break;
+		case 'S':
+		case 'B':
+			errno = 0;
+			v = strtoul(optarg, &end, 10);
+			if (errno || *end || end == optarg || *optarg == '-' ||
+			    (o == 'S' && v && (v < KVX_LCORE_SLICE_MIN_US || v > KVX_LCORE_SLICE_MAX_US)) ||
+			    (o == 'B' && v > 1000000ul)) {
+				if (o == 'S')
+					fprintf(stderr, "kvxfer-perf idle: --slice '%s' must be 0 or an integer in %u..%u\n",
+						optarg, KVX_LCORE_SLICE_MIN_US, KVX_LCORE_SLICE_MAX_US);
+				else
+					fprintf(stderr, "kvxfer-perf idle: --busy-after '%s' must be an integer in 0..1000000\n",
+						optarg);
+				return 2;
+			}
+			if (o == 'S')
+				c.slice_us = (uint32_t)v;
+			else
+				c.busy_after_us = (uint32_t)v;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -548,9 +589,15 @@ int kvx_perf_idle_main(int argc, char **argv)
 	struct wake_result wr = {0};
 	if (engine_idle(&c, &ir) || first_post(&c, &wr))
 		return 1;
+	char slice[32] = "the kernel's default";
+	if (c.slice_us)
+		snprintf(slice, sizeof(slice), "%u us", c.slice_us);
 	printf("# kvxfer-perf idle: engine transport %s, adaptive idle, %u s window; first post: %u samples "
-	       "from a sleeping poller (engine idle parameters%s), %u from a thread sleeping in ppoll (peer)\n",
-	       c.transport, c.seconds, wr.n_lc, c.follow ? ", follow_waker on" : ", follow_waker off", wr.n_peer);
+	       "from a sleeping poller (engine idle parameters%s, slice %s), %u from a thread sleeping in ppoll "
+	       "(peer); the submitter computes %u us after each submission\n",
+	       c.transport, c.seconds, wr.n_lc, c.follow ? ", follow_waker on" : ", follow_waker off",
+	       slice,
+	       wr.n_peer, c.busy_after_us);
 	printf("%-28s %10s %10s %12s %12s\n", "idle engine CPU", "% of core", "% (ticks)", "poll sleeps",
 	       "poll wakeups");
 	printf("%-28s %10.3f %10.3f %12llu %12llu\n", "all engine threads", ir.pct, ir.ticks_pct,
@@ -583,9 +630,9 @@ int kvx_perf_idle_main(int argc, char **argv)
 			fprintf(stderr, "kvxfer-perf idle: cannot write %s: %s\n", c.json, strerror(errno));
 			return 1;
 		}
-		fprintf(f, "{\"command\":\"idle\",\"follow_waker\":%s,\"engine\":{\"transport\":\"%s\",\"seconds\":%u,\"cpu_pct_of_core\":%.4f,"
+		fprintf(f, "{\"command\":\"idle\",\"follow_waker\":%s,\"slice_us\":%u,\"busy_after_us\":%u,\"engine\":{\"transport\":\"%s\",\"seconds\":%u,\"cpu_pct_of_core\":%.4f,"
 			   "\"ticks_pct_of_core\":%.4f,\"poll_sleeps\":%llu,\"poll_wakeups\":%llu,\"threads\":[",
-			c.follow ? "true" : "false", c.transport, c.seconds, ir.pct, ir.ticks_pct, (unsigned long long)ir.poll_sleeps,
+			c.follow ? "true" : "false", c.slice_us, c.busy_after_us, c.transport, c.seconds, ir.pct, ir.ticks_pct, (unsigned long long)ir.poll_sleeps,
 			(unsigned long long)ir.poll_wakeups);
 		for (unsigned i = 0; i < ir.n_busy; i++)
 			fprintf(f, "%s{\"comm\":\"%s\",\"ticks_pct_of_core\":%.4f}", i ? "," : "", ir.threads[i].comm,

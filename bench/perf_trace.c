@@ -82,6 +82,8 @@ static void usage(FILE *f)
 "                       are posted by lcore (layer mod n); off: all by the transfer's own lcore\n"
 "  --follow on|off      on (default, adaptive idle): a submission that wakes a sleeping poller\n"
 "                       moves it to the submitter's CPU for its first poll (params.follow_waker)\n"
+"  --slice US           adaptive pollers' scheduler slice, us (params.poller_slice_us: default\n"
+"                       100, a woken poller preempts the thread on its CPU; 0: the kernel's)\n"
 "  --hugepages on|off   on (default): host KV pools are advised MADV_HUGEPAGE (transparent huge\n"
 "                       pages where the kernel allows them; the summary says how much got them)\n"
 "  --prefix-cache       blocks whose hash_ids are resident on the consumer are prefix hits;\n"
@@ -114,7 +116,7 @@ static void usage(FILE *f)
 
 enum {
 	OPT_MODEL = 256, OPT_MODELS_CSV, OPT_TRACE, OPT_REQUESTS, OPT_BLOCK, OPT_SPEED, OPT_CONC,
-	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_FOLLOW, OPT_HUGE, OPT_PREFIX,
+	OPT_LOCAL, OPT_SERVER, OPT_CLIENT, OPT_PORT, OPT_HOST, OPT_CTL_LCORE, OPT_IDLE, OPT_SPREAD, OPT_FOLLOW, OPT_SLICE, OPT_HUGE, OPT_PREFIX,
 	OPT_VERIFY, OPT_VERIFY_BYTES, OPT_NO_VERIFY, OPT_JSON, OPT_CSV, OPT_PLOT, OPT_POOL, OPT_LAYER_US, OPT_TIMEOUT,
 	OPT_QUIET, OPT_ROLE, OPT_CTL_FD, OPT_MAX_BLOCKS, OPT_MEM, OPT_OVERSIZE, OPT_PORT_RANGE,
 	OPT_CONNECT_TIMEOUT, OPT_RUNS, OPT_METRICS, OPT_IB_DEV, OPT_AUTH_DIR, OPT_PEER,
@@ -215,6 +217,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		{"spread", required_argument, 0, OPT_SPREAD},
 		{"follow", required_argument, 0, OPT_FOLLOW},
 		{"hugepages", required_argument, 0, OPT_HUGE},
+		{"slice", required_argument, 0, OPT_SLICE},
 		{"prefix-cache", no_argument, 0, OPT_PREFIX},
 		{"verify", no_argument, 0, OPT_VERIFY},
 		{"no-verify", no_argument, 0, OPT_NO_VERIFY},
@@ -249,6 +252,7 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		.requests = 6,
 		.speed = 1,
 		.concurrency = 2,
+		.slice_us = KVX_LCORE_SLICE_MIN_US, /* the engine's default (params.poller_slice_us) */
 		.write_mode = true,
 		.transport = "auto",
 		.port = DEFAULT_PORT,
@@ -402,6 +406,17 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		case OPT_FOLLOW:
 			if (parse_off("--follow", optarg, &o->no_follow))
 				return -EINVAL;
+			break;
+		case OPT_SLICE:
+			if (parse_u64("--slice", optarg, 0, KVX_LCORE_SLICE_MAX_US, &v))
+				return -EINVAL;
+			if (v && v < KVX_LCORE_SLICE_MIN_US) {
+				fprintf(stderr, "kvxfer-perf trace: --slice: %" PRIu64 " us is below the kernel's "
+						"shortest slice (%u us); 0 keeps the kernel's default\n",
+					v, KVX_LCORE_SLICE_MIN_US);
+				return -EINVAL;
+			}
+			o->slice_us = (uint32_t)v;
 			break;
 		case OPT_HUGE:
 			if (parse_off("--hugepages", optarg, &o->no_hugepages))

@@ -57,6 +57,7 @@ struct trace_opts {
 	bool no_spread;           /**< --spread off: each transfer's layers all posted by its owning lcore. */
 	bool no_follow;           /**< --follow off: engine params.follow_waker false. */
 	bool no_hugepages;        /**< --hugepages off: host pools stay on 4 KiB pages. */
+	uint32_t slice_us;        /**< --slice: engine params.poller_slice_us (default 100). */
 	bool prefix_cache;        /**< --prefix-cache. */
 	int verify;               /**< 1 --verify: per-page stamps; 2 --verify-bytes: every byte; 0 --no-verify;
 	                               -1 = default (stamps with --local). */

@@ -655,6 +655,7 @@ static int setup_engine(struct role *R)
 	p.idle = o->idle_busy ? KVX_ENGINE_IDLE_BUSY : KVX_ENGINE_IDLE_ADAPTIVE;
 	p.spread = o->no_spread ? KVX_ENGINE_SPREAD_NONE : KVX_ENGINE_SPREAD_LAYERS;
 	p.follow_waker = !o->no_follow;
+	p.poller_slice_us = o->slice_us;
 	p.host = o->host;
 	/* --port-range: fixed ports a firewall can open; else kernel-chosen ones. */
 	p.handshake_port = o->port_lo;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -399,6 +400,8 @@ int kvx_lcore_set_idle(struct kvx_lcore *lc, const struct kvx_lcore_idle_params 
 {
 	if (p->policy != KVX_LCORE_IDLE_BUSY && p->policy != KVX_LCORE_IDLE_ADAPTIVE)
 		return -EINVAL;
+	if (p->slice_us && (p->slice_us < KVX_LCORE_SLICE_MIN_US || p->slice_us > KVX_LCORE_SLICE_MAX_US))
+		return -EINVAL;
 	if (!may_modify(lc))
 		return -EBUSY;
 	lc->idle = *p;
@@ -532,6 +535,31 @@ static uint64_t follow_mask(const struct kvx_lcore *lc, uint64_t *home)
 	return m & (m - 1) ? m : 0;
 }
 
+/* sched_attr of sched_setattr(2) (glibc has no wrapper; the first version of the struct). */
+struct slice_attr {
+	uint32_t size, policy;
+	uint64_t flags;
+	int32_t nice;
+	uint32_t priority;
+	uint64_t runtime, deadline, period;
+};
+
+/* Ask for a scheduler slice of @p us for the calling thread (0 = the kernel's default), keeping
+ * its nice; only under SCHED_OTHER (a real-time or batch policy set by the user is left alone).
+ * Returns whether it asked: a kernel before 6.12 takes the call and ignores the slice. */
+static bool set_slice(uint32_t us)
+{
+	if (sched_getscheduler(0) != SCHED_OTHER)
+		return false;
+	errno = 0;
+	int nice = getpriority(PRIO_PROCESS, 0); /* Linux: the calling thread's */
+	if (errno)
+		return false;
+	struct slice_attr a = {.size = sizeof(a), .policy = SCHED_OTHER, .nice = nice,
+			       .runtime = (uint64_t)us * 1000u};
+	return syscall(SYS_sched_setattr, 0, &a, 0) == 0;
+}
+
 /* Back to the lcore's own CPUs after a waker narrowed it to the waker's CPU. */
 static void widen(struct kvx_lcore *lc)
 {
@@ -548,12 +576,20 @@ int kvx_lcore_poll_loop(void *arg)
 	uint32_t empty = 0;
 	uint64_t t_prev = kvx_now_ns();
 	kvx_waiter_thread_never_narrows(true);
+	/* slice_us: the short slice is asked for before each sleep (a wake-up is judged by the
+	 * woken thread's slice) and handed back at the first busy poll, so the work itself runs on
+	 * the default slice and is not switched out more often than any other thread. */
+	bool short_slice = false;
 	uint64_t home = 0, fm = follow_mask(lc, &home);
 	bool follow = fm != 0;
 	if (follow)
 		kvx_waiter_follow(&lc->waiter, kvx_lcore_tid(lc), fm, home);
 	while (!atomic_load_explicit(&lc->stop, memory_order_acquire)) {
 		int busy = run_pollers(lc);
+		if (short_slice && busy == KVX_POLL_BUSY) {
+			(void)set_slice(0);
+			short_slice = false;
+		}
 		/* Narrowed by the waker that ended the last sleep: the first poll ran on its CPU
 		 * (that is the point); from here on the lcore may move again. */
 		if (follow && kvx_waiter_take_narrowed(&lc->waiter))
@@ -607,6 +643,8 @@ int kvx_lcore_poll_loop(void *arg)
 		 * us late: do not sleep away from our own CPUs. */
 		if (follow && kvx_waiter_take_narrowed(&lc->waiter))
 			widen(lc);
+		if (lc->idle.slice_us && !short_slice)
+			short_slice = set_slice(lc->idle.slice_us);
 		kvx_rcu_offline();
 		int r = lcore_sleep(lc, timeout);
 		kvx_rcu_online();
@@ -627,6 +665,8 @@ int kvx_lcore_poll_loop(void *arg)
 			widen(lc);
 	}
 	kvx_waiter_thread_never_narrows(false);
+	if (short_slice)
+		(void)set_slice(0);
 	kvx_rcu_unregister();
 	return 0;
 }

@@ -70,6 +70,7 @@ KVX_API void kvx_engine_params_init(struct kvx_engine_params *p)
 	p->control_lcore = UINT32_MAX;
 	p->idle = KVX_ENGINE_IDLE_ADAPTIVE;
 	p->follow_waker = true;
+	p->poller_slice_us = KVX_LCORE_SLICE_MIN_US;
 	p->host = "127.0.0.1";
 	p->handshake_port = KVX_CTL_DEFAULT_HANDSHAKE_PORT;
 	p->notify_port = KVX_CTL_DEFAULT_NOTIFY_PORT;
@@ -122,6 +123,8 @@ KVX_API int kvx_engine_create(const struct kvx_engine_params *p, struct kvx_engi
 		return bad(err, errlen, "spread", "must be KVX_ENGINE_SPREAD_LAYERS or KVX_ENGINE_SPREAD_NONE");
 	if (p->idle != KVX_ENGINE_IDLE_BUSY && p->idle != KVX_ENGINE_IDLE_ADAPTIVE)
 		return bad(err, errlen, "idle", "must be BUSY or ADAPTIVE");
+	if (p->poller_slice_us && (p->poller_slice_us < KVX_LCORE_SLICE_MIN_US || p->poller_slice_us > KVX_LCORE_SLICE_MAX_US))
+		return bad(err, errlen, "poller_slice_us", "must be 0 or 100..100000 (us)");
 	if (p->control_busy_poll_us > 1000000)
 		return bad(err, errlen, "control_busy_poll_us", "must be 0..1000000 (us)");
 	if (p->dp_size == 0)
@@ -557,7 +560,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 			 * while there is something to time out. */
 			struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE,
 							   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP,
-							   .follow_waker = e->p.follow_waker};
+							   .follow_waker = e->p.follow_waker,
+							   .slice_us = e->p.poller_slice_us};
 			kvx_lcore_set_idle(po->lc, &ip);
 		}
 	}

@@ -188,6 +188,14 @@ struct kvx_engine_params {
 	                                    below 64, and the waker is not another poller
 	                                    (kvx_lcore_idle_params.follow_waker, docs/performance.md
 	                                    §9). Default true. */
+	uint32_t poller_slice_us;      /**< ADAPTIVE: scheduler slice each poller asks for, us: a woken
+	                                    poller then preempts the thread on its CPU at once (with
+	                                    follow_waker, the submitter, which may go on computing)
+	                                    instead of after that thread's slice. 0 = the kernel's
+	                                    default slice; else 100..100000. Default 100. Honoured by
+	                                    Linux >= 6.12 under SCHED_OTHER; ignored by older kernels
+	                                    (kvx_lcore_idle_params.slice_us, docs/performance.md
+	                                    §11). */
 	const char *host;              /**< Advertised IP of this engine; not NULL ("127.0.0.1" for tests). */
 	uint16_t handshake_port;       /**< Handshake base port (default 6301); 0 = ephemeral (tests). */
 	uint16_t notify_port;          /**< Notify base port (default 61005); 0 = ephemeral (tests). */

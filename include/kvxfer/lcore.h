@@ -619,7 +619,25 @@ struct kvx_lcore_idle_params {
 	                                 from the next launch). Off by default here; the engine's
 	                                 adaptive pollers turn it on (kvx_engine_params.follow_waker,
 	                                 docs/performance.md §9). */
+	uint32_t slice_us;          /**< Scheduler slice the lcore thread asks for while its poll loop
+	                                 runs, us: 0 = the kernel's default, else
+	                                 KVX_LCORE_SLICE_MIN_US..KVX_LCORE_SLICE_MAX_US
+	                                 (sched_setattr(2) sched_runtime under SCHED_OTHER, nice
+	                                 kept; Linux >= 6.12 honours it, older kernels ignore it).
+	                                 A woken lcore with a short slice preempts the thread
+	                                 running on its CPU at once instead of waiting for that
+	                                 thread's slice (1.4 ms by default on 2 CPUs): with
+	                                 follow_waker, that thread is the submitter, which may go on
+	                                 computing. Left alone when the thread's policy is not
+	                                 SCHED_OTHER; the default slice is restored when the loop
+	                                 returns. Off by default here; the engine's adaptive pollers
+	                                 ask for 100 us (kvx_engine_params.poller_slice_us,
+	                                 docs/performance.md §11). */
 };
+
+/** Shortest and longest slice_us the kernel takes (it clamps sched_runtime to 0.1..100 ms). */
+#define KVX_LCORE_SLICE_MIN_US 100u
+#define KVX_LCORE_SLICE_MAX_US 100000u
 
 /**
  * Set an lcore's idle policy (the set's configured policy is the default).
@@ -627,7 +645,8 @@ struct kvx_lcore_idle_params {
  * @param lc        Lcore; not NULL.
  * @param p         Parameters; not NULL; copied.
  * @return          0 on success.
- * @retval -EINVAL  Unknown policy.
+ * @retval -EINVAL  Unknown policy, or slice_us neither 0 nor within
+ *                  KVX_LCORE_SLICE_MIN_US..KVX_LCORE_SLICE_MAX_US.
  * @retval -EBUSY   The lcore is running and the caller is not its thread.
  */
 KVX_API int kvx_lcore_set_idle(struct kvx_lcore *lc, const struct kvx_lcore_idle_params *p);

@@ -45,6 +45,7 @@ def c_heap_in_use() -> int:
     ("vllm_port_compat", 1, TypeError), ("transfer_timeout_ms", 0, ValueError), ("lcorez", "1", TypeError),
     ("spread", 2, ValueError), ("follow_waker", 1, TypeError),
     ("control_busy_poll_us", 2000000, ValueError),
+    ("poller_slice_us", 200000, ValueError),
 ])
 def test_bad_params_name_the_field(field, value, exc):
     with pytest.raises(exc, match=field):

@@ -296,6 +296,20 @@ Test(bench_perf_cli, trace_hugepages_other_than_on_off_is_usage_error)
 	expect_usage_error(a, "kvxfer-perf trace: --hugepages: '2M' is not on or off");
 }
 
+Test(bench_perf_cli, trace_slice_below_the_kernels_shortest_is_usage_error)
+{
+	const char *a[] = {"trace", "--local", "-t", "tcp", "--slice", "50", NULL};
+	expect_usage_error(a, "kvxfer-perf trace: --slice: 50 us is below the kernel's shortest slice (100 us)");
+}
+
+Test(bench_perf_cli, idle_slice_and_busy_after_out_of_range_are_usage_errors)
+{
+	const char *a[] = {"idle", "--slice", "100001", NULL};
+	expect_usage_error(a, "kvxfer-perf idle: --slice '100001' must be 0 or an integer in 100..100000");
+	const char *b[] = {"idle", "--busy-after", "-1", NULL};
+	expect_usage_error(b, "kvxfer-perf idle: --busy-after '-1' must be an integer in 0..1000000");
+}
+
 Test(bench_perf_cli, trace_duplicate_lcores_is_usage_error)
 {
 	const char *a[] = {"trace", "--local", "-t", "tcp", "-l", "0,0,1,1", NULL};

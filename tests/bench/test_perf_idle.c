@@ -35,6 +35,8 @@ Test(bench_perf_idle, reports_engine_cpu_and_first_post_samples_from_a_sleeping_
 	cr_assert_not_null(j, "%s: %s", json, err.text);
 	cr_assert_str_eq(json_string_value(json_object_get(j, "command")), "idle");
 	cr_assert(json_is_true(json_object_get(j, "follow_waker")), "on by default, as in the engine");
+	cr_assert_eq(json_integer_value(json_object_get(j, "slice_us")), 100, "the engine's poller slice by default");
+	cr_assert_eq(json_integer_value(json_object_get(j, "busy_after_us")), 0, "the submitter waits at once by default");
 	json_t *e = json_object_get(j, "engine"), *fp = json_object_get(j, "first_post");
 	cr_assert_str_eq(json_string_value(json_object_get(e, "transport")), "tcp");
 	cr_assert(json_is_real(json_object_get(e, "cpu_pct_of_core")));

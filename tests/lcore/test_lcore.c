@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1035,5 +1036,74 @@ Test(lcore, follow_waker_a_polling_lcore_does_not_pull_another)
 	kvx_lcore_set_destroy(aset);
 	kvx_lcore_set_destroy(bset);
 	kvx_ring_destroy(fp.in);
+	kvx_ring_destroy(cp.r);
+}
+
+/* ---- slice_us ------------------------------------------------------------------------------ */
+
+/* The scheduler slice of thread @p tid in ns, as sched_getattr(2) reports it (sched_runtime;
+ * Linux >= 6.12 reports the slice of a SCHED_OTHER thread there, older kernels 0). */
+static uint64_t slice_ns_of(pid_t tid)
+{
+	struct {
+		uint32_t size, policy;
+		uint64_t flags;
+		int32_t nice;
+		uint32_t priority;
+		uint64_t runtime, deadline, period;
+	} a;
+	memset(&a, 0, sizeof(a));
+	cr_assert_eq(syscall(SYS_sched_getattr, tid, &a, sizeof(a), 0), 0, "sched_getattr: %s", strerror(errno));
+	return a.runtime;
+}
+
+/* A poller that reports BUSY while @p spin is set: the lcore keeps polling, never sleeps. */
+static int spin_poll(void *arg)
+{
+	return atomic_load((_Atomic bool *)arg) ? KVX_POLL_BUSY : KVX_POLL_IDLE;
+}
+
+Test(lcore, slice_us_is_asked_for_across_each_sleep_and_given_back_while_busy)
+{
+	int cpus[2];
+	struct cpu_poller cp = {0};
+	struct kvx_lcore_set *set = follow_set(false, cpus, &cp);
+	struct kvx_lcore *lc = kvx_lcore_set_at(set, 0);
+	static _Atomic bool spin;
+	atomic_store(&spin, false);
+	cr_assert_eq(kvx_poller_register(lc, spin_poll, (void *)&spin, "spin", NULL), 0);
+	struct kvx_lcore_idle_params ip = {.policy = KVX_LCORE_IDLE_ADAPTIVE,
+					   .max_sleep_ns = KVX_LCORE_SLEEP_NO_CAP, .slice_us = 99};
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), -EINVAL, "below the kernel's shortest slice");
+	ip.slice_us = KVX_LCORE_SLICE_MAX_US + 1;
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), -EINVAL, "above the kernel's longest slice");
+	ip.slice_us = KVX_LCORE_SLICE_MIN_US;
+	cr_assert_eq(kvx_lcore_set_idle(lc, &ip), 0);
+	pid_t tid = kvx_lcore_tid(lc);
+	cr_assert_gt(tid, 0);
+	uint64_t dflt = slice_ns_of(tid), want = (uint64_t)KVX_LCORE_SLICE_MIN_US * 1000u;
+	if (dflt == 0) {
+		kvx_lcore_set_destroy(set);
+		kvx_ring_destroy(cp.r);
+		cr_skip_test("this kernel reports no per-thread slice (Linux < 6.12 ignores slice_us)");
+	}
+	cr_assert_neq(dflt, want, "the default slice is not 100 us here");
+	cr_assert_eq(kvx_lcore_launch(lc, kvx_lcore_poll_loop, NULL), 0);
+	for (uint64_t round = 1; round <= 3; round++) {
+		cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000), "round %lu: lcore never slept", (unsigned long)round);
+		cr_assert_eq(slice_ns_of(tid), want, "round %lu: asleep with the short slice", (unsigned long)round);
+		/* Work arrives and keeps coming: the first busy poll hands the short slice back. */
+		atomic_store(&spin, true);
+		cr_assert_eq(kvx_ring_enqueue_sp(cp.r, (void *)round), 0);
+		cr_assert(WAIT_UNTIL(atomic_load(&cp.got) == round, 20000), "round %lu: not woken", (unsigned long)round);
+		cr_assert(WAIT_UNTIL(slice_ns_of(tid) == dflt, 20000), "round %lu: busy on the short slice",
+			  (unsigned long)round);
+		atomic_store(&spin, false);
+	}
+	cr_assert(WAIT_UNTIL(blocked_asleep(lc), 20000));
+	kvx_lcore_stop(lc);
+	cr_assert_eq(kvx_lcore_wait(lc), 0);
+	cr_assert_eq(slice_ns_of(tid), dflt, "the loop gives the default slice back when it returns");
+	kvx_lcore_set_destroy(set);
 	kvx_ring_destroy(cp.r);
 }

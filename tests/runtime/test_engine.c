@@ -129,7 +129,7 @@ Test(runtime_engine, create_rejects_bad_fields_with_message)
 		void (*set)(struct kvx_engine_params *);
 	} cases[] = {
 		{"dp_rank", NULL}, {"tp_size", NULL}, {"transport", NULL}, {"transfer_timeout_ms", NULL}, {"host", NULL},
-		{"control_busy_poll_us", NULL},
+		{"control_busy_poll_us", NULL}, {"poller_slice_us", NULL}, {"poller_slice_us", NULL},
 	};
 	for (size_t i = 0; i < KVX_ARRAY_SIZE(cases); i++) {
 		params(&p, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
@@ -143,8 +143,12 @@ Test(runtime_engine, create_rejects_bad_fields_with_message)
 			p.transfer_timeout_ms = 0;
 		else if (i == 4)
 			p.host = NULL;
-		else
+		else if (i == 5)
 			p.control_busy_poll_us = 1000001;
+		else if (i == 6)
+			p.poller_slice_us = 99; /* the kernel's shortest slice is 100 us */
+		else
+			p.poller_slice_us = 100001;
 		err[0] = 0;
 		cr_assert_eq(kvx_engine_create(&p, &e, err, sizeof(err)), -EINVAL, "case %s", cases[i].field);
 		cr_assert(strstr(err, cases[i].field), "message '%s' does not name %s", err, cases[i].field);

@@ -52,6 +52,7 @@ int kvxpy_init_params(PyObject *args, PyObject *kw, bool initialised, const char
 	    dict_str(d, "proxy_addr", &p->proxy_addr) || dict_str(d, "http_addr", &p->http_addr) ||
 	    dict_bool(d, "vllm_port_compat", &p->vllm_port_compat) ||
 	    dict_bool(d, "follow_waker", &p->follow_waker) ||
+	    dict_u32(d, "poller_slice_us", 0, 100000, &p->poller_slice_us) ||
 	    dict_u32(d, "control_busy_poll_us", 0, 1000000, &p->control_busy_poll_us) ||
 	    dict_u32(d, "max_transfers", 1, 1u << 20, &p->max_transfers) ||
 	    dict_u32(d, "max_blocks", 1, 1u << 24, &p->max_blocks) || dict_u32(d, "spread", 0, 1, &spread))

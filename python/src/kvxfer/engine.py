@@ -97,6 +97,7 @@ class EngineParams:
     control_lcore: int = 0xFFFFFFFF
     idle: Idle = Idle.ADAPTIVE
     follow_waker: bool = True
+    poller_slice_us: int = 100
     host: str = "127.0.0.1"
     handshake_port: int = 6301
     notify_port: int = 61005
