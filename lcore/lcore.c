@@ -560,6 +560,14 @@ static bool set_slice(uint32_t us)
 	return syscall(SYS_sched_setattr, 0, &a, 0) == 0;
 }
 
+/* Whether this kernel keeps a slice per thread (Linux >= 6.12 reports it as sched_runtime of a
+ * SCHED_OTHER thread; older kernels report 0 and ignore what set_slice() asks). */
+static bool kernel_has_slices(void)
+{
+	struct slice_attr a = {0};
+	return syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) == 0 && a.runtime != 0;
+}
+
 /* Back to the lcore's own CPUs after a waker narrowed it to the waker's CPU. */
 static void widen(struct kvx_lcore *lc)
 {
@@ -579,7 +587,7 @@ int kvx_lcore_poll_loop(void *arg)
 	/* slice_us: the short slice is asked for before each sleep (a wake-up is judged by the
 	 * woken thread's slice) and handed back at the first busy poll, so the work itself runs on
 	 * the default slice and is not switched out more often than any other thread. */
-	bool short_slice = false;
+	bool short_slice = false, slices = lc->idle.slice_us && kernel_has_slices();
 	uint64_t home = 0, fm = follow_mask(lc, &home);
 	bool follow = fm != 0;
 	if (follow)
@@ -643,7 +651,7 @@ int kvx_lcore_poll_loop(void *arg)
 		 * us late: do not sleep away from our own CPUs. */
 		if (follow && kvx_waiter_take_narrowed(&lc->waiter))
 			widen(lc);
-		if (lc->idle.slice_us && !short_slice)
+		if (slices && !short_slice)
 			short_slice = set_slice(lc->idle.slice_us);
 		kvx_rcu_offline();
 		int r = lcore_sleep(lc, timeout);
