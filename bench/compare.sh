@@ -18,8 +18,9 @@
 #      median of its alternating rounds' ratios, both measured by that one command)
 #   6. iperf3 single stream, 1 MiB writes          vs  kvxfer-perf trace --local -t tcp, WRITE and
 #      READ (the main job: default trace, Llama-3.1-8B, 6 requests, --no-verify; host pools on
-#      transparent huge pages, trace's default --hugepages on); throughput and CPU per GB (iperf3: client + server CPU from its JSON; kvxfer: both engines' threads,
-#      trace JSON summary.engine_cpu_s_per_gb)
+#      transparent huge pages, trace's default --hugepages on); throughput and CPU per GB
+#      (iperf3: client + server CPU from its JSON; kvxfer: both engines' threads, trace JSON
+#      summary.engine_cpu_s_per_gb)
 #   7. streaming process_vm_writev (WRITE) / process_vm_readv (READ) loop moving the trace's
 #      bytes (same requests, block ids and extents; up to IOV_MAX iovecs per call)  vs
 #      kvxfer-perf trace --local -t shm (same options as 6): both from one `--peer cma` run
