@@ -545,12 +545,9 @@ struct slice_attr {
 };
 
 /* Ask for a scheduler slice of @p us for the calling thread (0 = the kernel's default), keeping
- * its nice; only under SCHED_OTHER (a real-time or batch policy set by the user is left alone).
- * Returns whether it asked: a kernel before 6.12 takes the call and ignores the slice. */
+ * its nice. Only for a SCHED_OTHER thread (slices_apply()). Returns whether the kernel took it. */
 static bool set_slice(uint32_t us)
 {
-	if (sched_getscheduler(0) != SCHED_OTHER)
-		return false;
 	errno = 0;
 	int nice = getpriority(PRIO_PROCESS, 0); /* Linux: the calling thread's */
 	if (errno)
@@ -560,12 +557,14 @@ static bool set_slice(uint32_t us)
 	return syscall(SYS_sched_setattr, 0, &a, 0) == 0;
 }
 
-/* Whether this kernel keeps a slice per thread (Linux >= 6.12 reports it as sched_runtime of a
- * SCHED_OTHER thread; older kernels report 0 and ignore what set_slice() asks). */
-static bool kernel_has_slices(void)
+/* Whether set_slice() applies to the calling thread, checked once when its poll loop starts:
+ * it runs under SCHED_OTHER (a real-time or batch policy set by the user is left alone) and the
+ * kernel keeps a slice per thread (Linux >= 6.12 reports it as sched_runtime; older kernels
+ * report 0 and ignore what set_slice() asks). */
+static bool slices_apply(void)
 {
 	struct slice_attr a = {0};
-	return syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) == 0 && a.runtime != 0;
+	return syscall(SYS_sched_getattr, 0, &a, sizeof(a), 0) == 0 && a.policy == SCHED_OTHER && a.runtime != 0;
 }
 
 /* Back to the lcore's own CPUs after a waker narrowed it to the waker's CPU. */
@@ -587,7 +586,7 @@ int kvx_lcore_poll_loop(void *arg)
 	/* slice_us: the short slice is asked for before each sleep (a wake-up is judged by the
 	 * woken thread's slice) and handed back at the first busy poll, so the work itself runs on
 	 * the default slice and is not switched out more often than any other thread. */
-	bool short_slice = false, slices = lc->idle.slice_us && kernel_has_slices();
+	bool short_slice = false, slices = lc->idle.slice_us && slices_apply();
 	uint64_t home = 0, fm = follow_mask(lc, &home);
 	bool follow = fm != 0;
 	if (follow)

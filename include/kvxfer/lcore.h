@@ -629,7 +629,7 @@ struct kvx_lcore_idle_params {
 	                                 thread's slice (1.4 ms by default on 2 CPUs): with
 	                                 follow_waker, that thread is the submitter, which may go on
 	                                 computing. Left alone when the thread's policy is not
-	                                 SCHED_OTHER; the default slice is restored when the loop
+	                                 SCHED_OTHER when the loop starts; the default slice is restored when it
 	                                 returns. Off by default here; the engine's adaptive pollers
 	                                 ask for 100 us (kvx_engine_params.poller_slice_us,
 	                                 docs/performance.md §11). */
