@@ -25,6 +25,7 @@
 #include "perf.h"
 #include "perf_util.h"
 #include "trace_cma.h"
+#include "trace_tcp_peer.h"
 #include "trace_lcores.h"
 #include "trace_load.h"
 #include "trace_net.h"
@@ -110,7 +111,11 @@ static void usage(FILE *f)
 "                       block ids and extents) with a streaming process_vm_writev (WRITE) /\n"
 "                       process_vm_readv (READ) loop of up to IOV_MAX iovecs per call from the\n"
 "                       initiator role; prints and writes (JSON summary.peer) its throughput\n"
-"                       and kvxfer's throughput / the loop's\n",
+"                       and kvxfer's throughput / the loop's\n"
+"  --peer tcp           (--local) the same with a plain streaming socket loop: the producer\n"
+"                       sends, the consumer receives (blocking sendmsg/recvmsg of up to IOV_MAX\n"
+"                       ranges) over one loopback connection; the tcp main job's like-for-like\n"
+"                       reference (iperf3 reuses one cached buffer, the replay cold pools)\n",
 		perf_data_dir(), perf_data_dir(), DEFAULT_TRACE, DEFAULT_PORT);
 }
 
@@ -323,11 +328,14 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		case OPT_MODELS_CSV: o->models_csv = optarg; break;
 		case OPT_AUTH_DIR: o->auth_dir = optarg; break;
 		case OPT_PEER:
-			if (strcmp(optarg, "cma")) {
-				fprintf(stderr, "kvxfer-perf trace: --peer: '%s' is not cma\n", optarg);
+			if (!strcmp(optarg, "cma"))
+				o->peer = TRACE_PEER_CMA;
+			else if (!strcmp(optarg, "tcp"))
+				o->peer = TRACE_PEER_TCP;
+			else {
+				fprintf(stderr, "kvxfer-perf trace: --peer: '%s' is neither cma nor tcp\n", optarg);
 				return -EINVAL;
 			}
-			o->peer_cma = true;
 			break;
 		case OPT_TRACE: o->trace = optarg; break;
 		case OPT_REQUESTS:
@@ -505,9 +513,9 @@ static int parse_opts(int argc, char **argv, struct trace_opts *o)
 		}
 		o->transport = "verbs";
 	}
-	if (o->peer_cma && o->role == TRACE_ROLE_DRIVER && (!o->local || (o->mem && strcmp(o->mem, "host")))) {
-		fprintf(stderr, "kvxfer-perf trace: --peer cma needs --local and host pools (both pools in "
-				"processes of this machine)\n");
+	if (o->peer && o->role == TRACE_ROLE_DRIVER && (!o->local || (o->mem && strcmp(o->mem, "host")))) {
+		fprintf(stderr, "kvxfer-perf trace: --peer %s needs --local and host pools (both pools in "
+				"processes of this machine)\n", o->peer == TRACE_PEER_CMA ? "cma" : "tcp");
 		return -EINVAL;
 	}
 	if (o->verify < 0)
@@ -1054,7 +1062,8 @@ static int recv_type(struct driver *D, int s, uint32_t type, struct trace_msg_hd
 		return rc;
 	if (h->type == type)
 		return 0;
-	fprintf(stderr, "kvxfer-perf trace: --peer cma: %s sent message type %u%s%s\n", D->s[s].name,
+	fprintf(stderr, "kvxfer-perf trace: --peer %s: %s sent message type %u%s%s\n",
+		D->o->peer == TRACE_PEER_CMA ? "cma" : "tcp", D->s[s].name,
 		h->type, h->type == TRACE_MSG_FATAL && *p ? ": " : "",
 		h->type == TRACE_MSG_FATAL && *p ? (const char *)*p : "");
 	free(*p);
@@ -1069,7 +1078,7 @@ static void run_peer_cma(struct driver *D, struct perf_trace_counters *c)
 	int t = D->o->write_mode ? 1 : 0, i = 1 - t;
 	struct trace_msg_hdr h;
 	void *p = NULL;
-	c->peer_cma = true;
+	c->peer = "cma";
 	c->peer_status = -EPIPE;
 	if (D->s[t].gone || D->s[i].gone ||
 	    trace_msg_send(D->s[t].fd, TRACE_MSG_CMA_INFO_REQ, NULL, 0, NULL, 0) ||
@@ -1099,6 +1108,65 @@ static void run_peer_cma(struct driver *D, struct perf_trace_counters *c)
 	if (r.missing)
 		fprintf(stderr, "kvxfer-perf trace: --peer cma: %" PRIu64 " transfers of the %s were not "
 				"logged by the %s and were not moved\n", r.missing, D->s[i].name, D->s[t].name);
+}
+
+/* A struct trace_cma_result from role @p s; 0 or -errno (its status is the caller's). */
+static int recv_result(struct driver *D, int s, struct trace_cma_result *r)
+{
+	struct trace_msg_hdr h;
+	void *p = NULL;
+	int rc = recv_type(D, s, TRACE_MSG_CMA_RESULT, &h, &p);
+	if (!rc && h.len != sizeof(*r))
+		rc = -EPROTO;
+	if (!rc)
+		memcpy(r, p, sizeof(*r));
+	free(p);
+	return rc;
+}
+
+/* --peer tcp: both roles' pools and block-id logs are swapped; the consumer listens and
+ * receives, the producer connects and sends the same bytes (trace_tcp_peer.h). The figures are
+ * the receiver's: it holds the last byte. */
+static void run_peer_tcp(struct driver *D, struct perf_trace_counters *c)
+{
+	struct trace_msg_hdr h[2], ph;
+	void *info[2] = {NULL, NULL}, *pp = NULL;
+	c->peer = "tcp";
+	c->peer_status = -EPIPE;
+	if (D->s[0].gone || D->s[1].gone)
+		return;
+	for (int s = 0; s < 2; s++)
+		if (trace_msg_send(D->s[s].fd, TRACE_MSG_CMA_INFO_REQ, NULL, 0, NULL, 0) ||
+		    recv_type(D, s, TRACE_MSG_CMA_INFO, &h[s], &info[s]))
+			goto out;
+	if (!D->o->quiet)
+		fprintf(stderr, "kvxfer-perf trace: --peer tcp: the producer sends the same bytes to the consumer "
+				"over one loopback connection\n");
+	uint32_t port;
+	if (trace_msg_send(D->s[1].fd, TRACE_MSG_TCP_RECV, info[0], h[0].len, NULL, 0) ||
+	    recv_type(D, 1, TRACE_MSG_TCP_PORT, &ph, &pp) || ph.len != sizeof(port))
+		goto out;
+	memcpy(&port, pp, sizeof(port));
+	struct trace_tcp_send ts = {.port = port};
+	if (trace_msg_send(D->s[0].fd, TRACE_MSG_TCP_SEND, &ts, sizeof(ts), info[1], h[1].len))
+		goto out;
+	struct trace_cma_result snd, rcv;
+	if (recv_result(D, 0, &snd) || recv_result(D, 1, &rcv))
+		goto out;
+	c->peer_status = rcv.status ? rcv.status : snd.status;
+	if (!c->peer_status && snd.bytes != rcv.bytes)
+		c->peer_status = -EPROTO;
+	c->peer_bytes = rcv.bytes;
+	c->peer_wall_s = (double)rcv.ns / 1e9;
+	c->peer_calls = snd.calls + rcv.calls;
+	c->peer_iovs = snd.iovs;
+	if (snd.missing)
+		fprintf(stderr, "kvxfer-perf trace: --peer tcp: %" PRIu64 " transfers were logged by one role "
+				"only and were not moved\n", snd.missing);
+out:
+	free(info[0]);
+	free(info[1]);
+	free(pp);
 }
 
 static int run_driver(struct trace_opts *o, int argc, char **argv)
@@ -1457,8 +1525,10 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 		c.ctl_recv += st->ctl_recv;
 		c.ctl_dropped += st->ctl_dropped;
 	}
-	if (o->peer_cma && !D.aborted)
+	if (o->peer == TRACE_PEER_CMA && !D.aborted)
 		run_peer_cma(&D, &c);
+	else if (o->peer == TRACE_PEER_TCP && !D.aborted)
+		run_peer_tcp(&D, &c);
 	/* The provider the engines report after the run (both ends agree on it per connection);
 	 * "P/D" if they differ, the request only if no role reported. */
 	char xport[64];

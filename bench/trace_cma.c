@@ -191,7 +191,7 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Parse @p info into its header, layer bases and entries sorted by idx. */
+/* Parse @p info into its header, layer bases and entries (in the other role's start order). */
 static int parse(const void *info, size_t len, struct trace_cma_info *h, uint64_t **base,
 		 struct remote_entry **ents)
 {
@@ -222,36 +222,76 @@ static int parse(const void *info, size_t len, struct trace_cma_info *h, uint64_
 	}
 	if (p != end)
 		return -EPROTO;
-	qsort(*ents, h->entries, sizeof(**ents), cmp_entry);
 	return 0;
 }
 
-void trace_cma_run(const struct trace_cma_log *local, const struct trace_cma_pool *pool, int write,
-		   const void *info, size_t len, struct trace_cma_result *r)
+/* One logged transfer by idx: position in @p l, or -1. @p ord is l's positions sorted by idx. */
+static long find_local(const struct trace_cma_log *l, const size_t *ord, uint64_t idx)
 {
-	memset(r, 0, sizeof(*r));
+	size_t lo = 0, hi = l->n;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		uint64_t v = l->e[ord[mid]].idx;
+		if (v == idx)
+			return (long)ord[mid];
+		if (v < idx)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+static int cmp_ord(const void *a, const void *b, void *log)
+{
+	const struct trace_cma_log *l = log;
+	uint64_t x = l->e[*(const size_t *)a].idx, y = l->e[*(const size_t *)b].idx;
+	return x < y ? -1 : x > y;
+}
+
+int trace_cma_each_extent(const struct trace_cma_log *local, const struct trace_cma_pool *pool, bool initiator,
+			  const void *info, size_t len, trace_cma_extent_fn fn, void *arg,
+			  struct trace_cma_result *r)
+{
 	struct trace_cma_info h;
 	uint64_t *base = NULL;
-	struct remote_entry *ents = NULL;
-	struct loop *L = NULL;
+	struct remote_entry *ents = NULL, *sorted = NULL;
+	size_t *ord = NULL;
 	int rc = parse(info, len, &h, &base, &ents);
 	if (!rc && (h.layers != pool->layers || h.planes != pool->planes || h.block_len != pool->block_len))
 		rc = -EINVAL;
-	if (!rc && !(L = calloc(1, sizeof(*L))))
-		rc = -ENOMEM;
+	if (!rc) {
+		/* The initiator's start order rules: look the other side up by idx. */
+		sorted = malloc((h.entries ? h.entries : 1) * sizeof(*sorted));
+		ord = malloc((local->n ? local->n : 1) * sizeof(*ord));
+		if (!sorted || !ord)
+			rc = -ENOMEM;
+	}
 	if (rc)
 		goto out;
-	*L = (struct loop){.pid = (pid_t)h.pid, .write = write, .res = r};
-	uint64_t t0 = now_ns();
-	for (size_t i = 0; i < local->n && !rc; i++) {
-		const struct trace_cma_entry *le = &local->e[i];
-		struct remote_entry key = {.idx = le->idx};
-		const struct remote_entry *re = bsearch(&key, ents, h.entries, sizeof(*ents), cmp_entry);
-		if (!re) {
+	memcpy(sorted, ents, h.entries * sizeof(*sorted));
+	qsort(sorted, h.entries, sizeof(*sorted), cmp_entry);
+	for (size_t i = 0; i < local->n; i++)
+		ord[i] = i;
+	qsort_r(ord, local->n, sizeof(*ord), cmp_ord, (void *)local);
+	size_t n = initiator ? local->n : h.entries;
+	for (size_t i = 0; i < n && !rc; i++) {
+		const struct remote_entry *re;
+		long li;
+		if (initiator) {
+			struct remote_entry key = {.idx = local->e[i].idx};
+			li = (long)i;
+			re = bsearch(&key, sorted, h.entries, sizeof(*sorted), cmp_entry);
+		} else {
+			re = &ents[i];
+			li = find_local(local, ord, re->idx);
+		}
+		if (!re || li < 0) {
 			r->missing++;
 			continue;
 		}
-		const uint32_t *lid = local->ids + local->off[i];
+		const struct trace_cma_entry *le = &local->e[li];
+		const uint32_t *lid = local->ids + local->off[li];
 		uint64_t k = le->n < re->n ? le->n : re->n, lo = le->n - k, ro = re->n - k;
 		for (uint64_t j = 0; j < k; j++)
 			if (lid[lo + j] >= pool->nb || id_at(re->ids, ro + j) >= h.nb)
@@ -261,16 +301,40 @@ void trace_cma_run(const struct trace_cma_log *local, const struct trace_cma_poo
 				for (uint64_t j = 0; j < k && !rc; j++) {
 					unsigned char *a = pool->layer[l] + (p * pool->nb + lid[lo + j]) * pool->block_len;
 					uint64_t b = base[l] + (p * h.nb + id_at(re->ids, ro + j)) * h.block_len;
-					rc = add(L, a, b, pool->block_len);
+					rc = fn(arg, a, b, pool->block_len);
 				}
 		r->transfers++;
 	}
-	if (!rc)
-		rc = flush(L);
-	r->ns = now_ns() - t0;
 out:
-	r->status = rc;
-	free(L);
 	free(base);
 	free(ents);
+	free(sorted);
+	free(ord);
+	return rc;
+}
+
+static int add_cb(void *arg, unsigned char *lo, uint64_t ro, uint64_t len)
+{
+	return add(arg, lo, ro, len);
+}
+
+void trace_cma_run(const struct trace_cma_log *local, const struct trace_cma_pool *pool, int write,
+		   const void *info, size_t len, struct trace_cma_result *r)
+{
+	memset(r, 0, sizeof(*r));
+	struct loop *L = calloc(1, sizeof(*L));
+	int rc = -ENOMEM;
+	if (L) {
+		struct trace_cma_info h = {0};
+		if (info && len >= sizeof(h))
+			memcpy(&h, info, sizeof(h));
+		*L = (struct loop){.pid = (pid_t)h.pid, .write = write, .res = r};
+		uint64_t t0 = now_ns();
+		rc = trace_cma_each_extent(local, pool, true, info, len, add_cb, L, r);
+		if (!rc)
+			rc = flush(L);
+		r->ns = now_ns() - t0;
+	}
+	r->status = rc;
+	free(L);
 }

@@ -22,6 +22,7 @@
  *  - CMA_RESULT (initiator -> driver): struct trace_cma_result.
  * Not thread-safe: each role's main thread owns its log.
  */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -90,6 +91,25 @@ void trace_cma_log_free(struct trace_cma_log *l);
  */
 int trace_cma_info_pack(const struct trace_cma_log *l, const struct trace_cma_pool *pool, pid_t pid,
 			void **out, size_t *len);
+
+/** Called for each block range of trace_cma_each_extent(), in stream order: @p local in this
+ *  role's pool, @p remote the other role's address, @p len bytes. Returns 0 or -errno (stops). */
+typedef int (*trace_cma_extent_fn)(void *arg, unsigned char *local, uint64_t remote, uint64_t len);
+
+/**
+ * Enumerate the block ranges the peer loops move, in the order both roles agree on: the
+ * initiator role's transfers in its start order; per transfer, per layer and plane, the
+ * (local, remote) block pairs by position (the last min(n_local, n_remote) ids of each side).
+ * Either role may call it with the other's CMA_INFO: the initiator (@p initiator) walks its
+ * own log, the target the initiator's, so both see the same sequence of lengths.
+ * @param info, len  The other role's CMA_INFO payload (checked: sizes, ids inside both pools).
+ * @param[in,out] r  r->transfers and r->missing (transfers one side did not log) are added to.
+ * @return 0, -EPROTO (malformed info), -EINVAL (ids outside a pool or geometry differs),
+ *         -ENOMEM, or what @p fn returned.
+ */
+int trace_cma_each_extent(const struct trace_cma_log *local, const struct trace_cma_pool *pool, bool initiator,
+			  const void *info, size_t len, trace_cma_extent_fn fn, void *arg,
+			  struct trace_cma_result *r);
 
 /**
  * Run the loop on the initiator role: for each transfer of @p local (in order), the target's

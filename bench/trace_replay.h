@@ -82,8 +82,13 @@ struct trace_opts {
 	uint32_t set;             /**< TRACE_SET_* bits: options given on the command line. */
 	const char *metrics;      /**< --metrics ADDR: the engine serves Prometheus /metrics there. */
 	const char *ib_dev;       /**< -d/--ib-dev: RDMA device of this host's engine (implies verbs). */
-	bool peer_cma;            /**< --peer cma (--local): after the replay, time a streaming
-	                               process_vm_readv/writev loop moving the same bytes (trace_cma.h). */
+	enum trace_peer {
+		TRACE_PEER_NONE = 0,
+		TRACE_PEER_CMA,       /**< --peer cma (--local): after the replay, time a streaming
+		                           process_vm_readv/writev loop moving the same bytes (trace_cma.h). */
+		TRACE_PEER_TCP,       /**< --peer tcp (--local): the same with a streaming socket loop
+		                           from the producer to the consumer (trace_tcp_peer.h). */
+	} peer;                   /**< --peer: the same-bytes reference loop run after the replay. */
 	const char *auth_dir;     /**< --auth-dir DIR: kvx_engine_params.auth_dir of the engines; NULL = unauthenticated. */
 	/* internal (set by the driver for the role processes) */
 	enum trace_role role;     /**< --role producer|consumer. */
@@ -112,10 +117,13 @@ enum trace_msg_type {
 	TRACE_MSG_FATAL = 10, /**< role -> driver: the role cannot continue (text payload). */
 	TRACE_MSG_SETUP = 11, /**< --client -> --server, first message: the run's options (struct trace_msg_setup). */
 	TRACE_MSG_RESULT = 12, /**< driver -> --server's producer, before QUIT: exit code (int32) + summary text. */
-	TRACE_MSG_CMA_INFO_REQ = 14, /**< driver -> target role, --peer cma: send CMA_INFO. */
-	TRACE_MSG_CMA_INFO = 15, /**< target role -> driver: its pool and block-id log (trace_cma.h). */
+	TRACE_MSG_CMA_INFO_REQ = 14, /**< driver -> role, --peer: send CMA_INFO (cma: the target role; tcp: both). */
+	TRACE_MSG_CMA_INFO = 15, /**< role -> driver: its pool and block-id log (trace_cma.h). */
 	TRACE_MSG_CMA_RUN = 16,  /**< driver -> initiator role: run the loop against CMA_INFO's payload. */
 	TRACE_MSG_CMA_RESULT = 17, /**< initiator role -> driver: struct trace_cma_result. */
+	TRACE_MSG_TCP_RECV = 18, /**< driver -> consumer, --peer tcp: listen, receive (trace_tcp_peer.h). */
+	TRACE_MSG_TCP_PORT = 19, /**< consumer -> driver: uint32_t port it listens on. */
+	TRACE_MSG_TCP_SEND = 20, /**< driver -> producer: struct trace_tcp_send + the consumer's CMA_INFO. */
 	TRACE_MSG_REFUSED = 13, /**< --server -> --client, instead of HELLO: the options are refused (a usage error: they disagree, unknown model, pool too large); text payload. */
 };
 

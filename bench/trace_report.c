@@ -97,14 +97,15 @@ static void print_lat(FILE *f, const char *name, const struct perf_lat_stats *st
 /* kvxfer's throughput / the --peer cma loop's, or -1 when either is unknown. */
 static double peer_ratio(const struct perf_trace_summary *s, const struct perf_trace_counters *c)
 {
-	if (!c->peer_cma || c->peer_status || c->peer_wall_s <= 0 || s->wall_s <= 0)
+	if (!c->peer || c->peer_status || c->peer_wall_s <= 0 || s->wall_s <= 0)
 		return -1;
 	return s->gbps / ((double)c->peer_bytes / c->peer_wall_s / 1e9);
 }
 
 static void print_peer(FILE *f, const struct perf_trace_summary *s, const struct perf_trace_counters *c)
 {
-	const char *name = "peer cma loop";
+	char name[32];
+	snprintf(name, sizeof(name), "peer %s loop", c->peer);
 	if (c->peer_status) {
 		fprintf(f, "  %-22s n/a (failed: %s)\n", name, kvx_strerror(c->peer_status));
 		return;
@@ -163,7 +164,7 @@ void perf_trace_print_summary(FILE *f, const struct perf_trace_run_info *info,
 		fprintf(f, "  %-22s %s\n", "wall time", na[0] ? na : "n/a (no measurable interval)");
 		fprintf(f, "  %-22s %s\n", "throughput", na[0] ? na : "n/a (no measurable interval)");
 	}
-	if (c->peer_cma)
+	if (c->peer)
 		print_peer(f, s, c);
 	if (s->lat.n)
 		print_lat(f, "latency ms", &s->lat);
@@ -370,11 +371,11 @@ int perf_trace_write_json(const char *path, const struct perf_trace_run_info *in
 		json_array_append_new(lb, a);
 	}
 	json_object_set_new(sum, "lcore_bytes", lb);
-	if (c->peer_cma) {
-		/* --peer cma: the streaming process_vm_readv/writev loop over the same bytes. */
+	if (c->peer) {
+		/* --peer: the streaming process_vm_readv/writev or socket loop over the same bytes. */
 		bool ok = !c->peer_status && c->peer_wall_s > 0;
 		json_object_set_new(sum, "peer", json_pack("{s:s, s:i, s:I, s:b, s:o, s:o, s:I, s:I}",
-			"kind", "cma", "status", c->peer_status, "bytes", (json_int_t)c->peer_bytes,
+			"kind", c->peer, "status", c->peer_status, "bytes", (json_int_t)c->peer_bytes,
 			"same_bytes", c->peer_bytes == s->bytes, "wall_s", ok ? json_real(c->peer_wall_s) : json_null(),
 			"throughput_gbps", ok ? json_real((double)c->peer_bytes / c->peer_wall_s / 1e9) : json_null(),
 			"calls", (json_int_t)c->peer_calls, "iovecs", (json_int_t)c->peer_iovs));

@@ -49,12 +49,13 @@ struct perf_trace_counters {
 	double engine_cpu_s[2];  /**< CPU seconds of each side's engine threads; < 0 = unknown (JSON null). */
 	uint32_t n_lcores[2];    /**< Polling lcores each side reported (0 = unknown). */
 	uint64_t lcore_bytes[2][16]; /**< Bytes moved by the ops each of them posted. */
-	bool peer_cma;           /**< --peer cma ran (the peer_* fields are set): summary line "peer cma
-	                              loop" and JSON summary.peer / summary.vs_peer. */
+	const char *peer;        /**< "cma" or "tcp": that --peer loop ran (the peer_* fields are set):
+	                              summary line "peer cma loop" / "peer tcp loop" and JSON
+	                              summary.peer (kind: this name) / summary.vs_peer; NULL: none. */
 	int peer_status;         /**< 0, or the loop's negative errno (its figures are then n/a). */
 	uint64_t peer_bytes;     /**< Bytes the loop moved. */
 	double peer_wall_s;      /**< Its wall time, s. */
-	uint64_t peer_calls;     /**< Its process_vm_readv/writev calls. */
+	uint64_t peer_calls;     /**< Its process_vm_readv/writev calls (tcp: sendmsg + recvmsg). */
 	uint64_t peer_iovs;      /**< Its ranges (iovecs, after merging). */
 };
 

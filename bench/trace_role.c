@@ -18,6 +18,7 @@
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 #include "trace_cma.h"
+#include "trace_tcp_peer.h"
 #include "trace_pattern.h"
 #include "trace_net.h"
 #include "trace_pool.h"
@@ -319,7 +320,7 @@ static void start_queued(struct role *R)
 			return;
 		}
 		x->nids = want;
-		if (R->o->peer_cma && trace_cma_log_add(&R->cma, x->idx, x->ids, x->nids)) {
+		if (R->o->peer && trace_cma_log_add(&R->cma, x->idx, x->ids, x->nids)) {
 			fatal(R, "out of memory");
 			R->quit = true;
 			return;
@@ -609,12 +610,49 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 		return;
 	}
 	case TRACE_MSG_CMA_INFO_REQ:
-	case TRACE_MSG_CMA_RUN: {
-		if (!R->o->peer_cma || R->dev)
+	case TRACE_MSG_CMA_RUN:
+	case TRACE_MSG_TCP_RECV:
+	case TRACE_MSG_TCP_SEND: {
+		if (!R->o->peer || R->dev)
 			break;
 		struct trace_cma_pool pool = {.layers = R->m.num_layers, .planes = R->m.planes,
 					      .nb = R->nb, .block_len = R->block_len, .layer = R->layer};
+		bool producer = R->r == TRACE_ROLE_PRODUCER, initiator = producer == R->o->write_mode;
+		if (h->type == TRACE_MSG_TCP_RECV || h->type == TRACE_MSG_TCP_SEND) {
+			if (R->o->peer != TRACE_PEER_TCP || (h->type == TRACE_MSG_TCP_SEND) != producer)
+				break;
+			struct trace_cma_result res;
+			if (h->type == TRACE_MSG_TCP_SEND) {
+				struct trace_tcp_send ts = {0};
+				if (h->len >= sizeof(ts))
+					memcpy(&ts, p, sizeof(ts));
+				trace_tcp_peer_send(ts.port, &R->cma, &pool, initiator,
+						    h->len >= sizeof(ts) ? (const unsigned char *)p + sizeof(ts) : NULL,
+						    h->len >= sizeof(ts) ? h->len - sizeof(ts) : 0, &res);
+			} else {
+				uint32_t port = 0;
+				int lfd = trace_tcp_peer_listen(&port);
+				if (trace_msg_send(R->fd, TRACE_MSG_TCP_PORT, &port, sizeof(port), NULL, 0)) {
+					R->quit = true;
+					if (lfd >= 0)
+						close(lfd);
+					return;
+				}
+				if (lfd < 0) {
+					memset(&res, 0, sizeof(res));
+					res.status = lfd;
+				} else {
+					trace_tcp_peer_recv(lfd, &R->cma, &pool, initiator, p, h->len, &res);
+					close(lfd);
+				}
+			}
+			if (trace_msg_send(R->fd, TRACE_MSG_CMA_RESULT, &res, sizeof(res), NULL, 0))
+				R->quit = true;
+			return;
+		}
 		if (h->type == TRACE_MSG_CMA_RUN) {
+			if (R->o->peer != TRACE_PEER_CMA)
+				break;
 			struct trace_cma_result res;
 			trace_cma_run(&R->cma, &pool, R->o->write_mode, p, h->len, &res);
 			if (trace_msg_send(R->fd, TRACE_MSG_CMA_RESULT, &res, sizeof(res), NULL, 0))
@@ -622,7 +660,8 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 			return;
 		}
 		/* The initiator role is our sibling, not our ancestor: let it attach (Yama). */
-		prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+		if (R->o->peer == TRACE_PEER_CMA)
+			prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 		void *info = NULL;
 		size_t len = 0;
 		if (trace_cma_info_pack(&R->cma, &pool, getpid(), &info, &len) ||

@@ -547,36 +547,41 @@ Test(bench_perf_trace_ops, auth_dir_without_key_pair_is_a_usage_error, .init = s
 	cr_assert_eq(g_r.status, 2, "%d\n%s", g_r.status, g_r.err);
 }
 
-/* --peer cma: the loop moves the replay's bytes again and both figures and their ratio are
+/* --peer cma|tcp: the loop moves the replay's bytes again and both figures and their ratio are
  * reported (format only: no speed is asserted). */
-static void expect_peer_cma(const char *mode)
+static void expect_peer(const char *kind, const char *transport, const char *mode)
 {
 	char js[] = "/tmp/kvx_trace_ops_XXXXXX.json";
 	int fd = mkstemps(js, 5);
 	cr_assert_geq(fd, 0);
 	close(fd);
-	TRACE_RUN("--trace", g_trace, "-m", mode, "-t", "shm", "--speed", "0", "--pool-blocks", "300",
-		  "--peer", "cma", "--json", js);
+	TRACE_RUN("--trace", g_trace, "-m", mode, "-t", transport, "--speed", "0", "--pool-blocks", "300",
+		  "--peer", kind, "--json", js);
 	cr_assert_eq(g_r.status, 0, "exit %d\n%s\n%s", g_r.status, g_r.out, g_r.err);
 	cr_assert(strstr(g_r.out, "verification           OK"), "%s", g_r.out);
 	/* 267 blocks x 4096 bytes, the same for kvxfer and the loop. */
 	cr_assert(strstr(g_r.out, "bytes                  1093632 "), "%s", g_r.out);
-	const char *pl = strstr(g_r.out, "  peer cma loop          ");
+	char label[64];
+	snprintf(label, sizeof(label), "  peer %s loop          ", kind);
+	const char *pl = strstr(g_r.out, label);
 	cr_assert(pl, "%s", g_r.out);
 	double gbps, secs;
 	unsigned long long bytes, calls, iovs;
-	cr_assert_eq(sscanf(pl, "  peer cma loop %lf GB/s (%llu bytes, as kvxfer's; %lf s, %llu calls, %llu iovecs)",
+	cr_assert_eq(sscanf(pl + strlen(label), "%lf GB/s (%llu bytes, as kvxfer's; %lf s, %llu calls, %llu iovecs)",
 			    &gbps, &bytes, &secs, &calls, &iovs), 5, "%s", pl);
 	cr_assert_eq(bytes, 1093632ull);
-	cr_assert_geq(calls, 1);
-	/* 4 layers x 2 planes per transfer at least: one range each when the ids run on. */
-	cr_assert_geq(iovs, 5 * 4 * 2);
+	/* tcp: a sendmsg and a recvmsg at least. */
+	cr_assert_geq(calls, strcmp(kind, "tcp") ? 1 : 2);
+	/* cma: 4 layers x 2 planes per transfer at least, one range each when the ids run on in
+	 * both pools; tcp merges what runs on in the sender's pool alone, so at least one range
+	 * per layer and plane (the planes of a layer are apart). */
+	cr_assert_geq(iovs, strcmp(kind, "tcp") ? 5 * 4 * 2 : 4 * 2);
 	double ratio;
 	const char *rl = strstr(g_r.out, "  kvxfer / peer          ");
 	cr_assert(rl && sscanf(rl, "  kvxfer / peer %lfx\n", &ratio) == 1, "%s", g_r.out);
 	json_t *root = load_json(js);
 	json_t *sum = json_object_get(root, "summary"), *peer = json_object_get(sum, "peer");
-	cr_assert_str_eq(json_string_value(json_object_get(peer, "kind")), "cma");
+	cr_assert_str_eq(json_string_value(json_object_get(peer, "kind")), kind);
 	cr_assert_eq(json_integer_value(json_object_get(peer, "status")), 0);
 	cr_assert_eq(json_integer_value(json_object_get(peer, "bytes")), 1093632);
 	cr_assert(json_is_true(json_object_get(peer, "same_bytes")));
@@ -590,12 +595,22 @@ static void expect_peer_cma(const char *mode)
 
 Test(bench_perf_trace_ops, peer_cma_write_reports_the_loop_over_the_same_bytes, .init = setup, .fini = teardown)
 {
-	expect_peer_cma("write");
+	expect_peer("cma", "shm", "write");
 }
 
 Test(bench_perf_trace_ops, peer_cma_read_reports_the_loop_over_the_same_bytes, .init = setup, .fini = teardown)
 {
-	expect_peer_cma("read");
+	expect_peer("cma", "shm", "read");
+}
+
+Test(bench_perf_trace_ops, peer_tcp_write_reports_the_socket_loop_over_the_same_bytes, .init = setup, .fini = teardown)
+{
+	expect_peer("tcp", "tcp", "write");
+}
+
+Test(bench_perf_trace_ops, peer_tcp_read_reports_the_socket_loop_over_the_same_bytes, .init = setup, .fini = teardown)
+{
+	expect_peer("tcp", "tcp", "read");
 }
 
 Test(bench_perf_trace_ops, peer_cma_needs_local_and_a_known_peer, .init = setup, .fini = teardown)
@@ -606,5 +621,9 @@ Test(bench_perf_trace_ops, peer_cma_needs_local_and_a_known_peer, .init = setup,
 	cr_assert(strstr(g_r.err, "--peer cma needs --local"), "%s", g_r.err);
 	TRACE_RUN("--trace", g_trace, "--peer", "iperf3");
 	cr_assert_eq(g_r.status, 2, "exit %d\n%s", g_r.status, g_r.err);
-	cr_assert(strstr(g_r.err, "--peer: 'iperf3' is not cma"), "%s", g_r.err);
+	cr_assert(strstr(g_r.err, "--peer: 'iperf3' is neither cma nor tcp"), "%s", g_r.err);
+	const char *const b[] = {"trace", "--server", "--peer", "tcp", NULL};
+	perf_run(&g_r, KVX_PERF_BIN, NULL, 60000, b);
+	cr_assert_eq(g_r.status, 2, "exit %d\n%s", g_r.status, g_r.err);
+	cr_assert(strstr(g_r.err, "--peer tcp needs --local"), "%s", g_r.err);
 }

@@ -1,17 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The --peer cma loop (bench/trace_cma.c) between this process and a forked child holding the
- * target pool: which bytes land where, how ranges merge, and how bad input is refused. */
+ * target pool: which bytes land where, how ranges merge, and how bad input is refused; and the
+ * --peer tcp loop (bench/trace_tcp_peer.c) over a real loopback connection. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
 
 #include "trace_cma.h"
+#include "trace_tcp_peer.h"
 
 TestSuite(bench_trace_cma, .timeout = 60.0);
 
@@ -246,4 +252,136 @@ Test(bench_trace_cma, bad_info_and_ids_outside_the_pool_are_refused_before_movin
 		cr_assert_eq(bad_block(&g.me, 0, 0, b, val(1, 0, 0, b)), 0);
 	rig_down(&g);
 	trace_cma_log_free(&bad);
+}
+
+/* ---- --peer tcp (bench/trace_tcp_peer.c): the socket loop walks the same ranges ---- */
+
+struct rx_arg {
+	int lfd;
+	const struct trace_cma_log *log;
+	const struct trace_cma_pool *pool;
+	bool initiator;
+	const void *info;
+	size_t len;
+	struct trace_cma_result r;
+};
+
+static void *rx_main(void *arg)
+{
+	struct rx_arg *a = arg;
+	trace_tcp_peer_recv(a->lfd, a->log, a->pool, a->initiator, a->info, a->len, &a->r);
+	return NULL;
+}
+
+/* Producer pool side 1, consumer pool side 2, over a real loopback connection: the consumer
+ * receives on a thread of this process while this thread sends. Producer log: transfers 7
+ * {0,1,2,3}, 8 {5} (the consumer never logged it), 3 {6,7}; consumer log, in another order:
+ * 3 {1}, 7 {4,5,6}, 9 {2}. @p write: the producer initiated (its order rules the stream), else
+ * the consumer did. Either way producer blocks 1,2,3 land on 4,5,6 and 7 on 1. */
+static void tcp_loop(bool write)
+{
+	struct side prod, cons;
+	side_init(&prod, 1);
+	side_init(&cons, 2);
+	struct trace_cma_log pl = {0}, cl = {0};
+	uint32_t p7[] = {0, 1, 2, 3}, p8[] = {5}, p3[] = {6, 7}, c3[] = {1}, c7[] = {4, 5, 6}, c9[] = {2};
+	cr_assert_eq(trace_cma_log_add(&pl, 7, p7, 4) | trace_cma_log_add(&pl, 8, p8, 1) |
+		     trace_cma_log_add(&pl, 3, p3, 2), 0);
+	cr_assert_eq(trace_cma_log_add(&cl, 3, c3, 1) | trace_cma_log_add(&cl, 7, c7, 3) |
+		     trace_cma_log_add(&cl, 9, c9, 1), 0);
+	void *pinfo, *cinfo;
+	size_t plen, clen;
+	cr_assert_eq(trace_cma_info_pack(&pl, &prod.pool, getpid(), &pinfo, &plen), 0);
+	cr_assert_eq(trace_cma_info_pack(&cl, &cons.pool, getpid(), &cinfo, &clen), 0);
+	uint32_t port = 0;
+	struct rx_arg a = {.lfd = trace_tcp_peer_listen(&port), .log = &cl, .pool = &cons.pool,
+			   .initiator = !write, .info = pinfo, .len = plen};
+	cr_assert_geq(a.lfd, 0, "%s", strerror(-a.lfd));
+	cr_assert_gt(port, 0);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, rx_main, &a), 0);
+	struct trace_cma_result s;
+	trace_tcp_peer_send(port, &pl, &prod.pool, write, cinfo, clen, &s);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	close(a.lfd);
+	cr_assert_eq(s.status, 0, "%d", s.status);
+	cr_assert_eq(a.r.status, 0, "%d", a.r.status);
+	cr_assert_eq(s.bytes, 4u * BL * PLANES * LAYERS);
+	cr_assert_eq(a.r.bytes, s.bytes);
+	cr_assert_eq(s.transfers, 2);
+	cr_assert_eq(a.r.transfers, 2);
+	/* Transfer 8 (producer only) in WRITE, 9 (consumer only) in READ: the initiator's. */
+	cr_assert_eq(s.missing, 1);
+	cr_assert_eq(a.r.missing, 1);
+	for (uint32_t l = 0; l < LAYERS; l++)
+		for (uint32_t p = 0; p < PLANES; p++)
+			for (uint32_t b = 0; b < NB; b++) {
+				unsigned char want = b >= 4 && b <= 6 ? val(1, l, p, b - 3)
+						     : b == 1	     ? val(1, l, p, 7)
+									     : val(2, l, p, b);
+				cr_assert_eq(bad_block(&cons, l, p, b, want), 0, "layer %u plane %u block %u", l, p, b);
+				cr_assert_eq(bad_block(&prod, l, p, b, val(1, l, p, b)), 0, "the sender's pool changed");
+			}
+	free(pinfo);
+	free(cinfo);
+	trace_cma_log_free(&pl);
+	trace_cma_log_free(&cl);
+	side_free(&prod);
+	side_free(&cons);
+}
+
+Test(bench_trace_cma, tcp_write_order_lands_the_producer_blocks_on_the_paired_consumer_ids)
+{
+	tcp_loop(true);
+}
+
+Test(bench_trace_cma, tcp_read_order_lands_the_producer_blocks_on_the_paired_consumer_ids)
+{
+	tcp_loop(false);
+}
+
+Test(bench_trace_cma, tcp_receiver_without_a_sender_times_out_and_a_short_stream_is_reset)
+{
+	struct side cons;
+	side_init(&cons, 2);
+	struct trace_cma_log cl = {0}, pl = {0};
+	uint32_t c7[] = {4, 5, 6}, p7[] = {1, 2, 3};
+	cr_assert_eq(trace_cma_log_add(&cl, 7, c7, 3) | trace_cma_log_add(&pl, 7, p7, 3), 0);
+	void *pinfo;
+	size_t plen;
+	cr_assert_eq(trace_cma_info_pack(&pl, &cons.pool, getpid(), &pinfo, &plen), 0);
+	/* A sender that connects, sends one block's worth and closes: the receiver reports the
+	 * stream ended early instead of waiting for ever. */
+	uint32_t port = 0;
+	struct rx_arg a = {.lfd = trace_tcp_peer_listen(&port), .log = &cl, .pool = &cons.pool,
+			   .initiator = false, .info = pinfo, .len = plen};
+	cr_assert_geq(a.lfd, 0);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, rx_main, &a), 0);
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				 .sin_port = htons((uint16_t)port)};
+	cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	unsigned char one[BL];
+	memset(one, 0xEE, sizeof(one));
+	cr_assert_eq(write(fd, one, sizeof(one)), (ssize_t)sizeof(one));
+	close(fd);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	close(a.lfd);
+	cr_assert_eq(a.r.status, -ECONNRESET, "%d", a.r.status);
+	cr_assert_eq(a.r.bytes, BL);
+	/* A port nobody listens on: the sender fails at once, moving nothing. */
+	struct trace_cma_result s;
+	int lfd = trace_tcp_peer_listen(&port);
+	cr_assert_geq(lfd, 0);
+	close(lfd);
+	trace_tcp_peer_send(port, &pl, &cons.pool, true, pinfo, plen, &s);
+	cr_assert_eq(s.status, -ECONNREFUSED, "%d", s.status);
+	cr_assert_eq(s.bytes, 0);
+	trace_tcp_peer_send(0, &pl, &cons.pool, true, pinfo, plen, &s);
+	cr_assert_eq(s.status, -EINVAL);
+	free(pinfo);
+	trace_cma_log_free(&cl);
+	trace_cma_log_free(&pl);
+	side_free(&cons);
 }

@@ -351,7 +351,7 @@ Test(bench_trace_report, peer_cma_line_ratio_and_json)
 	cr_assert_eq(perf_trace_summarize(r, 1, &s), 0);
 	struct perf_trace_run_info info = {.model = "m", .layout = "split K/V", .trace = "t",
 					   .mode = "READ", .transport = "shm", .block_tokens = 16};
-	struct perf_trace_counters c = {.lcore_util = {0.5, 0.1}, .peer_cma = true, .peer_bytes = 100,
+	struct perf_trace_counters c = {.lcore_util = {0.5, 0.1}, .peer = "cma", .peer_bytes = 100,
 					.peer_wall_s = 0.005, .peer_calls = 2, .peer_iovs = 7};
 	char *txt = summary_text(&info, &s, &c, r, 1);
 	cr_assert(strstr(txt, "  peer cma loop          0.000 GB/s (100 bytes, as kvxfer's; 0.005 s, 2 calls, "
