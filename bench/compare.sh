@@ -21,6 +21,10 @@
 #      transparent huge pages, trace's default --hugepages on); throughput and CPU per GB
 #      (iperf3: client + server CPU from its JSON; kvxfer: both engines' threads, trace JSON
 #      summary.engine_cpu_s_per_gb)
+#   6b. the same runs' --peer tcp: a plain streaming send/recv loop moving the trace's bytes
+#      between the same pools (producer -> consumer, one connection). iperf3 reuses one 1 MiB
+#      buffer that stays in cache; the trace reads and writes gigabytes of pool memory, so this
+#      row separates what the memory costs from what kvxfer costs (docs/performance.md §12)
 #   7. streaming process_vm_writev (WRITE) / process_vm_readv (READ) loop moving the trace's
 #      bytes (same requests, block ids and extents; up to IOV_MAX iovecs per call)  vs
 #      kvxfer-perf trace --local -t shm (same options as 6): both from one `--peer cma` run
@@ -85,11 +89,12 @@ print("%.4f %.4f" % (r["bits_per_second"] / 8e9, cpu / (r["bytes"] / 1e9)))' "$o
 
 TRACE_JSON=$(mktemp)
 trap 'rm -f "$TRACE_JSON"' EXIT
-kvx_trace() { # write|read -> "GB/s CPU-seconds-per-GB" of the main job over tcp
+kvx_trace() { # write|read -> "GB/s CPU-seconds-per-GB loop-GB/s" of the main job over tcp
   "$PERF" trace --local -t tcp -m "$1" --speed 0 --requests 6 --pool-blocks 1100 --no-verify \
-    --json "$TRACE_JSON" >/dev/null 2>&1 || { echo "trace $1 failed" >&2; echo 0 0; return; }
+    --peer tcp --json "$TRACE_JSON" >/dev/null 2>&1 || { echo "trace $1 failed" >&2; echo 0 0 0; return; }
   python3 -c 'import json,sys; s = json.load(open(sys.argv[1]))["summary"]
-print("%.4f %.4f" % (s["throughput_gbps"] or 0, s["engine_cpu_s_per_gb"] or 0))' "$TRACE_JSON"
+print("%.4f %.4f %.4f" % (s["throughput_gbps"] or 0, s["engine_cpu_s_per_gb"] or 0,
+                          s["peer"]["throughput_gbps"] or 0))' "$TRACE_JSON"
 }
 
 kvx_trace_shm() { # write|read -> "kvxfer-GB/s loop-GB/s" of the main job over shm (--peer cma)
@@ -143,8 +148,9 @@ for r in $(seq "$ROUNDS"); do
   read -r a acpu <<<"$(iperf3_gbs 1M)"
   b=$(kvx_gbs tcp write 1M);  row "tcp 1 MiB: kvxfer-perf bw -t tcp vs iperf3 (1 stream)" "$b" "$a" iperf3
   for m in write read; do
-    read -r b bcpu <<<"$(kvx_trace $m)"
+    read -r b bcpu loop <<<"$(kvx_trace $m)"
     row "trace tcp $m (main job) vs iperf3 (1 stream)" "$b" "$a" "trace_$m"
+    row "trace tcp $m vs plain send/recv loop, same bytes" "$b" "$loop" "tcp_loop_$m"
     # CPU rows: the ratio is kvxfer's CPU per GB over iperf3's (lower is better).
     row "trace tcp $m CPU per GB vs iperf3's" "$bcpu" "$acpu" "cpu_$m" "s/GB"
   done
@@ -166,6 +172,8 @@ echo "summary (median ratio over rounds; target in brackets):"
 printf '  tcp vs iperf3        %sx  [>= 0.9]\n' "$(med "${RAT[iperf3]}")"
 printf '  trace tcp write      %sx  [>= 0.8], CPU/GB %sx [<= 1.5]\n' "$(med "${RAT[trace_write]}")" "$(med "${RAT[cpu_write]}")"
 printf '  trace tcp read       %sx  [>= 0.8], CPU/GB %sx [<= 1.5]\n' "$(med "${RAT[trace_read]}")" "$(med "${RAT[cpu_read]}")"
+printf '  trace tcp write      %sx  vs the same-bytes socket loop (reference)\n' "$(med "${RAT[tcp_loop_write]}")"
+printf '  trace tcp read       %sx  vs the same-bytes socket loop (reference)\n' "$(med "${RAT[tcp_loop_read]}")"
 printf '  tcp vs ucx 64 KiB    %sx  [>= 1.5]\n' "$(med "${RAT[ucx64k]}")"
 printf '  tcp vs ucx 1 MiB     %sx  [>= 1.5]\n' "$(med "${RAT[ucx1m]}")"
 printf '  shm vs cma loop      %sx  [>= 0.9]\n' "$(med "${RAT[cma]}")"

@@ -74,9 +74,9 @@ static void usage(FILE *f)
 "                       stopped); each run prints its summary and the exit code says if any failed\n"
 "  -l, --lcores LIST    polling lcores (DPDK -l syntax); with --local the producer takes the\n"
 "                       first half of the lcores and the consumer the rest (CPU sets kept);\n"
-"                       --local default: one each, both on the same two CPUs (two CPUs:\n"
-"                       0@(0,1),1@(0,1); more: the second and third, the first left to the\n"
-"                       control lcores)\n"
+"                       --local default: two each, all four on the same two CPUs (two CPUs:\n"
+"                       0@(0,1),1@(0,1) for each role; more: the second and third, the first\n"
+"                       left to the control lcores)\n"
 "  --control-lcore N    CPU of the control lcore (default any)\n"
 "  --idle busy|adaptive poller idle policy (default adaptive)\n"
 "  --spread on|off      on (default): with >= 2 polling lcores per engine a transfer's layers\n"
@@ -1450,7 +1450,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 	if ((o->lcores || lc[0]) && o->local)
 		fprintf(stderr, "kvxfer-perf trace: polling lcores: producer %s, consumer %s%s\n",
 			lc[0] ? lc[0] : o->lcores, lc[1] ? lc[1] : o->lcores,
-			o->lcores ? "" : " (default: a CPU each, set with -l)");
+			o->lcores ? "" : " (default: two each on two CPUs, set with -l)");
 
 	/* Replay. */
 	struct perf_progress prog;

@@ -63,10 +63,12 @@ int trace_default_lcores(const cpu_set_t *allowed, char out[2][TRACE_LCORES_MAX]
 			cpus[a++] = c;
 	if (a < 2)
 		return 0;
-	int first = a >= 3 ? 1 : 0;
-	/* Each role's poller may run on both CPUs: at RT priority pinned and floating measured
-	 * alike (3.13 vs 2.99 GB/s tcp WRITE), at load 10 floating held up (1.73 vs 0.54 GB/s). */
+	int first = a >= 3 ? 1 : 0, x = cpus[first], y = cpus[first + 1];
+	/* Each role's pollers may run on both CPUs: at RT priority pinned and floating measured
+	 * alike (3.13 vs 2.99 GB/s tcp WRITE), at load 10 floating held up (1.73 vs 0.54 GB/s).
+	 * Two per role, so the moving engine's layers are posted by two lcores (the spread) and
+	 * both CPUs copy: shm 1.5-1.9x the CMA loop instead of 1.0x (docs/performance.md §12). */
 	for (int s = 0; s < 2; s++)
-		snprintf(out[s], TRACE_LCORES_MAX, "%d@(%d,%d)", cpus[first + s], cpus[first], cpus[first + 1]);
+		snprintf(out[s], TRACE_LCORES_MAX, "%d@(%d,%d),%d@(%d,%d)", x, x, y, y, x, y);
 	return 2;
 }

@@ -31,17 +31,20 @@
 int trace_split_lcores(const char *list, char out[2][TRACE_LCORES_MAX], char *err, size_t errlen);
 
 /**
- * The polling lcores of `--local` without `-l`: each role's engine gets one polling lcore that
- * may run on two CPUs, the same two for both roles. Without this, both engines take their
+ * The polling lcores of `--local` without `-l`: each role's engine gets two polling lcores
+ * that may run on two CPUs, the same two for all four. Without this, both engines take their
  * default lcore (the second allowed CPU) and the two data paths share one CPU. Pinning each
- * role to a CPU of its own measured the same as this on an otherwise idle machine, and much
- * slower when other processes crowd one of the CPUs (docs/performance.md §1.4). With three or more CPUs, the first is left to the control lcores
- * and the role processes' main threads: both pollers on the second and third; with two, on
- * both.
+ * role to a CPU of its own measured the same as one floating lcore per role on an otherwise
+ * idle machine, and much slower when other processes crowd one of the CPUs
+ * (docs/performance.md §1.4); a second lcore per role lets the moving engine copy on both
+ * CPUs (the layer spread, §12). With three or more CPUs, the first is left to the control
+ * lcores and the role processes' main threads: the pollers on the second and third; with two,
+ * on both.
  *
  * @param allowed    CPUs the roles may use (this process's affinity and present CPUs).
- * @param[out] out   Array[2] strings: [0] producer, [1] consumer, `-l` form (`ID@(A,B)`, ID the
- *                   producer's or consumer's CPU A or B); written only when split.
+ * @param[out] out   Array[2] strings: [0] producer, [1] consumer, `-l` form
+ *                   (`A@(A,B),B@(A,B)`: lcores A and B, named after the two CPUs, each on
+ *                   both); written only when split.
  * @return           2 when split; 0 when @p allowed has fewer than two CPUs (each engine keeps
  *                   its default).
  */

@@ -83,8 +83,8 @@ Test(bench_trace_lcores, bad_list_is_einval_with_the_parser_message)
 	cr_assert_eq(trace_split_lcores("(0,1", out, err, sizeof(err)), -EINVAL);
 }
 
-/* --local without -l: one polling lcore per role, on different CPUs of the allowed set. */
-Test(bench_trace_lcores, default_gives_each_role_a_poller_on_two_cpus)
+/* --local without -l: two polling lcores per role, each on the same two CPUs of the allowed set. */
+Test(bench_trace_lcores, default_gives_each_role_two_pollers_on_two_cpus)
 {
 	char out[2][TRACE_LCORES_MAX];
 	cpu_set_t s;
@@ -92,8 +92,8 @@ Test(bench_trace_lcores, default_gives_each_role_a_poller_on_two_cpus)
 	CPU_SET(0, &s);
 	CPU_SET(1, &s);
 	cr_assert_eq(trace_default_lcores(&s, out), 2);
-	cr_assert_str_eq(out[0], "0@(0,1)");
-	cr_assert_str_eq(out[1], "1@(0,1)");
+	cr_assert_str_eq(out[0], "0@(0,1),1@(0,1)");
+	cr_assert_str_eq(out[1], "0@(0,1),1@(0,1)");
 	/* Three or more: the first CPU stays with the control lcores. */
 	CPU_ZERO(&s);
 	CPU_SET(2, &s);
@@ -101,18 +101,20 @@ Test(bench_trace_lcores, default_gives_each_role_a_poller_on_two_cpus)
 	CPU_SET(7, &s);
 	CPU_SET(9, &s);
 	cr_assert_eq(trace_default_lcores(&s, out), 2);
-	cr_assert_str_eq(out[0], "5@(5,7)");
-	cr_assert_str_eq(out[1], "7@(5,7)");
-	/* Each string is a valid one-lcore -l list on both CPUs. */
+	cr_assert_str_eq(out[0], "5@(5,7),7@(5,7)");
+	cr_assert_str_eq(out[1], "5@(5,7),7@(5,7)");
+	/* Each string is a valid two-lcore -l list, both lcores on both CPUs. */
 	struct kvx_lcore_cfg *cfg = malloc(sizeof(*cfg));
 	cr_assert(cfg);
 	for (int r = 0; r < 2; r++) {
 		kvx_lcore_cfg_init(cfg);
 		cr_assert_eq(kvx_lcore_parse_opt(cfg, "-l", out[r], NULL, 0), 1);
-		cr_assert_eq(cfg->n_lcores, 1);
-		cr_assert_eq(cfg->lcores[0].lcore_id, r ? 7u : 5u);
-		cr_assert_eq(CPU_COUNT(&cfg->lcores[0].cpus), 2);
-		cr_assert(CPU_ISSET(5, &cfg->lcores[0].cpus) && CPU_ISSET(7, &cfg->lcores[0].cpus));
+		cr_assert_eq(cfg->n_lcores, 2);
+		for (uint32_t i = 0; i < 2; i++) {
+			cr_assert_eq(cfg->lcores[i].lcore_id, i ? 7u : 5u);
+			cr_assert_eq(CPU_COUNT(&cfg->lcores[i].cpus), 2);
+			cr_assert(CPU_ISSET(5, &cfg->lcores[i].cpus) && CPU_ISSET(7, &cfg->lcores[i].cpus));
+		}
 	}
 	free(cfg);
 }
