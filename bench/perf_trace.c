@@ -115,7 +115,10 @@ static void usage(FILE *f)
 "  --peer tcp           (--local) the same with a plain streaming socket loop: the producer\n"
 "                       sends, the consumer receives (blocking sendmsg/recvmsg of up to IOV_MAX\n"
 "                       ranges) over one loopback connection; the tcp main job's like-for-like\n"
-"                       reference (iperf3 reuses one cached buffer, the replay cold pools)\n",
+"                       reference (iperf3 reuses one cached buffer, the replay cold pools).\n"
+"                       Either loop runs after the engines stopped; a loop that fails is\n"
+"                       printed n/a (JSON summary.peer.status) and leaves the exit code to the\n"
+"                       replay\n",
 		perf_data_dir(), perf_data_dir(), DEFAULT_TRACE, DEFAULT_PORT);
 }
 
@@ -1292,7 +1295,7 @@ static int run_driver(struct trace_opts *o, int argc, char **argv)
 			lc[1] = lbuf[1];
 		}
 	} else if (o->local && o->control_lcore == UINT32_MAX) {
-		/* No -l: one polling lcore per role, on two shared CPUs (trace_default_lcores()). */
+		/* No -l: two polling lcores per role, all on two shared CPUs (trace_default_lcores()). */
 		cpu_set_t present, allowed;
 		if (!kvx_lcore_host_cpus(&present, &allowed)) {
 			CPU_AND(&allowed, &allowed, &present);

@@ -615,6 +615,10 @@ static void handle_msg(struct role *R, const struct trace_msg_hdr *h, void *p)
 	case TRACE_MSG_TCP_SEND: {
 		if (!R->o->peer || R->dev)
 			break;
+		/* The replay is over (its counters went out with STATS): stop the pollers, so that
+		 * busy-idle lcores do not spin beside the reference loop and slow it down. */
+		if (R->e)
+			kvx_engine_stop(R->e);
 		struct trace_cma_pool pool = {.layers = R->m.num_layers, .planes = R->m.planes,
 					      .nb = R->nb, .block_len = R->block_len, .layer = R->layer};
 		bool producer = R->r == TRACE_ROLE_PRODUCER, initiator = producer == R->o->write_mode;

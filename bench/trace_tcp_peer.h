@@ -47,7 +47,8 @@ int trace_tcp_peer_listen(uint32_t *port);
  * Consumer side: accept one connection on @p lfd and receive every range into @p pool.
  * @param initiator  This role initiated the replay's transfers (READ mode).
  * @param info, len  The producer's CMA_INFO payload.
- * @param[out] r     Counters (calls = recvmsg calls, iovs = ranges after merging); r->status 0,
+ * @param[out] r     Counters (calls: its recvmsg calls; iovs: ranges after merging, in this
+ *                   pool); r->status 0,
  *                   -ETIMEDOUT (no connection), -ECONNRESET (the stream ended early), or as
  *                   trace_cma_each_extent() / the failed call.
  */
