@@ -53,13 +53,19 @@ class ProducerNotifyPorts:
 
     def __init__(self, ranks: list[tuple[int, int]], tp_size: int) -> None:
         self.ctx = zmq.Context()
-        for _ in range(50):  # a base whose rank ports are all free
-            probe = self.ctx.socket(zmq.ROUTER)
-            base = probe.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=60000)
-            probe.close(linger=0)
+        # The first rank's socket takes a random free port and fixes the base; the others bind
+        # at their offsets from it. No probe socket: ZMQ closes sockets on its I/O thread, so
+        # a probe's port may still be held when the same port is bound right after (that made
+        # every try of a loaded CI run fail).
+        for _ in range(50):
             self.socks: dict[tuple[int, int], zmq.Socket] = {}
             try:
-                for dp, tp in ranks:
+                dp0, tp0 = ranks[0]
+                first = self.ctx.socket(zmq.ROUTER)
+                self.socks[(dp0, tp0)] = first
+                port = first.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=60000)
+                base = port - port_offset(dp0, tp0, tp_size)
+                for dp, tp in ranks[1:]:
                     sk = self.ctx.socket(zmq.ROUTER)
                     self.socks[(dp, tp)] = sk
                     sk.bind(f"tcp://127.0.0.1:{base + port_offset(dp, tp, tp_size)}")
