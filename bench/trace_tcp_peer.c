@@ -85,11 +85,24 @@ static int add(void *arg, unsigned char *local, uint64_t remote, uint64_t len)
 	return 0;
 }
 
-static int run(struct stream *S, const struct trace_cma_log *local, const struct trace_cma_pool *pool,
-	       bool initiator, const void *info, size_t len)
+/* Move every range over the connected @p fd (sender or receiver), timed from here to the last
+ * byte; closes @p fd. r->status and r->ns are set. */
+static void stream(int fd, bool send, const struct trace_cma_log *local, const struct trace_cma_pool *pool,
+		   bool initiator, const void *info, size_t len, struct trace_cma_result *r)
 {
-	int rc = trace_cma_each_extent(local, pool, initiator, info, len, add, S, S->res);
-	return rc ? rc : flush(S);
+	struct stream *S = calloc(1, sizeof(*S));
+	if (!S) {
+		r->status = -ENOMEM;
+		close(fd);
+		return;
+	}
+	*S = (struct stream){.fd = fd, .send = send, .res = r};
+	uint64_t t0 = now_ns();
+	int rc = trace_cma_each_extent(local, pool, initiator, info, len, add, S, r);
+	r->status = rc ? rc : flush(S);
+	r->ns = now_ns() - t0;
+	close(fd);
+	free(S);
 }
 
 int trace_tcp_peer_listen(uint32_t *port)
@@ -113,46 +126,32 @@ void trace_tcp_peer_recv(int lfd, const struct trace_cma_log *local, const struc
 			 bool initiator, const void *info, size_t len, struct trace_cma_result *r)
 {
 	memset(r, 0, sizeof(*r));
-	struct stream *S = calloc(1, sizeof(*S));
-	if (!S) {
-		r->status = -ENOMEM;
-		return;
-	}
 	struct pollfd pf = {.fd = lfd, .events = POLLIN};
 	int rc = poll(&pf, 1, TRACE_TCP_PEER_ACCEPT_MS);
 	int fd = rc > 0 ? accept4(lfd, NULL, NULL, SOCK_CLOEXEC) : -1;
 	if (fd < 0) {
 		r->status = rc == 0 ? -ETIMEDOUT : -errno;
-		free(S);
 		return;
 	}
-	*S = (struct stream){.fd = fd, .send = false, .res = r};
-	uint64_t t0 = now_ns();
-	r->status = run(S, local, pool, initiator, info, len);
-	r->ns = now_ns() - t0;
-	close(fd);
-	free(S);
+	stream(fd, false, local, pool, initiator, info, len, r);
 }
 
 void trace_tcp_peer_send(uint32_t port, const struct trace_cma_log *local, const struct trace_cma_pool *pool,
 			 bool initiator, const void *info, size_t len, struct trace_cma_result *r)
 {
 	memset(r, 0, sizeof(*r));
-	struct stream *S = calloc(1, sizeof(*S));
+	if (port == 0 || port > UINT16_MAX) {
+		r->status = -EINVAL;
+		return;
+	}
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
 				.sin_port = htons((uint16_t)port)};
-	if (!S || fd < 0 || port == 0 || port > UINT16_MAX || connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-		r->status = !S ? -ENOMEM : (port == 0 || port > UINT16_MAX) ? -EINVAL : -errno;
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		r->status = -errno;
 		if (fd >= 0)
 			close(fd);
-		free(S);
 		return;
 	}
-	*S = (struct stream){.fd = fd, .send = true, .res = r};
-	uint64_t t0 = now_ns();
-	r->status = run(S, local, pool, initiator, info, len);
-	r->ns = now_ns() - t0;
-	close(fd);
-	free(S);
+	stream(fd, true, local, pool, initiator, info, len, r);
 }
