@@ -15,7 +15,8 @@
  *    same function on every thread, so a notification is routed to the poller that owns its
  *    transfer with no shared state): their entries (`tab`), posting, completion polling of its
  *    own endpoint of every peer connection (link k), timeouts, outbound notifications (its own
- *    control inbox). Poller 0 also runs the tcp target progress and confirms reader fences.
+ *    control inbox). Polling lcore k also runs the tcp target's progress group k (each
+ *    peer endpoint's connections are served by one of them) and confirms reader fences.
  *  - control lcore: handshakes (make_blob / on_done), connection accept, inbound
  *    notifications, and every control-path transport call (endpoint create, accept, connect,
  *    destroy; reader fences); it publishes peer connections (`struct conn`: epoch, one
@@ -325,6 +326,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 	xp.tcp_port = e->p.data_port; /* 0 = ephemeral */
 	xp.device = e->p.verbs_device; /* NULL = first ACTIVE device */
 	xp.op_timeout_ns = ms_ns(e->p.transfer_timeout_ms);
+	xp.progress_groups = e->n_po; /* tcp: every poller serves its share of target connections */
+	e->n_prog = 1;
 	for (uint32_t k = 0; k < 2 && provs[k]; k++) {
 		rc = kvx_xport_open(provs[k], &xp, &e->xctx[k]);
 		if (rc) {
@@ -333,6 +336,8 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		}
 		e->n_xctx = k + 1;
 		kvx_xport_query_caps(e->xctx[k], &e->caps[k]);
+		if (e->caps[k].needs_progress && e->caps[k].progress_groups > e->n_prog)
+			e->n_prog = e->caps[k].progress_groups;
 		/* A late write through this transport lands unless the lease is checked per op
 		 * (caps.cond_ops: tcp at the target, shm by the writer, docs/protocol.md §5.11):
 		 * D WRITE quarantine expiry fences. */

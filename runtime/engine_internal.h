@@ -338,9 +338,13 @@ struct poller {
 	struct kvx_xport_op *ops;
 	struct conn *plist; /* connections with ops outstanding on link k */
 	/* epoll set of the readiness fds this poller waits on (its lcore's wait fd): armed tcp
-	 * initiator endpoints (kvx_xport_ep_arm()) and, on poller 0, the contexts' progress fds. */
+	 * initiator endpoints (kvx_xport_ep_arm()) and, on pollers k < n_prog, the wait fds of
+	 * the contexts' progress group k. */
 	int wfd;
-	bool ctx_wait; /* poller 0: a context's progress fd is in wfd */
+	bool ctx_wait; /* pollers k < n_prog: a context's progress group fd is in wfd */
+	/* fence_cut this poller had loaded before its last progress calls had returned (fences,
+	 * poller.c); written by this poller (k < n_prog), read by the others. */
+	_Atomic uint64_t fence_seen;
 	bool gated;    /* this poll found a layer gate closed (polled, no fd wakes it) */
 	/* The lcore's timer heap (kvx_lcore_attach_timers()) and its one timer: the deadline scan,
 	 * armed only while the poller has live transfers or connections with ops outstanding. */
@@ -405,6 +409,8 @@ struct kvx_engine {
 	struct kvx_ctl_inbox *app_ib;
 	struct poller *po[KVX_ENGINE_MAX_POLLERS];
 	uint32_t n_po;
+	uint32_t n_prog; /* pollers 0..n_prog-1 call target progress (tcp: group k on poller k); at
+	                    least 1 (poller 0 confirms fences without a tcp target); set at create */
 	struct kvx_rcu_table *conns; /* peer id -> struct conn (control publishes, pollers read) */
 	/* app thread */
 	struct kvx_xfer_table *reg;
@@ -429,10 +435,11 @@ struct kvx_engine {
 	 *    drops the last reference, a poller or the RCU callback thread; take-all: the control
 	 *    thread in eng_on_ctl_work(), the app thread once the control lcore is stopped).
 	 *  - fences (P READ defer timeout, D WRITE quarantine expiry): fence_req is raised by any
-	 *    poller; the control thread destroys accepted[] and stores fence_cut; poller 0 stores
-	 *    fence_done = fence_cut after its next kvx_xport_progress() call (a call that began
-	 *    before the cut may still have been serving a reader); pollers release fenced blocks
-	 *    once fence_done covers them.
+	 *    poller; the control thread destroys accepted[] and stores fence_cut; fence_done
+	 *    becomes fence_cut (fence_confirm(), whichever poller sees it last) once each poller k < n_prog (the tcp target's progress
+	 *    groups) has returned from a kvx_xport_progress_group() call that began after the cut
+	 *    (a call that began before it may still have been serving a reader); pollers release
+	 *    fenced blocks once fence_done covers them.
 	 *  - ctl_efd: eventfd doorbell, written by whoever queued work; watched by the control
 	 *    lcore (eng_on_ctl_work()). */
 	struct kvx_xport_ep **accepted;

@@ -334,13 +334,27 @@ static void handle_cin(struct poller *po, struct emsg *m)
  * expired without the producer's answer is fenced the same way: a write still queued in the
  * producer's kernel (a partition) or process (stopped) then lands nowhere. shm cannot be
  * revoked by the target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
- * endpoints (eng_on_ctl_work(): fence_cut); poller 0, the thread of kvx_xport_progress(),
- * confirms once a progress call that began after the cut has returned (fence_done). */
+ * endpoints (eng_on_ctl_work(): fence_cut) and wakes pollers 0..n_prog-1, which run the tcp
+ * target's progress groups; the cut is confirmed (fence_done) once each of them has returned
+ * from a progress call that began after it (fence_seen). */
 static void fence_confirm(struct poller *po, uint64_t cut)
 {
 	struct kvx_engine *e = po->e;
-	if (cut != atomic_load_explicit(&e->fence_done, memory_order_relaxed))
-		atomic_store_explicit(&e->fence_done, cut, memory_order_release);
+	if (cut == atomic_load_explicit(&po->fence_seen, memory_order_relaxed))
+		return;
+	/* F1: seq_cst store then seq_cst loads of the others' (each of them does the same after
+	 * its own store), so the last of the pollers to see the cut sees all of theirs and
+	 * advances fence_done. fence_done only grows (CAS), whoever stores it. */
+	atomic_store_explicit(&po->fence_seen, cut, memory_order_seq_cst);
+	uint64_t m = cut;
+	for (uint32_t j = 0; j < e->n_prog; j++) {
+		uint64_t s = atomic_load_explicit(&e->po[j]->fence_seen, memory_order_seq_cst);
+		m = s < m ? s : m;
+	}
+	uint64_t d = atomic_load_explicit(&e->fence_done, memory_order_relaxed);
+	while (d < m && !atomic_compare_exchange_weak_explicit(&e->fence_done, &d, m, memory_order_release,
+							       memory_order_relaxed))
+		;
 }
 
 /* Serve transfers whose fence is done: their blocks are reusable now. */
@@ -426,8 +440,10 @@ int eng_poller_wait_init(struct kvx_engine *e, struct poller *po)
 	po->wfd = epoll_create1(EPOLL_CLOEXEC);
 	if (po->wfd < 0)
 		return -errno;
-	for (uint32_t i = 0; po->k == 0 && i < e->n_xctx; i++) {
-		int fd = e->caps[i].needs_progress ? kvx_xport_ctx_wait_fd(e->xctx[i]) : -1;
+	for (uint32_t i = 0; i < e->n_xctx; i++) {
+		int fd = e->caps[i].needs_progress && po->k < e->caps[i].progress_groups
+				 ? kvx_xport_group_wait_fd(e->xctx[i], po->k)
+				 : -1;
 		struct epoll_event ev = {.events = EPOLLIN};
 		if (fd >= 0 && epoll_ctl(po->wfd, EPOLL_CTL_ADD, fd, &ev) == 0)
 			po->ctx_wait = true;
@@ -494,12 +510,12 @@ int eng_poll_fn(void *arg)
 		if (po->n_live == before)
 			i++;
 	}
-	if (po->k == 0) {
+	if (po->k < e->n_prog) {
 		/* Loaded before the progress calls: the cut's endpoints are out of any call below. */
 		uint64_t cut = atomic_load_explicit(&e->fence_cut, memory_order_acquire);
 		for (uint32_t i = 0; i < e->n_xctx; i++)
-			if (e->caps[i].needs_progress)
-				busy |= kvx_xport_progress(e->xctx[i]) > 0;
+			if (e->caps[i].needs_progress && po->k < e->caps[i].progress_groups)
+				busy |= kvx_xport_progress_group(e->xctx[i], po->k) > 0;
 		fence_confirm(po, cut);
 	}
 	/* Deadlines: the scan timer bounds the lcore's sleep (it has no other cap, kvx_engine_start)

@@ -98,6 +98,11 @@ static int check_params(const struct kvx_xport_ctx_params *p)
 		kvx_log(KVX_LOG_ERROR, "transport: num_channels=%u out of range 0..64", p->num_channels);
 		return -EINVAL;
 	}
+	if (p->progress_groups > 16) {
+		kvx_log(KVX_LOG_ERROR, "transport: progress_groups=%u out of range 0..16",
+			p->progress_groups);
+		return -EINVAL;
+	}
 	if (p->queue_depth > 65536) {
 		kvx_log(KVX_LOG_ERROR, "transport: queue_depth=%u out of range 0..65536", p->queue_depth);
 		return -EINVAL;
@@ -173,6 +178,8 @@ int kvx_xport_open(const char *provider, const struct kvx_xport_ctx_params *p,
 	if (rc)
 		return rc;
 	ctx->ops = ops;
+	if (!ctx->caps.progress_groups)
+		ctx->caps.progress_groups = 1;
 	ctx->params = prm;
 	snprintf(ctx->tcp_addr, sizeof(ctx->tcp_addr), "%s", prm.tcp_addr ? prm.tcp_addr : "127.0.0.1");
 	ctx->params.tcp_addr = ctx->tcp_addr;
@@ -210,6 +217,20 @@ int kvx_xport_progress(struct kvx_xport_ctx *ctx)
 	return ctx->ops->progress(ctx);
 }
 
+int kvx_xport_progress_group(struct kvx_xport_ctx *ctx, uint32_t group)
+{
+	if (group >= ctx->caps.progress_groups)
+		return -EINVAL;
+	return group ? ctx->ops->progress_group(ctx, group) : ctx->ops->progress(ctx);
+}
+
+int kvx_xport_group_wait_fd(const struct kvx_xport_ctx *ctx, uint32_t group)
+{
+	if (group >= ctx->caps.progress_groups)
+		return -EINVAL;
+	return group ? ctx->ops->group_wait_fd(ctx, group) : kvx_xport_ctx_wait_fd(ctx);
+}
+
 static void cnt_read(const struct kvx_xport_cnt *c, struct kvx_xport_counters *o, bool add)
 {
 #define RD(f) (o->f = (add ? o->f : 0) + atomic_load_explicit(&c->f, memory_order_relaxed))
@@ -238,6 +259,8 @@ static void cnt_read(const struct kvx_xport_cnt *c, struct kvx_xport_counters *o
 void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx, struct kvx_xport_counters *out)
 {
 	cnt_read(&ctx->cnt, out, false);
+	for (uint32_t i = 0; i < ctx->n_xcnt; i++)
+		cnt_read(&ctx->xcnt[i], out, true);
 	for (const struct kvx_xport_ep *ep = ctx->eps; ep; ep = ep->next)
 		cnt_read(&ep->cnt, out, true);
 }
@@ -245,6 +268,8 @@ void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx, struct kvx_xport_co
 void kvx_xport_ctx_service_counters(const struct kvx_xport_ctx *ctx, struct kvx_xport_counters *out)
 {
 	cnt_read(&ctx->cnt, out, false);
+	for (uint32_t i = 0; i < ctx->n_xcnt; i++)
+		cnt_read(&ctx->xcnt[i], out, true);
 }
 
 void kvx_xport_ep_counters(const struct kvx_xport_ep *ep, struct kvx_xport_counters *out)

@@ -59,6 +59,10 @@ struct kvx_xport_ctx {
 	struct kvx_xport_cnt cnt;           /* target-side counters, relaxed atomics read by any
 	                                       thread: written by the kvx_xport_progress() caller,
 	                                       async_* by the kvx_xport_ctx_handle_events() caller */
+	const struct kvx_xport_cnt *xcnt;   /* Array[n_xcnt]: more target-side counters, one per
+	                                       progress group 1.. (its thread writes it); summed
+	                                       into cnt by the readers. Set at open. */
+	uint32_t n_xcnt;
 };
 
 /** Base of every provider region. */
@@ -98,7 +102,8 @@ struct kvx_xport_ep {
 };
 
 /**
- * Provider ops table: no NULL slots (except post_cond and cond_busy). Arguments are already checked by transport.c
+ * Provider ops table: no NULL slots (except post_cond, cond_busy, progress_group and
+ * group_wait_fd). Arguments are already checked by transport.c
  * (non-NULL pointers, ranges of documented fields) unless noted.
  */
 struct kvx_xport_ops {
@@ -133,6 +138,12 @@ struct kvx_xport_ops {
 	int (*cond_busy)(struct kvx_xport_ctx *ctx, uint64_t word);
 	int (*poll)(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 	int (*progress)(struct kvx_xport_ctx *ctx);
+	/** kvx_xport_progress_group() for a group 1..caps.progress_groups-1 (checked). May be
+	 *  NULL when caps.progress_groups is 1. */
+	int (*progress_group)(struct kvx_xport_ctx *ctx, uint32_t group);
+	/** kvx_xport_group_wait_fd() for a group 1..caps.progress_groups-1 (checked); may be NULL
+	 *  as progress_group. */
+	int (*group_wait_fd)(const struct kvx_xport_ctx *ctx, uint32_t group);
 	/** fd readable when progress may have work, or -ENOTSUP. */
 	int (*ctx_wait_fd)(const struct kvx_xport_ctx *ctx);
 	/** Block up to timeout_ms for target-side events: 1 event, 0 timeout, or -ENOTSUP. */

@@ -150,6 +150,13 @@ struct kvx_xport_ctx_params {
 	const char *device;       /**< verbs: RDMA device name; NULL = first usable. Copied. */
 	uint8_t ib_port;          /**< verbs: port number; 0 = 1. */
 	int gid_index;            /**< verbs: GID index; -1 = automatic. */
+	uint32_t progress_groups; /**< tcp: the target's data connections are served by this
+	                               many progress groups, 1..16 (0 = 1), one thread each:
+	                               group 0 by kvx_xport_progress(), group g by
+	                               kvx_xport_progress_group(ctx, g). Each endpoint's
+	                               connections go to one group (round-robin over accepted
+	                               endpoints), so a target with several peers' endpoints
+	                               copies on several threads. Others: 1 (caps). */
 };
 
 /** What a provider can do (kvx_xport_query_caps()). */
@@ -165,6 +172,8 @@ struct kvx_xport_caps {
 	bool needs_progress;    /**< true if the target must call kvx_xport_progress() for
 	                             peers' ops to make progress (tcp). */
 	bool same_host_only;    /**< true if both engines must be on one host (shm). */
+	uint32_t progress_groups; /**< Progress groups in effect (1 unless the provider serves
+	                             several: tcp, params.progress_groups). */
 	bool cond_ops;          /**< true if kvx_xport_post_bulk_cond() checks its condition
 	                             on every op: at the target (tcp), or by the initiator
 	                             before each copy, with the copy published to the word's
@@ -353,6 +362,41 @@ KVX_API int kvx_xport_query_caps(const struct kvx_xport_ctx *ctx, struct kvx_xpo
  * @par Context  Hot path: no allocation, no logging; non-blocking socket I/O only.
  */
 KVX_API int kvx_xport_progress(struct kvx_xport_ctx *ctx);
+
+/**
+ * Target-side progress of one progress group (params.progress_groups): the same work as
+ * kvx_xport_progress() for the data connections of the endpoints given to group @p group.
+ * Group 0 is kvx_xport_progress() itself and also accepts connections and checks their
+ * hellos; it hands an endpoint whose channels are all connected to its group, which serves
+ * it from then on. Each group is called by one thread at a time; different groups may be
+ * called concurrently by different threads (that is their point).
+ *
+ * An endpoint destroyed with kvx_xport_ep_destroy() is served by no call of any group that
+ * begins after the destroy returned: a caller that must know its peers can no longer reach
+ * target memory waits until every group has returned from a call that began after it.
+ *
+ * @param ctx    Context; not NULL.
+ * @param group  0..caps.progress_groups-1.
+ * @return       Units of work done, 0 when idle.
+ * @retval -EINVAL  @p group out of range.
+ * @par Thread safety  One thread at a time per group.
+ * @par Context  Hot path: no allocation, no logging; non-blocking socket I/O only.
+ * @par Source  kvxfer (issue 16: the target's copies on every polling lcore).
+ */
+KVX_API int kvx_xport_progress_group(struct kvx_xport_ctx *ctx, uint32_t group);
+
+/**
+ * File descriptor that becomes readable when kvx_xport_progress_group(@p ctx, @p group) may
+ * have new work (an epoll fd over the group's connections and its hand-off doorbell). Group 0
+ * is kvx_xport_ctx_wait_fd().
+ *
+ * @param ctx    Context; not NULL.
+ * @param group  0..caps.progress_groups-1.
+ * @return  fd >= 0 (owned by the context; do not close), -EINVAL for a group out of range,
+ *          -ENOTSUP when the provider has no target-side events.
+ * @par Thread safety  Any thread.
+ */
+KVX_API int kvx_xport_group_wait_fd(const struct kvx_xport_ctx *ctx, uint32_t group);
 
 /**
  * Read the context's counters: its target-side service plus the sum over its endpoints.

@@ -599,6 +599,15 @@ static void kid_end(struct kid *k)
 	close(k->from);
 }
 
+/* Polling lcores "0,1" when this host lets us pin to CPUs 0 and 1, else NULL (skip). */
+static const char *two_lcores(void)
+{
+	cpu_set_t cs;
+	if (sched_getaffinity(0, sizeof(cs), &cs) || !CPU_ISSET(0, &cs) || !CPU_ISSET(1, &cs))
+		return NULL;
+	return "0,1";
+}
+
 /* What the fenced consumer child saw. */
 struct fence_seen {
 	int status, error;
@@ -609,12 +618,15 @@ struct fence_seen {
 /* Consumer child of f_defer_timeout_fences_reader_before_release: connects with tx-a, then on
  * 'g' submits tx-f and stops itself (SIGSTOP) until the parent's producer has fenced and
  * reused the blocks; reports what its READ delivered. */
+static const char *fence_lcores; /* both engines' polling lcores (NULL: the default, one) */
+
 static int fence_consumer(int wr, int rd)
 {
 	struct kvx_engine_params dp;
 	struct eng D;
 	params(&dp, KVX_SCHED_CONSUMER, KVX_SCHED_MODE_READ);
 	dp.transfer_timeout_ms = 20000;
+	dp.lcores = fence_lcores;
 	eng_start(&D, &dp, 0);
 	uint16_t pt[2];
 	char c;
@@ -651,7 +663,7 @@ static int fence_consumer(int wr, int rd)
 	return 0;
 }
 
-Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
+static void fence_case(const char *lcores)
 {
 	/* P's defer timeout fires while D's READ is in flight: D (a child process) submitted it and
 	 * is stopped (SIGSTOP), so it can neither finish nor release. P must revoke D's access at
@@ -660,11 +672,13 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	 * what P served before the fence (original bytes) or fails with -ESTALE (its endpoint
 	 * died; it resumed on a new connection, whose lease lookup found the lease revoked). */
 	struct kid k;
+	fence_lcores = lcores;
 	kid_start(&k, fence_consumer);
 	struct kvx_engine_params pp;
 	struct eng P;
 	params(&pp, KVX_SCHED_PRODUCER, KVX_SCHED_MODE_READ);
 	pp.defer_timeout_ms = 3000;
+	pp.lcores = lcores;
 	eng_start(&P, &pp, 0x5a);
 	/* D reads only what P serves (block leases, issue 14): tx-a is served before D learns the
 	 * ports, so its handshake, read and release fall inside P's defer timeout (3 s: far longer
@@ -732,13 +746,20 @@ Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 	eng_free(&P);
 }
 
-/* Polling lcores "0,1" when this host lets us pin to CPUs 0 and 1, else NULL (skip). */
-static const char *two_lcores(void)
+Test(runtime_engine, f_defer_timeout_fences_reader_before_release)
 {
-	cpu_set_t cs;
-	if (sched_getaffinity(0, sizeof(cs), &cs) || !CPU_ISSET(0, &cs) || !CPU_ISSET(1, &cs))
-		return NULL;
-	return "0,1";
+	fence_case(NULL);
+}
+
+/* The same with two polling lcores on each side: D's two endpoints are served by P's two tcp
+ * progress groups, one per poller, and the fence holds only once both pollers have finished a
+ * progress call that began after the cut (poller.c fence_confirm()). */
+Test(runtime_engine, f_defer_timeout_fences_reader_before_release_two_lcores)
+{
+	const char *lc = two_lcores();
+	if (!lc)
+		cr_skip_test("CPUs 0 and 1 are not both allowed to this process");
+	fence_case(lc);
 }
 
 /* docs/protocol.md §6 item 18: D caches P's connection after the first transfer; P restarts on the

@@ -7,6 +7,8 @@
  */
 #include "tcp_internal.h"
 
+#include <sys/eventfd.h>
+
 _Static_assert((int)KVX_XPORT_MEM_HIP == (int)KVX_MEM_HIP &&
 		       (int)KVX_XPORT_MEM_HOSTDEV == (int)KVX_MEM_HOSTDEV,
 	       "transport and mem kinds share values");
@@ -59,6 +61,19 @@ void tcp_set_nodelay(int fd)
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &rto_max_ms, sizeof(rto_max_ms));
 }
 
+/* Close the groups' fds and locks (open failure, tcp_close()). */
+void tcp_grp_fini(struct tcp_ctx *c)
+{
+	for (uint32_t g = 0; g < TCP_MAX_GRP; g++) {
+		if (c->grp[g].epfd >= 0)
+			close(c->grp[g].epfd);
+		if (c->grp[g].efd >= 0)
+			close(c->grp[g].efd);
+		c->grp[g].epfd = c->grp[g].efd = -1;
+		pthread_mutex_destroy(&c->grp[g].lock);
+	}
+}
+
 static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_ctx **out)
 {
 	const char *addr = p->tcp_addr ? p->tcp_addr : "127.0.0.1";
@@ -66,8 +81,18 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	if (!c)
 		return -ENOMEM;
 	c->lfd = -1;
-	c->epfd = -1;
 	c->acc = true;
+	c->ngrp = p->progress_groups ? p->progress_groups : 1;
+	if (c->ngrp > TCP_MAX_GRP)
+		c->ngrp = TCP_MAX_GRP;
+	for (uint32_t g = 0; g < TCP_MAX_GRP; g++) {
+		c->grp[g].epfd = c->grp[g].efd = -1;
+		c->grp[g].idx = g;
+		c->grp[g].cnt = g ? &c->gcnt[g - 1] : &c->base.cnt;
+		pthread_mutex_init(&c->grp[g].lock, NULL);
+	}
+	c->base.xcnt = c->gcnt;
+	c->base.n_xcnt = c->ngrp - 1;
 	c->rl.interval_ns = 1000000000ull;
 	if (sodium_init() < 0) {
 		free(c);
@@ -98,10 +123,20 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 		goto fail;
 	}
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = TCP_EV_LISTEN};
-	c->epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->lfd, &ev)) {
+	c->grp[0].epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->grp[0].epfd < 0 || epoll_ctl(c->grp[0].epfd, EPOLL_CTL_ADD, c->lfd, &ev)) {
 		rc = -errno;
 		goto fail;
+	}
+	for (uint32_t g = 1; g < c->ngrp; g++) {
+		struct tgrp *gr = &c->grp[g];
+		struct epoll_event wev = {.events = EPOLLIN | EPOLLET, .data.u64 = TCP_EV_WAKE};
+		gr->epfd = epoll_create1(EPOLL_CLOEXEC);
+		gr->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (gr->epfd < 0 || gr->efd < 0 || epoll_ctl(gr->epfd, EPOLL_CTL_ADD, gr->efd, &wev)) {
+			rc = -errno;
+			goto fail;
+		}
 	}
 	struct kvx_xport_caps *cp = &c->base.caps;
 	cp->max_op_bytes = TCP_MAX_OP;
@@ -113,13 +148,13 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 	cp->needs_progress = true;
 	cp->same_host_only = false;
 	cp->cond_ops = true;
+	cp->progress_groups = c->ngrp;
 	*out = &c->base;
 	return 0;
 fail:
 	if (c->lfd >= 0)
 		close(c->lfd);
-	if (c->epfd >= 0)
-		close(c->epfd);
+	tcp_grp_fini(c);
 	free(c->slots);
 	free(c->gen);
 	free(c->used);
@@ -186,12 +221,14 @@ static int ep_dev_attach(struct tcp_ctx *c, struct tcp_ep *e)
 static int ctx_dev_init(struct tcp_ctx *c, const struct kvx_mem_type *t)
 {
 	int rc = kvx_mem_domain_get(&c->dev, t, "tcp mr_register");
-	if (!rc && !atomic_load_explicit(&c->tdev, memory_order_relaxed)) {
+	for (uint32_t g = 0; !rc && g < c->ngrp; g++) {
+		if (atomic_load_explicit(&c->grp[g].tdev, memory_order_relaxed))
+			continue;
 		struct tdev *d = NULL;
 		rc = tdev_create(c->dev, c->base.params.chunk_bytes, &d);
-		/* R3: pairs with A3 in ctx_tdev(). */
+		/* R3: pairs with A3 in grp_tdev(). */
 		if (!rc)
-			atomic_store_explicit(&c->tdev, d, memory_order_release);
+			atomic_store_explicit(&c->grp[g].tdev, d, memory_order_release);
 	}
 	for (struct kvx_xport_ep *ep = c->base.eps; !rc && ep; ep = ep->next)
 		if (ep->initiator)
@@ -242,7 +279,7 @@ static int tcp_mr_register(struct kvx_xport_ctx *ctx, const struct kvx_xport_mr_
 	c->slots[s].len = p->len_bytes;
 	c->slots[s].access = p->access;
 	c->slots[s].dev = dev;
-	/* R1: publishes addr/len/access/dev (and c->tdev); pairs with the seq_cst key load in
+	/* R1: publishes addr/len/access/dev (and the groups' tdev); pairs with the seq_cst key load in
 	 * req_check(). */
 	atomic_store_explicit(&c->slots[s].key, m->base.key, memory_order_release);
 	*out = &m->base;
@@ -416,6 +453,8 @@ static int tcp_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	xport_put_u64(blob + 16, e->token);
 	memcpy(blob + 40, e->secret, TCP_SECRET);
 	*len = TCP_B_BYTES;
+	e->grp = c->next_grp;
+	c->next_grp = (c->next_grp + 1) % c->ngrp;
 	pthread_mutex_lock(&c->lock);
 	e->pnext = c->pending;
 	c->pending = e;
@@ -701,6 +740,8 @@ const struct kvx_xport_ops kvx_xport_tcp_ops = {
 	.post_cond = tcp_post_cond,
 	.poll = tcp_poll,
 	.progress = tcp_progress,
+	.progress_group = tcp_progress_group,
+	.group_wait_fd = tcp_group_wait_fd,
 	.ctx_wait_fd = tcp_ctx_wait_fd,
 	.ctx_wait = tcp_ctx_wait,
 	.ep_wait = tcp_ep_wait,

@@ -112,7 +112,9 @@
 #define TCP_DEV_JOBS 64u          /* D2H jobs queued per staging ring */
 #define TCP_EV_LISTEN 1u          /* epoll data of the target's listener ... */
 #define TCP_EV_HELLO 2u           /* ... and of a connection before its hello; else a tconn * */
+#define TCP_EV_WAKE 3u            /* ... and of a group's hand-off doorbell (g > 0) */
 #define TCP_EVS 64                /* events harvested per epoll_wait() */
+#define TCP_MAX_GRP 16u           /* progress groups (params.progress_groups) */
 
 enum { REQ_READ = 1, REQ_WRITE = 2 };
 enum { REQF_COND = 1 }; /* request flags (byte 1) */
@@ -146,26 +148,47 @@ struct hello_slot {
 
 struct tcp_ep;
 
+/* One progress group: the target connections one thread serves (kvx_xport_progress_group();
+ * group 0 is kvx_xport_progress()). Group 0 also owns the listener, the hellos and the control
+ * thread's pending list. An endpoint gets its group when accepted (round-robin); group 0 checks
+ * its hellos and serves its connections until all its channels are connected and none holds
+ * device staging state, then hands it over through the group's inbox (grp_move()). Fields:
+ * the group's thread, except inbox/lock (group 0 pushes, the group takes) and the setup-time
+ * ones (epfd, efd, cnt, idx: written at open). */
+struct tgrp {
+	int epfd;                   /* connections, edge-triggered (group 0: also listener, hellos) */
+	int efd;                    /* g > 0: eventfd in epfd (TCP_EV_WAKE), rung with the inbox */
+	struct tcp_ep *served;      /* endpoints this group serves */
+	pthread_mutex_t lock;       /* g > 0: guards inbox */
+	struct tcp_ep *inbox;       /* g > 0: handed over by group 0, not yet taken */
+	_Atomic int has_inbox;
+	struct kvx_xport_cnt *cnt;  /* its counters: group 0 the context's, g > 0 gcnt[g - 1] */
+	_Atomic(struct tdev *) tdev; /* device staging: stored (release) by the control thread
+	                                before the first device slot's key is published; the
+	                                group loads it (acquire) */
+	uint32_t idx;
+};
+
 struct tcp_ctx {
 	struct kvx_xport_ctx base;
 	int lfd;
-	int epfd;                  /* listener, hellos and connections, all edge-triggered */
 	struct sockaddr_storage laddr;
 	socklen_t laddr_len;
 	struct tcp_slot *slots;    /* Array[max_regions] */
 	uint16_t *gen;             /* Array[max_regions], control thread */
 	bool *used;                /* Array[max_regions], control thread */
 	struct hello_slot hello[TCP_HELLO_SLOTS];
-	struct tcp_ep *served;     /* target endpoints owned by progress */
 	pthread_mutex_t lock;      /* guards pending */
-	struct tcp_ep *pending;    /* accepted, not yet picked up by progress */
+	struct tcp_ep *pending;    /* accepted, not yet picked up by group 0 */
 	_Atomic int has_pending;
 	bool acc;                  /* the listener may have connections to accept (edge seen) */
 	uint32_t n_hello;          /* hello slots in use */
-	struct kvx_ratelimit rl;   /* refusal logs; progress thread */
+	struct kvx_ratelimit rl;   /* refusal logs; group 0 */
 	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
-	_Atomic(struct tdev *) tdev; /* target-side staging: stored (release) before the first
-	                                device slot's key is published; progress loads (acquire) */
+	uint32_t ngrp;             /* progress groups, 1..TCP_MAX_GRP (set at open) */
+	uint32_t next_grp;         /* control thread: group of the next accepted endpoint */
+	struct tgrp grp[TCP_MAX_GRP];
+	struct kvx_xport_cnt gcnt[TCP_MAX_GRP - 1]; /* counters of groups 1.. (base.xcnt) */
 };
 
 struct tcp_mr {
@@ -270,6 +293,8 @@ struct tconn {
 	uint32_t wfill;          /* bytes in wb */
 	uint32_t copies;         /* staging copies referring to this connection's entries */
 	bool closed;             /* closed once: never attached again (cookies may point here) */
+	struct tgrp *g;          /* the group serving it (set when its hello checks out, and
+	                            again when the endpoint moves) */
 	/* The WRITE being received, if conditional: its word, the expected value and the
 	 * reference on the word's region (-1: none). */
 	_Atomic uint64_t *cword;
@@ -298,7 +323,8 @@ struct tcp_ep {
 	uint64_t token;
 	uint8_t secret[TCP_SECRET]; /* proof key (blob B); target: set at create; initiator: at connect */
 	struct tconn *conns;       /* Array[nch] */
-	struct tcp_ep *pnext;      /* pending / served list */
+	struct tcp_ep *pnext;      /* pending / served / inbox list */
+	uint32_t grp;              /* target: its progress group (control thread, at accept) */
 	_Atomic int refs;
 	_Atomic bool closing;
 };
@@ -309,10 +335,10 @@ static inline struct tdev *ep_dev(struct tcp_ep *e)
 	return atomic_load_explicit(&e->dev, memory_order_acquire);
 }
 
-static inline struct tdev *ctx_tdev(struct tcp_ctx *c)
+static inline struct tdev *grp_tdev(struct tgrp *g)
 {
 	/* A3: pairs with R3 in ctx_dev_init(). */
-	return atomic_load_explicit(&c->tdev, memory_order_acquire);
+	return atomic_load_explicit(&g->tdev, memory_order_acquire);
 }
 
 /* One entry of a send queue as the gathered send sees it: header bytes, then payload bytes. */
@@ -330,6 +356,7 @@ struct txent {
 /* TCP_NODELAY, and the retransmission backoff capped at 1 s where the kernel allows it. */
 void tcp_set_nodelay(int fd);
 void tcp_ep_free(struct tcp_ep *e);
+void tcp_grp_fini(struct tcp_ctx *c);
 void tcp_tdev_destroy(struct tdev *d);
 /* A sent (or dropped) bounce buffer back to the D2H ring; *held is cleared. */
 void tcp_bounce_put(struct tdev *d, uint8_t *buf, uint32_t slot, bool *held);
@@ -350,8 +377,10 @@ int tcp_ep_arm(struct kvx_xport_ep *ep, int epfd);
 
 /* tcp_target.c (the context's progress thread; close: no progress running) */
 int tcp_progress(struct kvx_xport_ctx *ctx);
+int tcp_progress_group(struct kvx_xport_ctx *ctx, uint32_t group);
 void tcp_close(struct kvx_xport_ctx *ctx);
 int tcp_ctx_wait_fd(const struct kvx_xport_ctx *ctx);
+int tcp_group_wait_fd(const struct kvx_xport_ctx *ctx, uint32_t group);
 int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms);
 
 #endif /* KVX_TCP_INTERNAL_H */

@@ -91,7 +91,7 @@ static bool wcond_ok(struct tcp_ctx *c, struct tconn *t)
 	wcond_put(c, t);
 	t->cur_status = -ESTALE;
 	t->dst = NULL;
-	xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
+	xport_cnt_add(t->g->cnt, reqs_rejected, 1);
 	return false;
 }
 
@@ -127,10 +127,10 @@ static void resp_unhold(struct tdev *d, struct tresp *r)
 
 /* READ from a device region: reserve one response entry per bounce-buffer piece and queue
  * the D2H job. -EAGAIN when entries or jobs are short (the request is retried later). */
-static int read_stage(struct tcp_ctx *c, struct tconn *t, uint32_t seq, const uint8_t *src,
+static int read_stage(struct tconn *t, uint32_t seq, const uint8_t *src,
 		      uint32_t clen, int32_t slot)
 {
-	struct tdev *d = ctx_tdev(c);
+	struct tdev *d = grp_tdev(t->g);
 	uint32_t np = (uint32_t)((clen + d->buf_bytes - 1) / d->buf_bytes);
 	if (t->tq_head - t->tq_sent + np > TCP_TQ)
 		return -EAGAIN;
@@ -156,7 +156,7 @@ static int read_stage(struct tcp_ctx *c, struct tconn *t, uint32_t seq, const ui
  * 1 progressed, 0 blocked (no free buffer or no data yet), < 0 connection error. */
 static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
 {
-	struct tdev *d = ctx_tdev(c);
+	struct tdev *d = grp_tdev(t->g);
 	if (!t->wb_have) {
 		if (kvx_mem_stage_h2d_get(d->rx, &t->wb))
 			return 0; /* retried once pump() retired a copy */
@@ -174,7 +174,7 @@ static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
 		if (!*budget || !t->rd_ok)
 			return 0;
 		int n = tcp_recv(t->fd, (uint8_t *)t->wb.buf + t->wfill,
-				 want < *budget ? want : *budget, &t->rd_ok, &c->base.cnt);
+				 want < *budget ? want : *budget, &t->rd_ok, t->g->cnt);
 		if (n <= 0)
 			return n;
 		got = (uint32_t)n;
@@ -204,7 +204,7 @@ static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
 	t->wb_have = false;
 	if (!t->pay_left) {
 		if (!t->cur_status)
-			xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+			xport_cnt_add(t->g->cnt, bytes_served, t->cur_len);
 		wcond_put(c, t);
 		r->wdone = true;
 		if (!r->pend)
@@ -217,7 +217,7 @@ static int wdev_step(struct tcp_ctx *c, struct tconn *t, uint32_t *budget)
 
 /* Target staging: hand filled buffers to their READ pieces, retire WRITE copies. Entries of a
  * closed connection only give back their buffers and region references. */
-static int tpump(struct tcp_ctx *c, struct tdev *d)
+static int tpump(struct tcp_ctx *c, struct tgrp *g, struct tdev *d)
 {
 	struct kvx_mem_chunk b;
 	uint64_t ck;
@@ -244,7 +244,7 @@ static int tpump(struct tcp_ctx *c, struct tdev *d)
 		r->ready = true;
 	}
 	if (KVX_UNLIKELY(rc < 0))
-		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+		xport_cnt_add(g->cnt, proto_errors, 1);
 	while ((rc = kvx_mem_stage_h2d_poll(d->rx, &ck, &len)) == 1) {
 		struct tresp *r = (struct tresp *)(uintptr_t)ck;
 		struct tconn *t = r->t;
@@ -261,7 +261,7 @@ static int tpump(struct tcp_ctx *c, struct tdev *d)
 		}
 	}
 	if (KVX_UNLIKELY(rc < 0))
-		xport_cnt_add(&c->base.cnt, proto_errors, 1);
+		xport_cnt_add(g->cnt, proto_errors, 1);
 	return work;
 }
 
@@ -287,13 +287,13 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 				slot_put(c, r->cslot);
 				r->slot = r->cslot = -1;
 				r->cword = NULL;
-				xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
+				xport_cnt_add(t->g->cnt, reqs_rejected, 1);
 			}
 			x[n++] = (struct txent){r->hdr, r->hlen, r->payload, r->len};
 		}
 		if (!n)
 			return work;
-		int full = tcp_txv_send(t->fd, x, n, &t->tq_off, &t->wr_ok, &c->base.cnt);
+		int full = tcp_txv_send(t->fd, x, n, &t->tq_off, &t->wr_ok, t->g->cnt);
 		if (full < 0)
 			return full == -EAGAIN ? work : full;
 		work++;
@@ -304,7 +304,7 @@ static int tconn_tx(struct tcp_ctx *c, struct tconn *t)
 			r->slot = r->cslot = -1;
 			r->cword = NULL;
 			if (r->held)
-				resp_unhold(ctx_tdev(c), r);
+				resp_unhold(grp_tdev(t->g), r);
 		}
 	}
 	return work;
@@ -342,7 +342,7 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 	bool dev = !st && c->slots[slot].dev;
 	if (dev && op == REQ_READ) {
 		/* A staged READ: the condition held at the request (checked only there). */
-		int rc = read_stage(c, t, seq, addr + coff, clen, slot);
+		int rc = read_stage(t, seq, addr + coff, clen, slot);
 		slot_put(c, cslot);
 		cword = NULL;
 		if (rc) {
@@ -351,9 +351,9 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 		}
 	}
 	if (st)
-		xport_cnt_add(&c->base.cnt, reqs_rejected, 1);
+		xport_cnt_add(t->g->cnt, reqs_rejected, 1);
 	else
-		xport_cnt_add(&c->base.cnt, reqs_served, 1);
+		xport_cnt_add(t->g->cnt, reqs_served, 1);
 	t->big = op == REQ_WRITE && clen >= TCP_DIRECT;
 	if (op == REQ_READ) {
 		if (st) {
@@ -365,7 +365,7 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 			r->cslot = cword ? cslot : -1;
 		}
 		if (!st)
-			xport_cnt_add(&c->base.cnt, bytes_served, clen);
+			xport_cnt_add(t->g->cnt, bytes_served, clen);
 		return 0;
 	}
 	t->cword = cword;
@@ -393,7 +393,7 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 static void wpay_done(struct tcp_ctx *c, struct tconn *t)
 {
 	if (!t->cur_status)
-		xport_cnt_add(&c->base.cnt, bytes_served, t->cur_len);
+		xport_cnt_add(t->g->cnt, bytes_served, t->cur_len);
 	wcond_put(c, t);
 	slot_put(c, t->cur_slot);
 	t->cur_slot = -1;
@@ -432,7 +432,7 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 			if (t->dst && t->pay_left >= TCP_DIRECT && wcond_ok(c, t)) {
 				uint32_t want = t->pay_left < budget ? t->pay_left : budget;
 				int n = budget && t->rd_ok
-						? tcp_recv(t->fd, t->dst, want, &t->rd_ok, &c->base.cnt)
+						? tcp_recv(t->fd, t->dst, want, &t->rd_ok, t->g->cnt)
 						: 0;
 				if (n <= 0)
 					return n < 0 ? n : work;
@@ -461,7 +461,7 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 		/* A stream of large WRITEs: the next header alone (its payload then goes direct). */
 		uint32_t max = t->state == TC_HDR && t->big ? TCP_REQ + TCP_COND : TCP_RXBUF;
 		int n = tcp_rx_fill(t->fd, t->rx, &t->rx_start, &t->rx_end, budget ? max : 0,
-				    &t->rd_ok, &c->base.cnt);
+				    &t->rd_ok, t->g->cnt);
 		if (n <= 0)
 			return n < 0 ? n : work;
 		budget = (uint32_t)n < budget ? budget - (uint32_t)n : 0;
@@ -470,7 +470,7 @@ static int tconn_rx(struct tcp_ctx *c, struct tconn *t)
 
 static void tconn_close(struct tcp_ctx *c, struct tconn *t)
 {
-	struct tdev *d = ctx_tdev(c);
+	struct tdev *d = t->g ? grp_tdev(t->g) : NULL;
 	if (t->closed)
 		return;
 	t->closed = true;
@@ -514,8 +514,8 @@ static void pick_pending(struct tcp_ctx *c)
 	while (c->pending) {
 		struct tcp_ep *e = c->pending;
 		c->pending = e->pnext;
-		e->pnext = c->served;
-		c->served = e;
+		e->pnext = c->grp[0].served;
+		c->grp[0].served = e;
 	}
 	atomic_store_explicit(&c->has_pending, 0, memory_order_relaxed);
 	pthread_mutex_unlock(&c->lock);
@@ -562,7 +562,7 @@ static struct tcp_ep *hello_ep(struct tcp_ctx *c, const uint8_t *hb)
 	uint64_t token = xport_get_u64(hb + 8);
 	uint16_t ch = xport_get_u16(hb + 16);
 	struct tcp_ep *e;
-	for (e = c->served; e && e->token != token; e = e->pnext)
+	for (e = c->grp[0].served; e && e->token != token; e = e->pnext)
 		;
 	if (!e || atomic_load_explicit(&e->closing, memory_order_acquire) || ch >= e->nch ||
 	    e->conns[ch].fd >= 0 || e->conns[ch].closed || xport_get_u16(hb + 18) != e->nch)
@@ -603,8 +603,9 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 	uint16_t ch = xport_get_u16(h->buf + 16);
 	/* Same fd, now also waiting for writability (READ responses to a slow reader). */
 	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.ptr = &e->conns[ch]};
-	(void)epoll_ctl(c->epfd, EPOLL_CTL_MOD, h->fd, &ev);
+	(void)epoll_ctl(c->grp[0].epfd, EPOLL_CTL_MOD, h->fd, &ev);
 	e->conns[ch].fd = h->fd;
+	e->conns[ch].g = &c->grp[0];
 	e->conns[ch].rd_ok = e->conns[ch].wr_ok = true; /* requests may have come with the hello */
 	c->n_hello--;
 	h->fd = -1;
@@ -612,15 +613,19 @@ static int hello_step(struct tcp_ctx *c, struct hello_slot *h)
 	return 1;
 }
 
-/* Readiness edges into the flags: the listener's, and each served connection's. Hello slots
- * are few and short-lived: every progress call tries them. */
-static int ctx_harvest(struct tcp_ctx *c, int timeout_ms)
+/* Readiness edges into the flags: group 0's listener, and each served connection's. Hello
+ * slots are few and short-lived: every group 0 call tries them. */
+static int grp_harvest(struct tcp_ctx *c, struct tgrp *g, int timeout_ms)
 {
 	struct epoll_event ev[TCP_EVS];
-	int n = epoll_wait(c->epfd, ev, TCP_EVS, timeout_ms);
+	int n = epoll_wait(g->epfd, ev, TCP_EVS, timeout_ms);
 	for (int i = 0; i < n; i++) {
 		if (ev[i].data.u64 == TCP_EV_LISTEN) {
 			c->acc = true;
+		} else if (ev[i].data.u64 == TCP_EV_WAKE) {
+			uint64_t v;
+			ssize_t r = read(g->efd, &v, sizeof(v)); /* the inbox is looked at anyway */
+			(void)r;
 		} else if (ev[i].data.u64 != TCP_EV_HELLO) {
 			struct tconn *t = ev[i].data.ptr;
 			if (ev[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
@@ -632,37 +637,79 @@ static int ctx_harvest(struct tcp_ctx *c, int timeout_ms)
 	return n > 0 ? 1 : 0;
 }
 
-int tcp_progress(struct kvx_xport_ctx *ctx)
+/* Whether group 0 may hand endpoint e to its group now: all channels connected and no
+ * connection holding state of group 0's device staging (copies, bounce buffers). Host-memory
+ * state (buffered bytes, a WRITE payload being received, queued responses) moves with it. */
+static bool grp_movable(const struct tcp_ep *e)
 {
-	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
-	struct tdev *d = ctx_tdev(c);
-	int work = d && d->copies ? tpump(c, d) : 0;
-	pick_pending(c);
-	ctx_harvest(c, 0);
-	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
-		if (c->hello[i].fd >= 0)
-			work += hello_step(c, &c->hello[i]);
-	}
-	/* Accept while the listener's last edge has not been followed by an EAGAIN (and a hello
-	 * slot is free: else the flag stays up and the next call tries again). */
-	for (int i = 0; c->acc && i < TCP_HELLO_SLOTS; i++) {
-		if (c->hello[i].fd >= 0)
-			continue;
-		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				c->acc = false;
-			break;
+	for (uint32_t i = 0; i < e->nch; i++) {
+		const struct tconn *t = &e->conns[i];
+		if (t->fd < 0 || t->copies || t->wb_have || t->wr)
+			return false;
+		for (uint32_t k = t->tq_sent; k != t->tq_head; k++) {
+			const struct tresp *r = &t->tq[k & (TCP_TQ - 1)];
+			if (r->held || !r->ready)
+				return false;
 		}
-		tcp_set_nodelay(fd);
-		struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = TCP_EV_HELLO};
-		(void)epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev);
-		c->hello[i].fd = fd;
-		c->hello[i].got = 0;
-		c->n_hello++;
-		work += 1 + hello_step(c, &c->hello[i]);
 	}
-	struct tcp_ep **pp = &c->served;
+	return true;
+}
+
+/* Group 0: hand e (unlinked from its served list) to group e->grp. Its sockets leave group 0's
+ * epoll set here and join the group's when it takes them (grp_take()). */
+static void grp_move(struct tcp_ctx *c, struct tcp_ep *e)
+{
+	struct tgrp *g = &c->grp[e->grp];
+	for (uint32_t i = 0; i < e->nch; i++)
+		(void)epoll_ctl(c->grp[0].epfd, EPOLL_CTL_DEL, e->conns[i].fd, NULL);
+	pthread_mutex_lock(&g->lock);
+	e->pnext = g->inbox;
+	g->inbox = e;
+	pthread_mutex_unlock(&g->lock);
+	/* H1: pairs with H2 in grp_take(). */
+	atomic_store_explicit(&g->has_inbox, 1, memory_order_release);
+	uint64_t one = 1;
+	ssize_t r = write(g->efd, &one, sizeof(one));
+	(void)r;
+}
+
+/* Group g > 0: take the endpoints group 0 handed over. Their readiness flags are raised (edges
+ * may have come while no epoll set held the sockets), so the first pass tries each socket. */
+static int grp_take(struct tgrp *g)
+{
+	/* H2: pairs with H1 in grp_move(). */
+	if (!atomic_load_explicit(&g->has_inbox, memory_order_acquire))
+		return 0;
+	pthread_mutex_lock(&g->lock);
+	struct tcp_ep *in = g->inbox;
+	g->inbox = NULL;
+	atomic_store_explicit(&g->has_inbox, 0, memory_order_relaxed);
+	pthread_mutex_unlock(&g->lock);
+	int n = 0;
+	while (in) {
+		struct tcp_ep *e = in;
+		in = e->pnext;
+		for (uint32_t i = 0; i < e->nch; i++) {
+			struct tconn *t = &e->conns[i];
+			struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLET, .data.ptr = t};
+			t->g = g;
+			t->rd_ok = t->wr_ok = true;
+			if (t->fd >= 0)
+				(void)epoll_ctl(g->epfd, EPOLL_CTL_ADD, t->fd, &ev);
+		}
+		e->pnext = g->served;
+		g->served = e;
+		n++;
+	}
+	return n;
+}
+
+/* Serve group g's endpoints: close the destroyed ones, move requests and responses on the
+ * others' connections; group 0 hands endpoints that belong to other groups over. */
+static int grp_serve(struct tcp_ctx *c, struct tgrp *g)
+{
+	int work = 0;
+	struct tcp_ep **pp = &g->served;
 	while (*pp) {
 		struct tcp_ep *e = *pp;
 		if (KVX_UNLIKELY(atomic_load_explicit(&e->closing, memory_order_acquire))) {
@@ -682,6 +729,12 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 			work++;
 			continue;
 		}
+		if (e->grp != g->idx && grp_movable(e)) {
+			*pp = e->pnext;
+			grp_move(c, e);
+			work++;
+			continue;
+		}
 		for (uint32_t i = 0; i < e->nch; i++) {
 			struct tconn *t = &e->conns[i];
 			/* Touched only with a flag up, or data already buffered to parse. */
@@ -696,7 +749,7 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 			}
 			if (KVX_UNLIKELY(rc < 0)) {
 				if (rc == -EPROTO)
-					xport_cnt_add(&c->base.cnt, proto_errors, 1);
+					xport_cnt_add(g->cnt, proto_errors, 1);
 				tconn_close(c, t);
 				work++;
 				continue;
@@ -705,10 +758,62 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 		}
 		pp = &e->pnext;
 	}
+	return work;
+}
+
+int tcp_progress(struct kvx_xport_ctx *ctx)
+{
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	struct tgrp *g = &c->grp[0];
+	struct tdev *d = grp_tdev(g);
+	int work = d && d->copies ? tpump(c, g, d) : 0;
+	pick_pending(c);
+	grp_harvest(c, g, 0);
+	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
+		if (c->hello[i].fd >= 0)
+			work += hello_step(c, &c->hello[i]);
+	}
+	/* Accept while the listener's last edge has not been followed by an EAGAIN (and a hello
+	 * slot is free: else the flag stays up and the next call tries again). */
+	for (int i = 0; c->acc && i < TCP_HELLO_SLOTS; i++) {
+		if (c->hello[i].fd >= 0)
+			continue;
+		int fd = accept4(c->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				c->acc = false;
+			break;
+		}
+		tcp_set_nodelay(fd);
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = TCP_EV_HELLO};
+		(void)epoll_ctl(g->epfd, EPOLL_CTL_ADD, fd, &ev);
+		c->hello[i].fd = fd;
+		c->hello[i].got = 0;
+		c->n_hello++;
+		work += 1 + hello_step(c, &c->hello[i]);
+	}
+	work += grp_serve(c, g);
 	if (d && d->copies) {
-		work += tpump(c, d);
+		work += tpump(c, g, d);
 		if (d->copies && !work)
 			work = 1; /* copies in flight: not idle (they finish without a socket event) */
+	}
+	return work;
+}
+
+int tcp_progress_group(struct kvx_xport_ctx *ctx, uint32_t group)
+{
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	struct tgrp *g = &c->grp[group];
+	struct tdev *d = grp_tdev(g);
+	int work = d && d->copies ? tpump(c, g, d) : 0;
+	work += grp_take(g);
+	grp_harvest(c, g, 0);
+	work += grp_serve(c, g);
+	if (d && d->copies) {
+		work += tpump(c, g, d);
+		if (d->copies && !work)
+			work = 1;
 	}
 	return work;
 }
@@ -717,18 +822,24 @@ void tcp_close(struct kvx_xport_ctx *ctx)
 {
 	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
 	pick_pending(c);
-	/* No progress thread runs now (kvx_xport_close contract): free what it owned. Buffers go
-	 * back to the staging before it finishes its copies and is destroyed. */
-	for (struct tcp_ep *e = c->served; e; e = e->pnext)
-		for (uint32_t i = 0; i < e->nch; i++)
-			tconn_close(c, &e->conns[i]);
-	tcp_tdev_destroy(ctx_tdev(c));
-	atomic_store_explicit(&c->tdev, NULL, memory_order_relaxed);
-	while (c->served) {
-		struct tcp_ep *e = c->served;
-		c->served = e->pnext;
-		if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
-			tcp_ep_free(e);
+	for (uint32_t g = 1; g < c->ngrp; g++)
+		(void)grp_take(&c->grp[g]);
+	/* No progress thread runs now (kvx_xport_close contract): free what the groups owned.
+	 * Buffers go back to the staging before it finishes its copies and is destroyed. */
+	for (uint32_t g = 0; g < c->ngrp; g++)
+		for (struct tcp_ep *e = c->grp[g].served; e; e = e->pnext)
+			for (uint32_t i = 0; i < e->nch; i++)
+				tconn_close(c, &e->conns[i]);
+	for (uint32_t g = 0; g < c->ngrp; g++) {
+		struct tgrp *gr = &c->grp[g];
+		tcp_tdev_destroy(grp_tdev(gr));
+		atomic_store_explicit(&gr->tdev, NULL, memory_order_relaxed);
+		while (gr->served) {
+			struct tcp_ep *e = gr->served;
+			gr->served = e->pnext;
+			if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)
+				tcp_ep_free(e);
+		}
 	}
 	for (int i = 0; i < TCP_HELLO_SLOTS; i++)
 		if (c->hello[i].fd >= 0)
@@ -740,7 +851,7 @@ void tcp_close(struct kvx_xport_ctx *ctx)
 	}
 	if (c->lfd >= 0)
 		close(c->lfd);
-	close(c->epfd);
+	tcp_grp_fini(c);
 	kvx_mem_close(c->dev);
 	free(c->slots);
 	free(c->gen);
@@ -753,14 +864,19 @@ void tcp_close(struct kvx_xport_ctx *ctx)
  * flag drops only when it would block, so any later change produces a new edge. */
 int tcp_ctx_wait_fd(const struct kvx_xport_ctx *ctx)
 {
-	return ((const struct tcp_ctx *)ctx)->epfd;
+	return ((const struct tcp_ctx *)ctx)->grp[0].epfd;
+}
+
+int tcp_group_wait_fd(const struct kvx_xport_ctx *ctx, uint32_t group)
+{
+	return ((const struct tcp_ctx *)ctx)->grp[group].epfd;
 }
 
 int tcp_ctx_wait(struct kvx_xport_ctx *ctx, int timeout_ms)
 {
 	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
-	struct tdev *d = ctx_tdev(c);
+	struct tdev *d = grp_tdev(&c->grp[0]);
 	if (d && d->copies)
 		return 1; /* staging copies finish without an fd event */
-	return ctx_harvest(c, timeout_ms);
+	return grp_harvest(c, &c->grp[0], timeout_ms);
 }
