@@ -42,8 +42,8 @@ if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
 
   # Criterion cannot start under TSan (Snaipe/Criterion#274, see tests/lcore/tsan_runner.h), so
   # the TSan build builds and runs the multi-threaded test files (ring/lcore stress, control
-  # lcore, device staging threads, engine with 2 polling lcores) with the in-process runner
-  # (ctest label "tsan").
+  # lcore, device staging threads, tcp progress groups, engine with 2 polling lcores) with the
+  # in-process runner (ctest label "tsan").
   stage "TSan build + multi-threaded tests"
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_SANITIZE=thread \
     -DKVX_BUILD_BENCH=OFF >/dev/null

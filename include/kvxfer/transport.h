@@ -153,10 +153,11 @@ struct kvx_xport_ctx_params {
 	uint32_t progress_groups; /**< tcp: the target's data connections are served by this
 	                               many progress groups, 1..16 (0 = 1), one thread each:
 	                               group 0 by kvx_xport_progress(), group g by
-	                               kvx_xport_progress_group(ctx, g). Each endpoint's
-	                               connections go to one group (round-robin over accepted
-	                               endpoints), so a target with several peers' endpoints
-	                               copies on several threads. Others: 1 (caps). */
+	                               kvx_xport_progress_group(ctx, g). A target endpoint's
+	                               connections go to group (its poll group, from
+	                               kvx_xport_ep_set_group(), mod progress_groups), so a
+	                               target whose peers connect several endpoints copies on
+	                               several threads. Others: 1 (caps). */
 };
 
 /** What a provider can do (kvx_xport_query_caps()). */
@@ -358,7 +359,9 @@ KVX_API int kvx_xport_query_caps(const struct kvx_xport_ctx *ctx, struct kvx_xpo
  *
  * @param ctx  Context; not NULL.
  * @return     Units of work done (requests, connections), 0 when idle; never negative.
- * @par Thread safety  One thread at a time per context (the runtime's poller for it).
+ * @par Thread safety  One thread at a time per context (the runtime's poller 0). With
+ *                     params.progress_groups > 1 this is group 0 and the other groups run
+ *                     concurrently on their own threads (kvx_xport_progress_group()).
  * @par Context  Hot path: no allocation, no logging; non-blocking socket I/O only.
  */
 KVX_API int kvx_xport_progress(struct kvx_xport_ctx *ctx);
@@ -415,9 +418,9 @@ KVX_API void kvx_xport_ctx_counters(const struct kvx_xport_ctx *ctx,
  * that only endpoints count (ops_*, batches_done, bytes_read/written, post_nobufs, timeouts,
  * resets) read 0 unless the provider counts them on the context too.
  *
- * Unlike kvx_xport_ctx_counters() it walks no list: each field is one relaxed atomic load of a
- * counter with one writer (the thread calling kvx_xport_progress(); async_* the thread calling
- * kvx_xport_ctx_handle_events()).
+ * Unlike kvx_xport_ctx_counters() it walks no list: each field is a sum of relaxed atomic
+ * loads of counters with one writer each (the thread of each progress group; async_* the
+ * thread calling kvx_xport_ctx_handle_events()).
  *
  * @param ctx       Context; not NULL.
  * @param[out] out  Counters; not NULL.
@@ -615,7 +618,8 @@ KVX_API int kvx_xport_ep_create_in_group(struct kvx_xport_ctx *ctx, uint32_t gro
  * (kvx_xport_ep_create_in_group()) share one completion queue, polled in bursts; polling one
  * endpoint also drains the completions of the others, which wait in their own endpoint's
  * queue (no allocation) until that endpoint is polled. Send-queue credits stay per QP.
- * Default group: 0. tcp and shm record the group and return 0.
+ * Default group: 0. shm records the group and returns 0; tcp also serves a target endpoint's
+ * connections in progress group (@p group mod caps.progress_groups).
  *
  * @param ep     Endpoint; not NULL. Initiator: before kvx_xport_ep_connect(); target: right
  *               after kvx_xport_ep_accept(), before peers use it.

@@ -2,6 +2,7 @@
 /*
  * tcp target progress groups (params.progress_groups, issue 16): each accepted endpoint is
  * served by one group, group g by the thread that calls kvx_xport_progress_group(ctx, g).
+ * A target endpoint's group is its poll group (kvx_xport_ep_set_group()) mod the group count.
  * Checked here: the API's bounds, bytes moved while every group runs on its own thread, that
  * only the owning group serves an endpoint, that a destroyed endpoint is served by no call
  * after the destroy, and that closing the context frees an endpoint still in a group's inbox
@@ -43,15 +44,17 @@ static struct kvx_xport_mr *reg(struct kvx_xport_ctx *c, void *addr, size_t len)
 	return mr;
 }
 
-/* A new initiator endpoint of ini connected to tgt, with tgt's region tmr imported. */
+/* A new initiator endpoint of ini connected to tgt, with tgt's region tmr imported; the target
+ * endpoint is put in poll group pg right after the accept (as the engine does). */
 static struct kvx_xport_rmr *connect_import(struct kvx_xport_ctx *ini, struct kvx_xport_ctx *tgt,
-					    struct kvx_xport_mr *tmr, struct kvx_xport_ep **iep,
-					    struct kvx_xport_ep **tep)
+					    struct kvx_xport_mr *tmr, uint32_t pg,
+					    struct kvx_xport_ep **iep, struct kvx_xport_ep **tep)
 {
 	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
 	size_t al, bl;
 	cr_assert_eq(kvx_xport_ep_create(ini, iep, a, sizeof(a), &al), 0);
 	cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, tep, b, sizeof(b), &bl), 0);
+	cr_assert_eq(kvx_xport_ep_set_group(*tep, pg), 0);
 	cr_assert_eq(kvx_xport_ep_connect(*iep, b, bl), 0);
 	cr_assert_eq(kvx_xport_mr_export(tmr, d, sizeof(d), NULL), 0);
 	struct kvx_xport_rmr *rr = NULL;
@@ -154,12 +157,13 @@ Test(transport_tcp_groups, every_group_serves_its_endpoint_on_its_own_thread, .t
 		th[g] = (struct gthread){.ctx = tgt, .g = g};
 		cr_assert_eq(pthread_create(&tid[g], NULL, group_thread, &th[g]), 0);
 	}
-	/* Endpoint k goes to group k (round-robin in accept order). Each READs its first MiB of
-	 * target memory and WRITEs its second. */
+	/* Endpoint k goes to progress group k: poll groups 0, 4 and 2 (4 mod 3 = 1). Each READs
+	 * its first MiB of target memory and WRITEs its second. */
+	static const uint32_t pg[NG] = {0, 4, 2};
 	struct kvx_xport_ep *iep[NG], *tep[NG];
 	struct kvx_xport_rmr *rr[NG];
 	for (uint32_t k = 0; k < NG; k++)
-		rr[k] = connect_import(ini, tgt, tmr, &iep[k], &tep[k]);
+		rr[k] = connect_import(ini, tgt, tmr, pg[k], &iep[k], &tep[k]);
 	for (uint32_t k = 0; k < NG; k++) {
 		uint64_t base = (uint64_t)k * 2 * LEN;
 		memset(imem + base + LEN, (int)(0xa0 + k), LEN);
@@ -218,7 +222,7 @@ Test(transport_tcp_groups, a_destroyed_endpoint_is_served_by_no_later_call_of_it
 	struct kvx_xport_ep *iep[2], *tep[2];
 	struct kvx_xport_rmr *rr[2];
 	for (int k = 0; k < 2; k++)
-		rr[k] = connect_import(ini, tgt, tmr, &iep[k], &tep[k]);
+		rr[k] = connect_import(ini, tgt, tmr, (uint32_t)k, &iep[k], &tep[k]);
 	struct kvx_xport_op op[2];
 	for (int k = 0; k < 2; k++) {
 		op[k] = (struct kvx_xport_op){.lmr = lmr, .rmr = rr[k], .len = 4096};
@@ -255,7 +259,7 @@ Test(transport_tcp_groups, close_frees_an_endpoint_still_in_a_group_inbox, .time
 	(void)reg(ini, imem, 4096);
 	struct kvx_xport_ep *iep[2], *tep[2];
 	for (int k = 0; k < 2; k++)
-		(void)connect_import(ini, tgt, tmr, &iep[k], &tep[k]);
+		(void)connect_import(ini, tgt, tmr, (uint32_t)k, &iep[k], &tep[k]);
 	/* Only group 0 runs: it checks both hellos and hands endpoint 1 over, which rings group
 	 * 1's wait fd; group 1 never takes it. */
 	struct pollfd pf = {.fd = kvx_xport_group_wait_fd(tgt, 1), .events = POLLIN};

@@ -453,8 +453,6 @@ static int tcp_ep_accept(struct kvx_xport_ctx *ctx, const uint8_t *a, size_t ale
 	xport_put_u64(blob + 16, e->token);
 	memcpy(blob + 40, e->secret, TCP_SECRET);
 	*len = TCP_B_BYTES;
-	e->grp = c->next_grp;
-	c->next_grp = (c->next_grp + 1) % c->ngrp;
 	pthread_mutex_lock(&c->lock);
 	e->pnext = c->pending;
 	c->pending = e;
@@ -586,6 +584,19 @@ static int tcp_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen
 		}
 		e->ch[i].fd = fd;
 		e->ch[i].rd_ok = e->ch[i].wr_ok = true;
+	}
+	return 0;
+}
+
+/* Target endpoint: its connections are served by progress group (group mod ngrp); group 0
+ * reads it (relaxed: a late value only delays the hand-over, grp_serve()). Initiator: recorded
+ * by the caller only. */
+static int tcp_ep_set_group(struct kvx_xport_ep *ep, uint32_t group)
+{
+	struct tcp_ep *e = (struct tcp_ep *)ep;
+	if (!ep->initiator) {
+		struct tcp_ctx *c = (struct tcp_ctx *)ep->ctx;
+		atomic_store_explicit(&e->grp, group % c->ngrp, memory_order_relaxed);
 	}
 	return 0;
 }
@@ -747,7 +758,7 @@ const struct kvx_xport_ops kvx_xport_tcp_ops = {
 	.ep_wait = tcp_ep_wait,
 	.ep_arm = tcp_ep_arm,
 	.ep_create_group = kvx_xport_any_group_ep_create,
-	.ep_set_group = kvx_xport_record_ep_set_group,
+	.ep_set_group = tcp_ep_set_group,
 	.ctx_event_fd = kvx_xport_enotsup_ctx_event_fd,
 	.ctx_handle_events = kvx_xport_noop_handle_events,
 	.ep_reset = kvx_xport_enotsup_ep_reset,

@@ -25,6 +25,15 @@
  * bounds, key and access check covers the op: a violating op is refused by every one of its
  * chunks, WRITE payload is discarded, and the target memory is never touched.
  *
+ * Progress groups (params.progress_groups, struct tgrp): the target's connections are served by
+ * up to TCP_MAX_GRP threads, group g by kvx_xport_progress_group(ctx, g). A target endpoint's
+ * group is its poll group (kvx_xport_ep_set_group()) mod the group count, 0 by default. Group 0 accepts, checks hellos and serves an endpoint until all
+ * its channels are connected and none holds device staging state; then it takes the sockets
+ * out of its epoll set and pushes the endpoint to the group's inbox (mutex + eventfd). The
+ * group adds them to its own epoll set, raises their readiness flags and serves them from then
+ * on, closing them itself when the endpoint is destroyed. Each group has its own counters
+ * (summed by the readers) and its own device staging.
+ *
  * Wire format (little-endian):
  *   hello    56 B: "KXTH", version u8 (2), 3 x 0, token u64, channel u16, nch u16, 0 u32,
  *                  proof [32]: crypto_auth (HMAC-SHA-512-256, libsodium) of the first 24
@@ -150,8 +159,8 @@ struct tcp_ep;
 
 /* One progress group: the target connections one thread serves (kvx_xport_progress_group();
  * group 0 is kvx_xport_progress()). Group 0 also owns the listener, the hellos and the control
- * thread's pending list. An endpoint gets its group when accepted (round-robin); group 0 checks
- * its hellos and serves its connections until all its channels are connected and none holds
+ * thread's pending list. An endpoint's group is its poll group mod ngrp; group 0 checks its
+ * hellos and serves its connections until all its channels are connected and none holds
  * device staging state, then hands it over through the group's inbox (grp_move()). Fields:
  * the group's thread, except inbox/lock (group 0 pushes, the group takes) and the setup-time
  * ones (epfd, efd, cnt, idx: written at open). */
@@ -186,7 +195,6 @@ struct tcp_ctx {
 	struct kvx_ratelimit rl;   /* refusal logs; group 0 */
 	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
 	uint32_t ngrp;             /* progress groups, 1..TCP_MAX_GRP (set at open) */
-	uint32_t next_grp;         /* control thread: group of the next accepted endpoint */
 	struct tgrp grp[TCP_MAX_GRP];
 	struct kvx_xport_cnt gcnt[TCP_MAX_GRP - 1]; /* counters of groups 1.. (base.xcnt) */
 };
@@ -324,7 +332,8 @@ struct tcp_ep {
 	uint8_t secret[TCP_SECRET]; /* proof key (blob B); target: set at create; initiator: at connect */
 	struct tconn *conns;       /* Array[nch] */
 	struct tcp_ep *pnext;      /* pending / served / inbox list */
-	uint32_t grp;              /* target: its progress group (control thread, at accept) */
+	_Atomic uint32_t grp;      /* target: its progress group, the poll group mod ngrp (control
+	                              thread: tcp_ep_set_group(); group 0 reads it) */
 	_Atomic int refs;
 	_Atomic bool closing;
 };

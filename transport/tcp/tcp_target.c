@@ -655,11 +655,12 @@ static bool grp_movable(const struct tcp_ep *e)
 	return true;
 }
 
-/* Group 0: hand e (unlinked from its served list) to group e->grp. Its sockets leave group 0's
+/* Group 0: hand e (unlinked from its served list) to its group (e->grp, read once here: it
+ * stays that group's). Its sockets leave group 0's
  * epoll set here and join the group's when it takes them (grp_take()). */
 static void grp_move(struct tcp_ctx *c, struct tcp_ep *e)
 {
-	struct tgrp *g = &c->grp[e->grp];
+	struct tgrp *g = &c->grp[atomic_load_explicit(&e->grp, memory_order_relaxed)];
 	for (uint32_t i = 0; i < e->nch; i++)
 		(void)epoll_ctl(c->grp[0].epfd, EPOLL_CTL_DEL, e->conns[i].fd, NULL);
 	pthread_mutex_lock(&g->lock);
@@ -729,7 +730,8 @@ static int grp_serve(struct tcp_ctx *c, struct tgrp *g)
 			work++;
 			continue;
 		}
-		if (e->grp != g->idx && grp_movable(e)) {
+		if (g->idx == 0 && atomic_load_explicit(&e->grp, memory_order_relaxed) &&
+		    grp_movable(e)) {
 			*pp = e->pnext;
 			grp_move(c, e);
 			work++;
