@@ -410,7 +410,8 @@ struct kvx_engine {
 	struct poller *po[KVX_ENGINE_MAX_POLLERS];
 	uint32_t n_po;
 	uint32_t n_prog; /* pollers 0..n_prog-1 call target progress (tcp: group k on poller k); at
-	                    least 1 (poller 0 confirms fences without a tcp target); set at create */
+	                    least 1 (poller 0 confirms fences without a tcp target); set in
+	                    kvx_engine_start() when the transports open, before the pollers run */
 	struct kvx_rcu_table *conns; /* peer id -> struct conn (control publishes, pollers read) */
 	/* app thread */
 	struct kvx_xfer_table *reg;

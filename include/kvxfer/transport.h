@@ -619,7 +619,10 @@ KVX_API int kvx_xport_ep_create_in_group(struct kvx_xport_ctx *ctx, uint32_t gro
  * endpoint also drains the completions of the others, which wait in their own endpoint's
  * queue (no allocation) until that endpoint is polled. Send-queue credits stay per QP.
  * Default group: 0. shm records the group and returns 0; tcp also serves a target endpoint's
- * connections in progress group (@p group mod caps.progress_groups).
+ * connections in progress group (@p group mod caps.progress_groups), read when its channels
+ * have connected: a later call does not move it. tcp with device memory registered: the
+ * group's staging is made here, and if that fails the call returns its error (logged) and the
+ * endpoint stays in group 0.
  *
  * @param ep     Endpoint; not NULL. Initiator: before kvx_xport_ep_connect(); target: right
  *               after kvx_xport_ep_accept(), before peers use it.

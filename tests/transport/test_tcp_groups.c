@@ -15,6 +15,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #ifdef KVX_TSAN_RUNNER
 #include "tests/lcore/tsan_runner.h"
@@ -125,20 +127,25 @@ Test(transport_tcp_groups, bounds_and_wait_fds)
 struct gthread {
 	struct kvx_xport_ctx *ctx;
 	uint32_t g;
+	int stopfd; /* eventfd: written to stop the thread */
 	atomic_bool stop;
 	atomic_ulong work;
 };
 
+/* A group's thread as an lcore runs it: progress while there is work, else sleep on the
+ * group's wait fd with no timeout, so a lost wake-up (a hand-over or a request that does not
+ * make the fd readable) hangs the test instead of being papered over by a timed retry. */
 static void *group_thread(void *arg)
 {
 	struct gthread *t = arg;
-	struct pollfd pf = {.fd = kvx_xport_group_wait_fd(t->ctx, t->g), .events = POLLIN};
+	struct pollfd pf[2] = {{.fd = kvx_xport_group_wait_fd(t->ctx, t->g), .events = POLLIN},
+			       {.fd = t->stopfd, .events = POLLIN}};
 	while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
 		int w = kvx_xport_progress_group(t->ctx, t->g);
 		if (w > 0)
 			atomic_fetch_add_explicit(&t->work, (unsigned long)w, memory_order_relaxed);
 		else
-			(void)poll(&pf, 1, 1); /* adaptive idle: the group's fd wakes it */
+			(void)poll(pf, 2, -1);
 	}
 	return NULL;
 }
@@ -154,7 +161,8 @@ Test(transport_tcp_groups, every_group_serves_its_endpoint_on_its_own_thread, .t
 	struct gthread th[NG];
 	pthread_t tid[NG];
 	for (uint32_t g = 0; g < NG; g++) {
-		th[g] = (struct gthread){.ctx = tgt, .g = g};
+		th[g] = (struct gthread){.ctx = tgt, .g = g, .stopfd = eventfd(0, EFD_CLOEXEC)};
+		cr_assert_geq(th[g].stopfd, 0);
 		cr_assert_eq(pthread_create(&tid[g], NULL, group_thread, &th[g]), 0);
 	}
 	/* Endpoint k goes to progress group k: poll groups 0, 4 and 2 (4 mod 3 = 1). Each READs
@@ -184,25 +192,35 @@ Test(transport_tcp_groups, every_group_serves_its_endpoint_on_its_own_thread, .t
 	}
 	cr_assert_eq(served(tgt), 2 * NG, "one request per op (chunk 1 MiB), summed over the groups");
 	for (uint32_t g = 0; g < NG; g++) {
+		uint64_t one = 1;
 		atomic_store_explicit(&th[g].stop, true, memory_order_release);
+		cr_assert_eq(write(th[g].stopfd, &one, sizeof(one)), (ssize_t)sizeof(one));
 		pthread_join(tid[g], NULL);
+		close(th[g].stopfd);
 		cr_assert_gt(atomic_load(&th[g].work), 0, "group %u did nothing", g);
 	}
-	/* Threads stopped: an op of endpoint 1 is served by group 1 and by no other group. The
-	 * request is in group 1's socket, so any number of calls of groups 0 and 2 leave it. */
-	struct kvx_xport_op r1 = {.lmr = lmr, .rmr = rr[1], .loff = 2 * LEN, .roff = 2 * LEN, .len = 4096};
-	cr_assert_eq(kvx_xport_post_bulk(iep[1], KVX_XPORT_OP_READ, &r1, 1, 3), 0);
-	struct kvx_xport_cpl c;
-	for (int i = 0; i < 200; i++) {
-		(void)kvx_xport_progress_group(tgt, 0);
-		(void)kvx_xport_progress_group(tgt, 2);
-		cr_assert_eq(kvx_xport_poll_burst(iep[1], &c, 1), 0, "served by a group that does not own it");
+	/* Threads stopped: an op of endpoint k is served by group k and by no other group. The
+	 * request is in group k's socket, so any number of calls of the other groups leave it. */
+	uint64_t n = served(tgt);
+	cr_assert_eq(n, 2 * NG);
+	for (uint32_t k = 0; k < NG; k++) {
+		struct kvx_xport_op r = {.lmr = lmr, .rmr = rr[k], .loff = (uint64_t)k * 2 * LEN,
+					 .roff = (uint64_t)k * 2 * LEN, .len = 4096};
+		cr_assert_eq(kvx_xport_post_bulk(iep[k], KVX_XPORT_OP_READ, &r, 1, 3), 0);
+		struct kvx_xport_cpl c;
+		for (int i = 0; i < 200; i++) {
+			for (uint32_t g = 0; g < NG; g++)
+				if (g != k)
+					(void)kvx_xport_progress_group(tgt, g);
+			cr_assert_eq(kvx_xport_poll_burst(iep[k], &c, 1), 0,
+				     "endpoint %u served by a group that does not own it", k);
+		}
+		cr_assert_eq(served(tgt), n);
+		c = drive(tgt, 1u << k, iep[k]);
+		cr_assert_eq(c.status, 0);
+		cr_assert_eq(c.cookie, 3);
+		cr_assert_eq(served(tgt), ++n);
 	}
-	cr_assert_eq(served(tgt), 2 * NG);
-	c = drive(tgt, 1u << 1, iep[1]);
-	cr_assert_eq(c.status, 0);
-	cr_assert_eq(c.cookie, 3);
-	cr_assert_eq(served(tgt), 2 * NG + 1);
 	for (uint32_t k = 0; k < NG; k++) {
 		kvx_xport_ep_destroy(iep[k]);
 		kvx_xport_ep_destroy(tep[k]);

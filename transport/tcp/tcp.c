@@ -91,6 +91,7 @@ static int tcp_open_ctx(const struct kvx_xport_ctx_params *p, struct kvx_xport_c
 		c->grp[g].cnt = g ? &c->gcnt[g - 1] : &c->base.cnt;
 		pthread_mutex_init(&c->grp[g].lock, NULL);
 	}
+	c->grp_used[0] = true;
 	c->base.xcnt = c->gcnt;
 	c->base.n_xcnt = c->ngrp - 1;
 	c->rl.interval_ns = 1000000000ull;
@@ -216,20 +217,28 @@ static int ep_dev_attach(struct tcp_ctx *c, struct tcp_ep *e)
 	return 0;
 }
 
+/* Target-side staging of group g (control thread; the context has a device domain). Created
+ * for group 0 and for each group given an endpoint, never for an unused one. */
+static int grp_dev_attach(struct tcp_ctx *c, uint32_t g)
+{
+	if (atomic_load_explicit(&c->grp[g].tdev, memory_order_relaxed))
+		return 0;
+	struct tdev *d = NULL;
+	int rc = tdev_create(c->dev, c->base.params.chunk_bytes, &d);
+	/* R3: pairs with A3 in grp_tdev(). */
+	if (!rc)
+		atomic_store_explicit(&c->grp[g].tdev, d, memory_order_release);
+	return rc;
+}
+
 /* First use of device memory of type t in this context: the domain, the target-side staging
- * and the staging of the initiator endpoints that exist already. */
+ * of the groups in use and the staging of the initiator endpoints that exist already. */
 static int ctx_dev_init(struct tcp_ctx *c, const struct kvx_mem_type *t)
 {
 	int rc = kvx_mem_domain_get(&c->dev, t, "tcp mr_register");
-	for (uint32_t g = 0; !rc && g < c->ngrp; g++) {
-		if (atomic_load_explicit(&c->grp[g].tdev, memory_order_relaxed))
-			continue;
-		struct tdev *d = NULL;
-		rc = tdev_create(c->dev, c->base.params.chunk_bytes, &d);
-		/* R3: pairs with A3 in grp_tdev(). */
-		if (!rc)
-			atomic_store_explicit(&c->grp[g].tdev, d, memory_order_release);
-	}
+	for (uint32_t g = 0; !rc && g < c->ngrp; g++)
+		if (c->grp_used[g])
+			rc = grp_dev_attach(c, g);
 	for (struct kvx_xport_ep *ep = c->base.eps; !rc && ep; ep = ep->next)
 		if (ep->initiator)
 			rc = ep_dev_attach(c, (struct tcp_ep *)ep);
@@ -588,16 +597,29 @@ static int tcp_ep_connect(struct kvx_xport_ep *ep, const uint8_t *b, size_t blen
 	return 0;
 }
 
-/* Target endpoint: its connections are served by progress group (group mod ngrp); group 0
- * reads it (relaxed: a late value only delays the hand-over, grp_serve()). Initiator: recorded
- * by the caller only. */
+/* Target endpoint: its connections are served by progress group (group mod ngrp), whose
+ * device staging exists before the group can see the endpoint (so a group serving a device
+ * region always has one). Group 0 reads the group once, when it hands the endpoint over
+ * (grp_serve()); a later call changes nothing for an endpoint already handed over.
+ * Initiator: recorded by the caller only. */
 static int tcp_ep_set_group(struct kvx_xport_ep *ep, uint32_t group)
 {
 	struct tcp_ep *e = (struct tcp_ep *)ep;
-	if (!ep->initiator) {
-		struct tcp_ctx *c = (struct tcp_ctx *)ep->ctx;
-		atomic_store_explicit(&e->grp, group % c->ngrp, memory_order_relaxed);
+	if (ep->initiator)
+		return 0;
+	struct tcp_ctx *c = (struct tcp_ctx *)ep->ctx;
+	uint32_t g = group % c->ngrp;
+	if (c->dev) {
+		int rc = grp_dev_attach(c, g);
+		if (rc) {
+			kvx_log(KVX_LOG_ERROR, "tcp: device staging for progress group %u: %s (the "
+				"endpoint stays in group 0)", g, kvx_strerror(rc));
+			return rc;
+		}
 	}
+	c->grp_used[g] = true;
+	/* G1: the staging above before the group; pairs with G2 in grp_serve(). */
+	atomic_store_explicit(&e->grp, g, memory_order_release);
 	return 0;
 }
 
@@ -608,7 +630,7 @@ static void tcp_ep_destroy(struct kvx_xport_ep *ep)
 		tcp_ep_free(e);
 		return;
 	}
-	/* Target side: the progress thread owns the connections; it stops serving the endpoint
+	/* Target side: the serving group's thread owns the connections; it stops serving the endpoint
 	 * when it sees closing, and the last reference frees it. */
 	atomic_store_explicit(&e->closing, true, memory_order_release);
 	if (atomic_fetch_sub_explicit(&e->refs, 1, memory_order_acq_rel) == 1)

@@ -19,9 +19,10 @@
  * whose sockets are all blocked sleeps on the epoll fd (kvx_xport_ep_arm(),
  * kvx_xport_ctx_wait_fd()).
  *
- * Target: kvx_xport_progress() on the target's poller accepts data connections, matches
- * each to its endpoint by the token of blob B, and services requests straight from/into the
- * registered regions. Every request carries the whole op's range (not just its chunk), so the
+ * Target: kvx_xport_progress() (progress group 0) on the target's poller accepts data
+ * connections, matches each to its endpoint by the token of blob B, and services requests
+ * straight from/into the registered regions (its own group's endpoints; see progress groups
+ * below for the others). Every request carries the whole op's range (not just its chunk), so the
  * bounds, key and access check covers the op: a violating op is refused by every one of its
  * chunks, WRITE payload is discarded, and the target memory is never touched.
  *
@@ -66,7 +67,7 @@
  * touched by the CPU or a socket call: it is staged through pinned bounce buffers of a
  * kvx_mem staging ring (struct tdev: one stream, a device->host ring and a host->device ring,
  * buffers of chunk_bytes). Each initiator endpoint has its own (its poller owns it), the
- * target side one per context (the progress thread owns it). Overlap:
+ * target side one per progress group in use (the group's thread owns it). Overlap:
  * - initiator WRITE: chunks are queued as D2H jobs; a chunk is sent once its bounce buffer is
  *   filled, while the next ones are being copied; the buffer returns when the chunk is sent.
  * - target READ response: the same, from the region into bounce buffers; a request longer than
@@ -195,6 +196,8 @@ struct tcp_ctx {
 	struct kvx_ratelimit rl;   /* refusal logs; group 0 */
 	struct kvx_mem *dev;       /* device memory domain (first device region); control thread */
 	uint32_t ngrp;             /* progress groups, 1..TCP_MAX_GRP (set at open) */
+	bool grp_used[TCP_MAX_GRP]; /* control thread: group 0, and each group given an endpoint
+	                               (only those get device staging) */
 	struct tgrp grp[TCP_MAX_GRP];
 	struct kvx_xport_cnt gcnt[TCP_MAX_GRP - 1]; /* counters of groups 1.. (base.xcnt) */
 };
@@ -333,7 +336,7 @@ struct tcp_ep {
 	struct tconn *conns;       /* Array[nch] */
 	struct tcp_ep *pnext;      /* pending / served / inbox list */
 	_Atomic uint32_t grp;      /* target: its progress group, the poll group mod ngrp (control
-	                              thread: tcp_ep_set_group(); group 0 reads it) */
+	                              thread: tcp_ep_set_group(); group 0 reads it once) */
 	_Atomic int refs;
 	_Atomic bool closing;
 };
@@ -384,7 +387,7 @@ int tcp_poll(struct kvx_xport_ep *ep, struct kvx_xport_cpl *cpl, uint32_t max);
 int tcp_ep_wait(struct kvx_xport_ep *ep, int timeout_ms);
 int tcp_ep_arm(struct kvx_xport_ep *ep, int epfd);
 
-/* tcp_target.c (the context's progress thread; close: no progress running) */
+/* tcp_target.c (each progress group's thread; close: no progress running) */
 int tcp_progress(struct kvx_xport_ctx *ctx);
 int tcp_progress_group(struct kvx_xport_ctx *ctx, uint32_t group);
 void tcp_close(struct kvx_xport_ctx *ctx);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * tcp provider, target side (kvx_xport_progress() on the target's poller): accepts data
- * connections, matches them to endpoints by token, services requests from/into the registered
- * regions, device staging of READ responses and WRITE payloads; context close
+ * tcp provider, target side (kvx_xport_progress() and kvx_xport_progress_group() on the
+ * target's pollers): group 0 accepts data connections, matches them to endpoints by token and
+ * hands each endpoint to its progress group; every group services requests from/into the
+ * registered regions, with device staging of READ responses and WRITE payloads; context close
  * (tcp_internal.h).
  */
 #include "tcp_internal.h"
@@ -340,6 +341,16 @@ static int tconn_req(struct tcp_ctx *c, struct tconn *t, const uint8_t *h)
 		}
 	}
 	bool dev = !st && c->slots[slot].dev;
+	if (KVX_UNLIKELY(dev && !grp_tdev(t->g))) {
+		/* No staging in this group (tcp_ep_set_group() keeps endpoints out of a group whose
+		 * staging could not be made, so this is a defence): refused, memory untouched. */
+		slot_put(c, slot);
+		slot_put(c, cslot);
+		slot = cslot = -1;
+		cword = NULL;
+		st = -EACCES;
+		dev = false;
+	}
 	if (dev && op == REQ_READ) {
 		/* A staged READ: the condition held at the request (checked only there). */
 		int rc = read_stage(t, seq, addr + coff, clen, slot);
@@ -624,7 +635,7 @@ static int grp_harvest(struct tcp_ctx *c, struct tgrp *g, int timeout_ms)
 			c->acc = true;
 		} else if (ev[i].data.u64 == TCP_EV_WAKE) {
 			uint64_t v;
-			ssize_t r = read(g->efd, &v, sizeof(v)); /* the inbox is looked at anyway */
+			ssize_t r = read(g->efd, &v, sizeof(v)); /* grp_take() looks at the inbox next */
 			(void)r;
 		} else if (ev[i].data.u64 != TCP_EV_HELLO) {
 			struct tconn *t = ev[i].data.ptr;
@@ -655,12 +666,10 @@ static bool grp_movable(const struct tcp_ep *e)
 	return true;
 }
 
-/* Group 0: hand e (unlinked from its served list) to its group (e->grp, read once here: it
- * stays that group's). Its sockets leave group 0's
- * epoll set here and join the group's when it takes them (grp_take()). */
-static void grp_move(struct tcp_ctx *c, struct tcp_ep *e)
+/* Group 0: hand e (unlinked from its served list) to group g, which serves it from then on.
+ * Its sockets leave group 0's epoll set here and join g's when g takes them (grp_take()). */
+static void grp_move(struct tcp_ctx *c, struct tcp_ep *e, struct tgrp *g)
 {
-	struct tgrp *g = &c->grp[atomic_load_explicit(&e->grp, memory_order_relaxed)];
 	for (uint32_t i = 0; i < e->nch; i++)
 		(void)epoll_ctl(c->grp[0].epfd, EPOLL_CTL_DEL, e->conns[i].fd, NULL);
 	pthread_mutex_lock(&g->lock);
@@ -674,8 +683,10 @@ static void grp_move(struct tcp_ctx *c, struct tcp_ep *e)
 	(void)r;
 }
 
-/* Group g > 0: take the endpoints group 0 handed over. Their readiness flags are raised (edges
- * may have come while no epoll set held the sockets), so the first pass tries each socket. */
+/* Group g > 0 (or tcp_close()): take the endpoints group 0 handed over. Their readiness flags
+ * are raised (edges may have come while no epoll set held the sockets), so the first pass tries
+ * each socket. The caller drained the doorbell before (grp_harvest()), so a hand-over after
+ * this look rings it again and the group's wait fd wakes its thread. */
 static int grp_take(struct tgrp *g)
 {
 	/* H2: pairs with H1 in grp_move(). */
@@ -730,10 +741,11 @@ static int grp_serve(struct tcp_ctx *c, struct tgrp *g)
 			work++;
 			continue;
 		}
-		if (g->idx == 0 && atomic_load_explicit(&e->grp, memory_order_relaxed) &&
-		    grp_movable(e)) {
+		/* G2: pairs with G1 in tcp_ep_set_group(): the group's staging is visible. */
+		uint32_t to = g->idx ? 0 : atomic_load_explicit(&e->grp, memory_order_acquire);
+		if (to && grp_movable(e)) {
 			*pp = e->pnext;
-			grp_move(c, e);
+			grp_move(c, e, &c->grp[to]);
 			work++;
 			continue;
 		}
@@ -809,8 +821,12 @@ int tcp_progress_group(struct kvx_xport_ctx *ctx, uint32_t group)
 	struct tgrp *g = &c->grp[group];
 	struct tdev *d = grp_tdev(g);
 	int work = d && d->copies ? tpump(c, g, d) : 0;
+	/* Doorbell drained before the inbox is looked at (grp_take()). A group that serves nothing
+	 * and has nothing handed over skips the epoll_wait(): its doorbell has not been rung
+	 * since it last drained it (a hand-over sets has_inbox before it rings). */
+	if (g->served || atomic_load_explicit(&g->has_inbox, memory_order_relaxed))
+		grp_harvest(c, g, 0);
 	work += grp_take(g);
-	grp_harvest(c, g, 0);
 	work += grp_serve(c, g);
 	if (d && d->copies) {
 		work += tpump(c, g, d);
