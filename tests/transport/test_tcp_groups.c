@@ -24,6 +24,7 @@
 #include <criterion/criterion.h>
 #endif
 
+#include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
 
 enum { LEN = 1 << 20, NG = 3 };
@@ -291,5 +292,78 @@ Test(transport_tcp_groups, close_frees_an_endpoint_still_in_a_group_inbox, .time
 	kvx_xport_close(tgt);
 	kvx_xport_close(ini);
 	free(tmem);
+	free(imem);
+}
+
+/* Device memory (the hostdev mock) is staged by each group's own bounce buffers: group 1 got its
+ * endpoint before the context's first device region (staging made with the region), group 2
+ * after it (staging made when the endpoint was put in the group). */
+Test(transport_tcp_groups, device_regions_are_staged_by_the_group_that_serves_them, .timeout = 120)
+{
+	enum { DLEN = 256 << 10 };
+	struct kvx_mem_type t = {.kind = KVX_MEM_HOSTDEV};
+	struct kvx_mem *m = NULL;
+	cr_assert_eq(kvx_mem_open(&t, &m), 0);
+	struct kvx_xport_ctx_params prm;
+	kvx_xport_ctx_params_init(&prm);
+	prm.progress_groups = 3;
+	prm.chunk_bytes = 16384; /* several bounce-buffer pieces per request */
+	struct kvx_xport_ctx *tgt = NULL, *ini = open_ctx(1);
+	cr_assert_eq(kvx_xport_open("tcp", &prm, &tgt), 0);
+	uint8_t a[KVX_XPORT_BLOB_MAX], b[KVX_XPORT_BLOB_MAX], d[KVX_XPORT_RDESC_BYTES];
+	size_t al, bl;
+	struct kvx_xport_ep *iep[2], *tep[2];
+	uint8_t *dev = NULL, *host = malloc(DLEN), *imem = calloc(1, 2 * DLEN);
+	cr_assert_eq(kvx_mem_alloc(m, DLEN, (void **)&dev), 0);
+	for (size_t i = 0; i < DLEN; i++)
+		host[i] = (uint8_t)(i * 29 + i / 8191);
+	cr_assert_eq(kvx_mem_copy_sync(m, dev, host, DLEN, KVX_MEM_H2D), 0);
+	struct kvx_xport_mr_params mp = {.addr = dev, .len_bytes = DLEN, .access = KVX_XPORT_ACCESS_ALL,
+					 .mem_type = KVX_XPORT_MEM_HOSTDEV};
+	struct kvx_xport_mr *tmr = NULL, *lmr = reg(ini, imem, 2 * DLEN);
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(kvx_xport_ep_create(ini, &iep[k], a, sizeof(a), &al), 0);
+		cr_assert_eq(kvx_xport_ep_accept(tgt, a, al, &tep[k], b, sizeof(b), &bl), 0);
+		cr_assert_eq(kvx_xport_ep_set_group(tep[k], (uint32_t)k + 1), 0);
+		cr_assert_eq(kvx_xport_ep_connect(iep[k], b, bl), 0);
+		/* The context's only device region, after endpoint 0 went to group 1 and before
+		 * endpoint 1 goes to group 2. */
+		if (k == 0)
+			cr_assert_eq(kvx_xport_mr_register(tgt, &mp, &tmr), 0);
+	}
+	cr_assert_eq(kvx_xport_mr_export(tmr, d, sizeof(d), NULL), 0);
+	/* Each endpoint READs the whole region; then each WRITEs its half back with new bytes. */
+	struct kvx_xport_rmr *rr[2];
+	for (int k = 0; k < 2; k++) {
+		cr_assert_eq(kvx_xport_rmr_import(iep[k], d, sizeof(d), &rr[k]), 0);
+		struct kvx_xport_op r = {.lmr = lmr, .rmr = rr[k], .loff = (uint64_t)k * DLEN, .len = DLEN};
+		cr_assert_eq(kvx_xport_post_bulk(iep[k], KVX_XPORT_OP_READ, &r, 1, 1), 0);
+		struct kvx_xport_cpl c = drive(tgt, 7u, iep[k]);
+		cr_assert_eq(c.status, 0, "endpoint %d READ: %d", k, c.status);
+		cr_assert_arr_eq(imem + (size_t)k * DLEN, host, DLEN, "endpoint %d READ bytes", k);
+	}
+	for (int k = 0; k < 2; k++) {
+		memset(imem + (size_t)k * DLEN, 0xc0 + k, DLEN / 2);
+		struct kvx_xport_op w = {.lmr = lmr, .rmr = rr[k], .loff = (uint64_t)k * DLEN,
+					 .roff = (uint64_t)k * (DLEN / 2), .len = DLEN / 2};
+		cr_assert_eq(kvx_xport_post_bulk(iep[k], KVX_XPORT_OP_WRITE, &w, 1, 2), 0);
+		struct kvx_xport_cpl c = drive(tgt, 7u, iep[k]);
+		cr_assert_eq(c.status, 0, "endpoint %d WRITE: %d", k, c.status);
+	}
+	cr_assert_eq(kvx_mem_copy_sync(m, host, dev, DLEN, KVX_MEM_D2H), 0);
+	for (size_t i = 0; i < DLEN; i++)
+		cr_assert_eq(host[i], i < DLEN / 2 ? 0xc0 : 0xc1, "device byte %zu", i);
+	for (int k = 0; k < 2; k++) {
+		kvx_xport_ep_destroy(iep[k]);
+		kvx_xport_ep_destroy(tep[k]);
+	}
+	for (int i = 0; i < 4; i++)
+		for (uint32_t g = 0; g < 3; g++)
+			(void)kvx_xport_progress_group(tgt, g);
+	kvx_xport_close(tgt);
+	kvx_xport_close(ini);
+	kvx_mem_free(m, dev);
+	kvx_mem_close(m);
+	free(host);
 	free(imem);
 }
