@@ -338,6 +338,7 @@ KVX_API int kvx_engine_start(struct kvx_engine *e)
 		kvx_xport_query_caps(e->xctx[k], &e->caps[k]);
 		if (e->caps[k].needs_progress && e->caps[k].progress_groups > e->n_prog)
 			e->n_prog = e->caps[k].progress_groups;
+		e->fence.n = e->n_prog;
 		/* A late write through this transport lands unless the lease is checked per op
 		 * (caps.cond_ops: tcp at the target, shm by the writer, docs/protocol.md §5.11):
 		 * D WRITE quarantine expiry fences. */

@@ -15,6 +15,7 @@
 #include "kvxfer/lcore.h"
 #include "kvxfer/mem.h"
 #include "kvxfer/transport.h"
+#include "fence.h"
 #include "runtime_internal.h"
 
 enum msg_type {
@@ -342,9 +343,6 @@ struct poller {
 	 * the contexts' progress group k. */
 	int wfd;
 	bool ctx_wait; /* pollers k < n_prog: a context's progress group fd is in wfd */
-	/* fence_cut this poller had loaded before its last progress calls had returned (fences,
-	 * poller.c); written by this poller (k < n_prog), read by the others. */
-	_Atomic uint64_t fence_seen;
 	bool gated;    /* this poll found a layer gate closed (polled, no fd wakes it) */
 	/* The lcore's timer heap (kvx_lcore_attach_timers()) and its one timer: the deadline scan,
 	 * armed only while the poller has live transfers or connections with ops outstanding. */
@@ -436,17 +434,18 @@ struct kvx_engine {
 	 *    drops the last reference, a poller or the RCU callback thread; take-all: the control
 	 *    thread in eng_on_ctl_work(), the app thread once the control lcore is stopped).
 	 *  - fences (P READ defer timeout, D WRITE quarantine expiry): fence_req is raised by any
-	 *    poller; the control thread destroys accepted[] and stores fence_cut; fence_done
-	 *    becomes fence_cut (fence_confirm(), whichever poller sees it last) once each poller k < n_prog (the tcp target's progress
+	 *    poller; the control thread destroys accepted[] and stores fence_cut; the fence set's
+	 *    done becomes fence_cut (kvx_fence_note(), whichever poller records it last) once each poller k < n_prog (the tcp target's progress
 	 *    groups) has returned from a kvx_xport_progress_group() call that began after the cut
 	 *    (a call that began before it may still have been serving a reader); pollers release
-	 *    fenced blocks once fence_done covers them.
+	 *    fenced blocks once kvx_fence_done() covers them.
 	 *  - ctl_efd: eventfd doorbell, written by whoever queued work; watched by the control
 	 *    lcore (eng_on_ctl_work()). */
 	struct kvx_xport_ep **accepted;
 	uint32_t n_accepted, cap_accepted;
 	_Atomic(struct conn *) dead;
-	_Atomic uint64_t fence_req, fence_cut, fence_done;
+	_Atomic uint64_t fence_req, fence_cut;
+	struct kvx_fence_set fence; /* confirmations of fence_cut by pollers 0..n_prog-1 (fence.h) */
 	int ctl_efd;
 	struct kvx_waiter app_w; /* kvx_xfer_layer_wait() sleeps here; the pollers wake it */
 	bool app_w_init;

@@ -335,32 +335,17 @@ static void handle_cin(struct poller *po, struct emsg *m)
  * producer's kernel (a partition) or process (stopped) then lands nowhere. shm cannot be
  * revoked by the target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
  * endpoints (eng_on_ctl_work(): fence_cut) and wakes pollers 0..n_prog-1, which run the tcp
- * target's progress groups; the cut is confirmed (fence_done) once each of them has returned
- * from a progress call that began after it (fence_seen). */
+ * target's progress groups; the cut is confirmed (kvx_fence_note()) once each of them has returned
+ * from a progress call that began after it (runtime/fence.h). */
 static void fence_confirm(struct poller *po, uint64_t cut)
 {
-	struct kvx_engine *e = po->e;
-	if (cut == atomic_load_explicit(&po->fence_seen, memory_order_relaxed))
-		return;
-	/* F1: seq_cst store then seq_cst loads of the others' (each of them does the same after
-	 * its own store), so the last of the pollers to see the cut sees all of theirs and
-	 * advances fence_done. fence_done only grows (CAS), whoever stores it. */
-	atomic_store_explicit(&po->fence_seen, cut, memory_order_seq_cst);
-	uint64_t m = cut;
-	for (uint32_t j = 0; j < e->n_prog; j++) {
-		uint64_t s = atomic_load_explicit(&e->po[j]->fence_seen, memory_order_seq_cst);
-		m = s < m ? s : m;
-	}
-	uint64_t d = atomic_load_explicit(&e->fence_done, memory_order_relaxed);
-	while (d < m && !atomic_compare_exchange_weak_explicit(&e->fence_done, &d, m, memory_order_release,
-							       memory_order_relaxed))
-		;
+	(void)kvx_fence_note(&po->e->fence, po->k, cut);
 }
 
 /* Serve transfers whose fence is done: their blocks are reusable now. */
 static void fence_release(struct poller *po)
 {
-	uint64_t done = atomic_load_explicit(&po->e->fence_done, memory_order_acquire);
+	uint64_t done = kvx_fence_done(&po->e->fence);
 	for (uint32_t i = 0; i < po->n_live;) {
 		struct xf *x = po->live[i];
 		uint32_t before = po->n_live;

@@ -48,7 +48,7 @@ if [ "${KVX_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_SANITIZE=thread \
     -DKVX_BUILD_BENCH=OFF >/dev/null
   cmake --build build-tsan -j "$JOBS" --target test_lcore_ring test_lcore_lcore \
-    test_lcore_waiter test_lcore_rcu test_control_ctl_tsan test_control_auth_tsan test_devmem_mt_tsan test_tcp_groups_tsan \
+    test_lcore_waiter test_lcore_rcu test_control_ctl_tsan test_control_auth_tsan test_devmem_mt_tsan test_tcp_groups_tsan test_runtime_fence_tsan \
     test_runtime_engine_tsan test_runtime_spread_tsan
   (cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
      ctest --output-on-failure -L tsan)
