@@ -435,10 +435,11 @@ struct kvx_engine {
 	 *    thread in eng_on_ctl_work(), the app thread once the control lcore is stopped).
 	 *  - fences (P READ defer timeout, D WRITE quarantine expiry): fence_req is raised by any
 	 *    poller; the control thread destroys accepted[] and stores fence_cut; the fence set's
-	 *    done becomes fence_cut (kvx_fence_note(), whichever poller records it last) once each poller k < n_prog (the tcp target's progress
-	 *    groups) has returned from a kvx_xport_progress_group() call that began after the cut
-	 *    (a call that began before it may still have been serving a reader); pollers release
-	 *    fenced blocks once kvx_fence_done() covers them.
+	 *    done becomes fence_cut (kvx_fence_note(), whichever poller records it last) once
+	 *    each poller k < n_prog (the tcp target's progress groups) has returned from a
+	 *    kvx_xport_progress_group() call that began after the cut (a call that began before
+	 *    it may still have been serving a reader); pollers release fenced blocks once
+	 *    kvx_fence_done() covers them.
 	 *  - ctl_efd: eventfd doorbell, written by whoever queued work; watched by the control
 	 *    lcore (eng_on_ctl_work()). */
 	struct kvx_xport_ep **accepted;

@@ -353,8 +353,9 @@ void eng_on_ctl_work(void *arg)
 		e->n_accepted = 0;
 		atomic_fetch_add_explicit(&e->st_fences, 1, memory_order_relaxed);
 		atomic_store_explicit(&e->fence_cut, req, memory_order_release);
-		/* Pollers 0..n_prog-1 confirm the cut after their next progress calls (kvx_fence_note())
-		 * and close the destroyed endpoints' sockets there; they may be asleep. */
+		/* Pollers 0..n_prog-1 confirm the cut after their next progress calls
+		 * (kvx_fence_note()) and close the destroyed endpoints' sockets there; they may be
+		 * asleep. */
 		for (uint32_t k = 0; k < e->n_prog; k++)
 			kvx_lcore_wake(e->po[k]->lc);
 	}

@@ -335,8 +335,8 @@ static void handle_cin(struct poller *po, struct emsg *m)
  * producer's kernel (a partition) or process (stopped) then lands nowhere. shm cannot be
  * revoked by the target (see engine.h). A poller asks (eng_fence_request()); the control lcore destroys the
  * endpoints (eng_on_ctl_work(): fence_cut) and wakes pollers 0..n_prog-1, which run the tcp
- * target's progress groups; the cut is confirmed (kvx_fence_note()) once each of them has returned
- * from a progress call that began after it (runtime/fence.h). */
+ * target's progress groups; the cut is confirmed (kvx_fence_note()) once each of them has
+ * returned from a progress call that began after it (runtime/fence.h). */
 static void fence_confirm(struct poller *po, uint64_t cut)
 {
 	(void)kvx_fence_note(&po->e->fence, po->k, cut);
