@@ -775,12 +775,11 @@ static int grp_serve(struct tcp_ctx *c, struct tgrp *g)
 	return work;
 }
 
-int tcp_progress(struct kvx_xport_ctx *ctx)
+/* Group 0's own work: the control thread's accepted endpoints, the listener and the hellos.
+ * Harvests the group's readiness edges first (the listener's among them). */
+static int grp0_accept(struct tcp_ctx *c, struct tgrp *g)
 {
-	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
-	struct tgrp *g = &c->grp[0];
-	struct tdev *d = grp_tdev(g);
-	int work = d && d->copies ? tpump(c, g, d) : 0;
+	int work = 0;
 	pick_pending(c);
 	grp_harvest(c, g, 0);
 	for (int i = 0; c->n_hello && i < TCP_HELLO_SLOTS; i++) {
@@ -806,6 +805,24 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 		c->n_hello++;
 		work += 1 + hello_step(c, &c->hello[i]);
 	}
+	return work;
+}
+
+/* One progress call of group g (kvx_xport_progress(): g = 0). */
+static int grp_run(struct tcp_ctx *c, struct tgrp *g)
+{
+	struct tdev *d = grp_tdev(g);
+	int work = d && d->copies ? tpump(c, g, d) : 0;
+	if (g->idx == 0) {
+		work += grp0_accept(c, g);
+	} else {
+		/* Doorbell drained before the inbox is looked at (grp_take()). A group that serves
+		 * nothing and has nothing handed over skips the epoll_wait(): its doorbell has not
+		 * been rung since it last drained it (a hand-over sets has_inbox before it rings). */
+		if (g->served || atomic_load_explicit(&g->has_inbox, memory_order_relaxed))
+			grp_harvest(c, g, 0);
+		work += grp_take(g);
+	}
 	work += grp_serve(c, g);
 	if (d && d->copies) {
 		work += tpump(c, g, d);
@@ -815,25 +832,16 @@ int tcp_progress(struct kvx_xport_ctx *ctx)
 	return work;
 }
 
+int tcp_progress(struct kvx_xport_ctx *ctx)
+{
+	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
+	return grp_run(c, &c->grp[0]);
+}
+
 int tcp_progress_group(struct kvx_xport_ctx *ctx, uint32_t group)
 {
 	struct tcp_ctx *c = (struct tcp_ctx *)ctx;
-	struct tgrp *g = &c->grp[group];
-	struct tdev *d = grp_tdev(g);
-	int work = d && d->copies ? tpump(c, g, d) : 0;
-	/* Doorbell drained before the inbox is looked at (grp_take()). A group that serves nothing
-	 * and has nothing handed over skips the epoll_wait(): its doorbell has not been rung
-	 * since it last drained it (a hand-over sets has_inbox before it rings). */
-	if (g->served || atomic_load_explicit(&g->has_inbox, memory_order_relaxed))
-		grp_harvest(c, g, 0);
-	work += grp_take(g);
-	work += grp_serve(c, g);
-	if (d && d->copies) {
-		work += tpump(c, g, d);
-		if (d->copies && !work)
-			work = 1;
-	}
-	return work;
+	return grp_run(c, &c->grp[group]);
 }
 
 void tcp_close(struct kvx_xport_ctx *ctx)
